@@ -1,0 +1,92 @@
+"""Aggregation of a per-token KL term into a scalar loss, mirroring the host trainer's ``loss_type``.
+
+The adapted KL term is added to the host's policy loss *after* the host has aggregated it, so it must be aggregated
+with the same normalizers the host would have applied had the term been inside its per-token loss. Every host
+aggregation is linear in the per-token loss, so ``Agg(policy + β·k) = Agg(policy) + β·Agg(k)``: this is what makes
+method "none" reproduce stock TRL to float precision.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+SEQUENCE_MEAN_LOSS_TYPES = ("grpo", "sapo")
+TOKEN_SUM_LOSS_TYPES = ("dapo", "cispo", "vespo")
+LOSS_TYPES = (*SEQUENCE_MEAN_LOSS_TYPES, "bnpo", "dr_grpo", *TOKEN_SUM_LOSS_TYPES, "luspo")
+
+
+def sequence_sums(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_t m_it·x_it, shape `(B,)`."""
+    return (values * mask).sum(-1)
+
+
+def sequence_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_t m_it·x_it / max(L_i, 1), shape `(B,)`. Fully masked rows contribute 0."""
+    return sequence_sums(values, mask) / mask.sum(-1).clamp(min=1.0)
+
+
+def aggregate_like_host(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: str,
+    *,
+    accumulation_steps: float = 1.0,
+    max_completion_length: int | None = None,
+    token_normalizer: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Aggregates a per-token term exactly as TRL aggregates its per-token loss for ``loss_type``.
+
+    Args:
+        values (`torch.Tensor` of shape `(B, T)`): per-token term (e.g. the adapted KL f(k)).
+        mask (`torch.Tensor` of shape `(B, T)`): completion mask m (1 for tokens that count).
+        loss_type (`str`): the host's `loss_type`.
+        accumulation_steps (`float`): the gradient-accumulation normalizer (the current number of accumulation
+            steps in training, 1 in evaluation). Not used by the token-sum types, whose normalizer includes it.
+        max_completion_length (`int`): the `dr_grpo` constant.
+        token_normalizer (`torch.Tensor` or `float`): for `dapo`/`cispo`/`vespo`, the token count the host divides
+            the token sum by (global tokens of the generation batch rescaled to one accumulation window).
+
+    Returns:
+        `torch.Tensor`: scalar.
+
+    | loss_type | aggregate |
+    |---|---|
+    | grpo, sapo | mean_i(Σ_t m·x / L_i) / accumulation_steps |
+    | bnpo | Σ m·x / Σ m / accumulation_steps |
+    | dr_grpo | Σ m·x / (B · max_completion_length) / accumulation_steps |
+    | dapo, cispo, vespo | Σ m·x / token_normalizer |
+    | luspo | mean_i(Σ_t m·x) / accumulation_steps |
+    """
+    if loss_type in SEQUENCE_MEAN_LOSS_TYPES:
+        return sequence_means(values, mask).mean() / accumulation_steps
+    if loss_type == "bnpo":
+        return (values * mask).sum() / mask.sum().clamp(min=1.0) / accumulation_steps
+    if loss_type == "dr_grpo":
+        if max_completion_length is None:
+            raise ValueError("loss_type='dr_grpo' needs max_completion_length.")
+        return (values * mask).sum() / (values.size(0) * max_completion_length) / accumulation_steps
+    if loss_type in TOKEN_SUM_LOSS_TYPES:
+        if token_normalizer is None:
+            raise ValueError(f"loss_type={loss_type!r} needs token_normalizer.")
+        return (values * mask).sum() / token_normalizer
+    if loss_type == "luspo":
+        return sequence_sums(values, mask).mean() / accumulation_steps
+    raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
+
+
+def length_normalized_mean(values: torch.Tensor, mask: torch.Tensor, *, accumulation_steps: float = 1.0) -> torch.Tensor:
+    """The `length_normalized` aggregate: mean_i K̄_i with K̄_i = Σ_t m·x / L_i, whatever the loss type.
+
+    Every sequence carries the same weight, so long completions do not carry more KL than short ones under
+    token-sum loss types.
+
+    Args:
+        values (`torch.Tensor` of shape `(B, T)`): per-token term.
+        mask (`torch.Tensor` of shape `(B, T)`): completion mask.
+        accumulation_steps (`float`): the gradient-accumulation normalizer.
+
+    Returns:
+        `torch.Tensor`: scalar.
+    """
+    return sequence_means(values, mask).mean() / accumulation_steps

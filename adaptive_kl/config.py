@@ -1,0 +1,240 @@
+"""`AdaptiveKLGRPOConfig`: `trl.GRPOConfig` plus the fields that select the KL adaptation."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .controller import KL_CONTROLLERS, KL_SCALINGS
+from .kl import ESTIMATORS
+
+
+KL_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
+KL_TRANSFORMS = ("clip", "sigmoid")
+
+
+def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
+    """Splits `"dynamic+length_normalized"` into its methods; `()` for `"none"`.
+
+    Raises:
+        ValueError: naming `kl_adaptation_method` and the allowed values, for an unknown or repeated name, `"none"`
+            combined with another method, or both `clip` and `sigmoid`.
+    """
+    allowed = f"one of {KL_METHODS}, or several of them joined by '+' with at most one of clip/sigmoid"
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"kl_adaptation_method must be {allowed}; got {value!r}.")
+    methods = tuple(part.strip() for part in value.split("+"))
+    unknown = [m for m in methods if m not in KL_METHODS]
+    if unknown:
+        raise ValueError(f"kl_adaptation_method has unknown method(s) {unknown}; it must be {allowed}.")
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"kl_adaptation_method repeats a method in {value!r}; it must be {allowed}.")
+    if "none" in methods:
+        if len(methods) > 1:
+            raise ValueError(f"kl_adaptation_method cannot combine 'none' with other methods ({value!r}).")
+        return ()
+    if sum(m in KL_TRANSFORMS for m in methods) > 1:
+        raise ValueError(f"kl_adaptation_method can use at most one of clip/sigmoid, got {value!r}.")
+    return methods
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass
+class AdaptiveKLGRPOConfig(GRPOConfig):
+    r"""
+    Configuration class for [`AdaptiveKLGRPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the KL adaptation.
+
+    With every field below at its default the trainer is stock TRL. Anything else needs `beta > 0` (TRL loads no
+    reference model at `beta = 0`). The loss is `policy_loss + β_t · Agg(f(k))`; see the README for the formulas.
+
+    Parameters:
+        kl_adaptation_method (`str`, *optional*, defaults to `"none"`):
+            `"none"`, `"clip"`, `"sigmoid"`, `"length_normalized"`, `"dynamic"`, or several joined by `"+"` (at most one
+            of clip/sigmoid), e.g. `"dynamic+length_normalized"`.
+        kl_clip_threshold (`float`, *optional*, defaults to `1.0`):
+            `clip`: per-token KL above this value is clipped (and carries no gradient).
+        kl_target (`float`, *optional*, defaults to `0.1`):
+            `sigmoid`: the KL at which the gate σ(k − τ) is one half.
+        dynamic_beta_decay (`float`, *optional*, defaults to `0.9`):
+            `dynamic`: β is multiplied by this factor after each step whose mean reward reaches `reward_threshold`.
+        reward_threshold (`float`, *optional*, defaults to `0.8`):
+            `dynamic`: the mean reward that triggers a decay.
+        beta_min (`float`, *optional*, defaults to `0.0`):
+            Lower bound of β under `dynamic` and the target-KL controllers.
+        beta_schedule_steps (`int`, *optional*, defaults to `1000`):
+            `dynamic`: from this optimizer step on, β = `beta_min`.
+        kl_scaling (`str`, *optional*, defaults to `"none"`):
+            Step scaling α(t) of β: `"none"` (1), `"linear"` (1/t), `"sqrt"` (1/√t) or `"log"` (1/ln(t+1)).
+        kl_estimator (`str`, *optional*, defaults to `"k3"`):
+            Per-token estimator of KL(π_θ‖π_ref): `"k1"` (r), `"k2"` (r²/2) or `"k3"` (exp(−r) + r − 1).
+        kl_controller (`str`, *optional*, defaults to `"fixed"`):
+            `"fixed"`, `"adaptive"` (Ziegler et al., 2019) or `"stepwise"` target-KL controller of β.
+        target_kl (`float`, *optional*, defaults to `0.05`):
+            Target mean per-token KL of the target-KL controllers.
+        kl_horizon (`int`, *optional*, defaults to `10000`):
+            Horizon (in sequences) of the `"adaptive"` controller.
+    """
+
+    kl_adaptation_method: str = field(
+        default="none",
+        metadata={
+            "help": "KL adaptation: 'none', 'clip', 'sigmoid', 'length_normalized', 'dynamic', or several joined by "
+            "'+' (at most one of clip/sigmoid), e.g. 'dynamic+length_normalized'."
+        },
+    )
+    kl_clip_threshold: float = field(
+        default=1.0,
+        metadata={"help": "clip: per-token KL above this value is clipped and carries no gradient. Must be > 0."},
+    )
+    kl_target: float = field(
+        default=0.1,
+        metadata={"help": "sigmoid: per-token KL k is weighted by sigmoid(k - kl_target). Must be >= 0."},
+    )
+    dynamic_beta_decay: float = field(
+        default=0.9,
+        metadata={
+            "help": "dynamic: beta is multiplied by this factor after each optimizer step whose mean reward reaches "
+            "reward_threshold. In (0, 1]."
+        },
+    )
+    reward_threshold: float = field(
+        default=0.8,
+        metadata={"help": "dynamic: mean reward of a step at or above which beta decays."},
+    )
+    beta_min: float = field(
+        default=0.0,
+        metadata={"help": "Lower bound of beta under 'dynamic' and the target-KL controllers. In [0, beta]."},
+    )
+    beta_schedule_steps: int = field(
+        default=1000,
+        metadata={"help": "dynamic: from this optimizer step on, beta equals beta_min. Must be >= 1."},
+    )
+    kl_scaling: str = field(
+        default="none",
+        metadata={
+            "help": "Step-based scaling of beta at optimizer step t (1 for t <= 1): 'none' (1), 'linear' (1/t), "
+            "'sqrt' (1/sqrt(t)) or 'log' (1/ln(t+1))."
+        },
+    )
+    kl_estimator: str = field(
+        default="k3",
+        metadata={
+            "help": "Per-token KL estimator of the log-ratio r = log pi - log pi_ref: 'k1' (r), 'k2' (r^2/2) or 'k3' "
+            "(exp(-r) + r - 1, TRL's)."
+        },
+    )
+    kl_controller: str = field(
+        default="fixed",
+        metadata={
+            "help": "Target-KL controller of beta: 'fixed' (none), 'adaptive' (proportional, Ziegler et al. 2019) or "
+            "'stepwise' (x1.5 above 1.5*target_kl, x0.75 below 0.5*target_kl)."
+        },
+    )
+    target_kl: float = field(
+        default=0.05,
+        metadata={"help": "Target mean per-token KL of the 'adaptive' and 'stepwise' controllers. Must be > 0."},
+    )
+    kl_horizon: int = field(
+        default=10000,
+        metadata={"help": "Horizon, in sequences, of the 'adaptive' controller. Must be > 0."},
+    )
+
+    def __post_init__(self):
+        self._validate_adaptive_kl()
+        super().__post_init__()
+
+    @property
+    def kl_methods(self) -> tuple[str, ...]:
+        """The methods of `kl_adaptation_method`, `()` for `"none"`."""
+        return parse_kl_adaptation_method(self.kl_adaptation_method)
+
+    @property
+    def kl_transform(self) -> str | None:
+        """`"clip"`, `"sigmoid"` or `None`."""
+        return next((m for m in self.kl_methods if m in KL_TRANSFORMS), None)
+
+    @property
+    def uses_adaptive_kl(self) -> bool:
+        """Whether any KL field differs from stock TRL's behaviour."""
+        return bool(self.kl_methods) or (self.kl_scaling, self.kl_estimator, self.kl_controller) != (
+            "none",
+            "k3",
+            "fixed",
+        )
+
+    def _validate_adaptive_kl(self) -> None:
+        methods = parse_kl_adaptation_method(self.kl_adaptation_method)
+        _require(
+            self.kl_scaling in KL_SCALINGS, f"kl_scaling must be one of {KL_SCALINGS}, got {self.kl_scaling!r}."
+        )
+        _require(
+            self.kl_estimator in ESTIMATORS, f"kl_estimator must be one of {ESTIMATORS}, got {self.kl_estimator!r}."
+        )
+        _require(
+            self.kl_controller in KL_CONTROLLERS,
+            f"kl_controller must be one of {KL_CONTROLLERS}, got {self.kl_controller!r}.",
+        )
+        _require(
+            _is_finite_number(self.kl_clip_threshold) and self.kl_clip_threshold > 0,
+            f"kl_clip_threshold must be a finite number > 0, got {self.kl_clip_threshold!r}.",
+        )
+        _require(
+            _is_finite_number(self.kl_target) and self.kl_target >= 0,
+            f"kl_target must be a finite number >= 0, got {self.kl_target!r}.",
+        )
+        _require(
+            _is_finite_number(self.dynamic_beta_decay) and 0 < self.dynamic_beta_decay <= 1,
+            f"dynamic_beta_decay must be in (0, 1], got {self.dynamic_beta_decay!r}.",
+        )
+        _require(
+            _is_finite_number(self.reward_threshold),
+            f"reward_threshold must be a finite number, got {self.reward_threshold!r}.",
+        )
+        _require(
+            _is_finite_number(self.beta) and self.beta >= 0, f"beta must be a finite number >= 0, got {self.beta!r}."
+        )
+        _require(
+            _is_finite_number(self.beta_min) and 0 <= self.beta_min <= self.beta,
+            f"beta_min must be a finite number in [0, beta={self.beta}], got {self.beta_min!r}.",
+        )
+        _require(
+            isinstance(self.beta_schedule_steps, int) and self.beta_schedule_steps >= 1,
+            f"beta_schedule_steps must be an integer >= 1, got {self.beta_schedule_steps!r}.",
+        )
+        _require(
+            _is_finite_number(self.target_kl) and self.target_kl > 0,
+            f"target_kl must be a finite number > 0, got {self.target_kl!r}.",
+        )
+        _require(
+            isinstance(self.kl_horizon, int) and self.kl_horizon > 0,
+            f"kl_horizon must be an integer > 0, got {self.kl_horizon!r}.",
+        )
+        _require(
+            not ("dynamic" in methods and self.kl_controller != "fixed"),
+            f"kl_adaptation_method='dynamic' and kl_controller={self.kl_controller!r} both steer beta; use one of "
+            "them (kl_controller='fixed' with 'dynamic').",
+        )
+        _require(
+            self.beta > 0 or not self.uses_adaptive_kl,
+            f"beta must be > 0 when any KL adaptation is set (kl_adaptation_method={self.kl_adaptation_method!r}, "
+            f"kl_scaling={self.kl_scaling!r}, kl_estimator={self.kl_estimator!r}, "
+            f"kl_controller={self.kl_controller!r}): TRL loads no reference model at beta=0.",
+        )
+        if self.kl_estimator == "k1" and self.beta > 0:
+            warnings.warn(
+                "kl_estimator='k1' in the loss has zero expected gradient: it measures KL but does not regularize "
+                "towards the reference. Use 'k2' or 'k3' in the loss.",
+                UserWarning,
+                stacklevel=3,
+            )

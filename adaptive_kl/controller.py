@@ -1,0 +1,203 @@
+"""The coefficient β_t: step scaling, reward-triggered decay and target-KL controllers.
+
+β_t = β_base(t) · α(t) for optimizer step t = 1, 2, …; β_t is constant within a step. The pure update rules are
+module-level functions; `BetaController` composes them and carries the state that checkpoints save and restore.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+KL_SCALINGS = ("none", "linear", "sqrt", "log")
+KL_CONTROLLERS = ("fixed", "adaptive", "stepwise")
+
+# Ziegler et al. (2019) clip the proportional error to ±0.2 so one noisy step cannot move β by more than 0.2·n/H.
+ADAPTIVE_ERROR_CLIP = 0.2
+# Stepwise controller: grow β by 1.5× above 1.5·target, shrink it by 0.75× below 0.5·target.
+STEPWISE_HIGH, STEPWISE_LOW = 1.5, 0.5
+STEPWISE_UP, STEPWISE_DOWN = 1.5, 0.75
+
+
+def step_scale(step: int, scaling: str) -> float:
+    """α(t): 1 for t ≤ 1; otherwise 1, 1/t, 1/√t or 1/ln(t+1) for "none", "linear", "sqrt", "log"."""
+    if scaling not in KL_SCALINGS:
+        raise ValueError(f"kl_scaling must be one of {KL_SCALINGS}, got {scaling!r}.")
+    if scaling == "none" or step <= 1:
+        return 1.0
+    if scaling == "linear":
+        return 1.0 / step
+    if scaling == "sqrt":
+        return 1.0 / math.sqrt(step)
+    return 1.0 / math.log(step + 1)
+
+
+def dynamic_decay(beta: float, mean_reward: float, *, reward_threshold: float, decay: float, beta_min: float) -> float:
+    """`dynamic`: β ← max(β·decay, β_min) when the step's mean reward reaches the threshold, else unchanged."""
+    if mean_reward >= reward_threshold:
+        return max(beta * decay, beta_min)
+    return beta
+
+
+def adaptive_kl_update(beta: float, kl: float, *, target_kl: float, horizon: int, num_sequences: int) -> float:
+    """Ziegler et al. (2019): e = clip(KL/target − 1, ±0.2); β ← β·(1 + e·n/horizon)."""
+    error = min(max(kl / target_kl - 1.0, -ADAPTIVE_ERROR_CLIP), ADAPTIVE_ERROR_CLIP)
+    return beta * (1.0 + error * num_sequences / horizon)
+
+
+def stepwise_kl_update(beta: float, kl: float, *, target_kl: float) -> float:
+    """β ← 1.5·β if KL > 1.5·target; 0.75·β if KL < 0.5·target; else unchanged."""
+    if kl > STEPWISE_HIGH * target_kl:
+        return beta * STEPWISE_UP
+    if kl < STEPWISE_LOW * target_kl:
+        return beta * STEPWISE_DOWN
+    return beta
+
+
+class BetaController:
+    """Owns β_base and computes β_t for each optimizer step.
+
+    Args:
+        beta (`float`): the initial β_base (`args.beta`).
+        dynamic (`bool`): reward-triggered decay of β_base (`"dynamic"` in `kl_adaptation_method`).
+        dynamic_beta_decay, reward_threshold, beta_min, beta_schedule_steps: see `AdaptiveKLGRPOConfig`.
+        kl_scaling (`str`): the step scaling α(t).
+        kl_controller (`str`): `"fixed"`, `"adaptive"` or `"stepwise"`.
+        target_kl (`float`), kl_horizon (`int`): target-KL controller parameters.
+
+    `update(step, ...)` is called once per finished optimizer step with that step's global statistics; non-finite
+    statistics leave the state untouched (and are counted), so β can never become NaN or inf.
+    """
+
+    def __init__(
+        self,
+        beta: float,
+        *,
+        dynamic: bool = False,
+        dynamic_beta_decay: float = 0.9,
+        reward_threshold: float = 0.8,
+        beta_min: float = 0.0,
+        beta_schedule_steps: int = 1000,
+        kl_scaling: str = "none",
+        kl_controller: str = "fixed",
+        target_kl: float = 0.05,
+        kl_horizon: int = 10000,
+    ):
+        if kl_controller not in KL_CONTROLLERS:
+            raise ValueError(f"kl_controller must be one of {KL_CONTROLLERS}, got {kl_controller!r}.")
+        step_scale(1, kl_scaling)  # validates the name
+        self.initial_beta = float(beta)
+        self.dynamic = dynamic
+        self.dynamic_beta_decay = dynamic_beta_decay
+        self.reward_threshold = reward_threshold
+        self.beta_min = beta_min
+        self.beta_schedule_steps = beta_schedule_steps
+        self.kl_scaling = kl_scaling
+        self.kl_controller = kl_controller
+        self.target_kl = target_kl
+        self.kl_horizon = kl_horizon
+        self.beta_base = float(beta)
+        self.last_step = 0  # the last optimizer step whose statistics were applied
+        self.num_decays = 0
+        self.num_skipped_updates = 0
+
+    @classmethod
+    def from_args(cls, args: Any) -> "BetaController":
+        """Builds the controller from an `AdaptiveKLGRPOConfig` (or anything with the same attributes)."""
+        return cls(
+            args.beta,
+            dynamic="dynamic" in args.kl_methods,
+            dynamic_beta_decay=args.dynamic_beta_decay,
+            reward_threshold=args.reward_threshold,
+            beta_min=args.beta_min,
+            beta_schedule_steps=args.beta_schedule_steps,
+            kl_scaling=args.kl_scaling,
+            kl_controller=args.kl_controller,
+            target_kl=args.target_kl,
+            kl_horizon=args.kl_horizon,
+        )
+
+    def base_beta(self, step: int) -> float:
+        """β_base(t): the controlled coefficient, or `beta_min` from `beta_schedule_steps` on under `dynamic`."""
+        if self.dynamic and step >= self.beta_schedule_steps:
+            return self.beta_min
+        return self.beta_base
+
+    def scale(self, step: int) -> float:
+        """α(t)."""
+        return step_scale(step, self.kl_scaling)
+
+    def beta(self, step: int) -> float:
+        """β_t = β_base(t)·α(t) for optimizer step `step` (1-based)."""
+        return self.base_beta(step) * self.scale(step)
+
+    def update(
+        self,
+        step: int,
+        *,
+        mean_reward: float | None = None,
+        mean_kl: float | None = None,
+        num_sequences: int | None = None,
+    ) -> None:
+        """Applies the statistics of finished optimizer step `step` (global over processes) to β_base.
+
+        Steps already applied (e.g. replayed after a resume) are ignored, so the update is idempotent.
+        """
+        if step <= self.last_step:
+            return
+        self.last_step = step
+        if self.dynamic:
+            if mean_reward is None or not math.isfinite(mean_reward):
+                self.num_skipped_updates += 1
+                return
+            new_beta = dynamic_decay(
+                self.beta_base,
+                mean_reward,
+                reward_threshold=self.reward_threshold,
+                decay=self.dynamic_beta_decay,
+                beta_min=self.beta_min,
+            )
+            self.num_decays += int(new_beta != self.beta_base)
+        elif self.kl_controller != "fixed":
+            if mean_kl is None or not math.isfinite(mean_kl) or not num_sequences:
+                self.num_skipped_updates += 1
+                return
+            if self.kl_controller == "adaptive":
+                new_beta = adaptive_kl_update(
+                    self.beta_base, mean_kl, target_kl=self.target_kl, horizon=self.kl_horizon, num_sequences=num_sequences
+                )
+            else:
+                new_beta = stepwise_kl_update(self.beta_base, mean_kl, target_kl=self.target_kl)
+            new_beta = max(new_beta, self.beta_min)
+        else:
+            return
+        if math.isfinite(new_beta):
+            self.beta_base = new_beta
+        else:
+            self.num_skipped_updates += 1
+
+    def state_dict(self) -> dict[str, float | int]:
+        """The mutable state (JSON-serializable)."""
+        return {
+            "beta_base": self.beta_base,
+            "last_step": self.last_step,
+            "num_decays": self.num_decays,
+            "num_skipped_updates": self.num_skipped_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        """Restores the state saved by `state_dict`; refuses a non-finite or negative β_base."""
+        beta_base = float(state["beta_base"])
+        if not math.isfinite(beta_base) or beta_base < 0:
+            raise ValueError(f"Invalid saved KL controller state: beta_base={beta_base!r}.")
+        self.beta_base = beta_base
+        self.last_step = int(state["last_step"])
+        self.num_decays = int(state.get("num_decays", 0))
+        self.num_skipped_updates = int(state.get("num_skipped_updates", 0))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(beta_base={self.beta_base}, last_step={self.last_step}, "
+            f"kl_scaling={self.kl_scaling!r}, kl_controller={self.kl_controller!r}, dynamic={self.dynamic})"
+        )

@@ -1,0 +1,123 @@
+"""Per-token KL math: estimators and transforms.
+
+Notation (see ``DESIGN.md``): for a sampled token, ``r = log π_θ(y) − log π_ref(y)`` is the log-ratio, ``k = est(r)``
+is a per-token KL estimate, and ``f(k)`` is the adapted (transformed) estimate that enters the loss.
+
+Every function is pure torch, shape-preserving and differentiable where the formula is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+ESTIMATORS = ("k1", "k2", "k3")
+
+# Log-ratios are clamped to ±LOG_RATIO_CLAMP before any estimator. exp(20) ≈ 4.9e8 is finite in float32 and
+# bfloat16, and no realistic policy drifts that far from its reference on a sampled token; outside the range the
+# estimate is constant (zero gradient), which keeps a single degenerate token from producing inf/NaN.
+LOG_RATIO_CLAMP = 20.0
+
+
+def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Clamps ``r`` to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]``, upcasting half precision to float32.
+
+    Args:
+        log_ratio (`torch.Tensor` of shape `(B, T)`): `log π_θ − log π_ref` at the sampled tokens.
+
+    Returns:
+        `torch.Tensor` of shape `(B, T)`: the clamped log-ratio (float32 when the input was float16/bfloat16).
+    """
+    if log_ratio.dtype in (torch.float16, torch.bfloat16):
+        log_ratio = log_ratio.float()
+    return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k1 = r. Unbiased for KL(π_θ‖π_ref), but its expected gradient as a loss is zero (it belongs in the reward)."""
+    return log_ratio
+
+
+def k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k2 = r²/2. As a loss its gradient equals the on-policy reverse-KL gradient."""
+    return 0.5 * log_ratio.square()
+
+
+def k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(−r) + r − 1 ≥ 0 (Schulman's estimator; TRL's and DeepSeek's default)."""
+    return torch.exp(-log_ratio) + log_ratio - 1
+
+
+_ESTIMATOR_FNS = {"k1": k1, "k2": k2, "k3": k3}
+
+
+def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token KL estimate ``k = est(clamp(r))``.
+
+    Args:
+        log_ratio (`torch.Tensor` of shape `(B, T)`): `log π_θ − log π_ref` at the sampled tokens.
+        estimator (`str`): one of `"k1"`, `"k2"`, `"k3"`.
+
+    Returns:
+        `torch.Tensor` of shape `(B, T)`.
+    """
+    try:
+        fn = _ESTIMATOR_FNS[estimator]
+    except KeyError:
+        raise ValueError(f"kl_estimator must be one of {ESTIMATORS}, got {estimator!r}.") from None
+    return fn(clamp_log_ratio(log_ratio))
+
+
+def clip_kl(kl: torch.Tensor, threshold: float) -> torch.Tensor:
+    """f(k) = min(k, c): constant (zero gradient) above the threshold ``c``."""
+    return kl.clamp(max=threshold)
+
+
+def sigmoid_kl(kl: torch.Tensor, target: float) -> torch.Tensor:
+    """f(k) = σ(k − τ)·k: a smooth gate that damps KL below the target τ; differentiable through both factors."""
+    return torch.sigmoid(kl - target) * kl
+
+
+def transform_kl(
+    kl: torch.Tensor, transform: str | None, *, clip_threshold: float = 1.0, target: float = 0.1
+) -> torch.Tensor:
+    """Applies the per-token transform of ``kl_adaptation_method``.
+
+    Args:
+        kl (`torch.Tensor` of shape `(B, T)`): per-token KL estimate k.
+        transform (`str` or `None`): `"clip"`, `"sigmoid"` or `None` (identity).
+        clip_threshold (`float`): c for `"clip"`.
+        target (`float`): τ for `"sigmoid"`.
+
+    Returns:
+        `torch.Tensor` of shape `(B, T)`: f(k).
+    """
+    if transform is None:
+        return kl
+    if transform == "clip":
+        return clip_kl(kl, clip_threshold)
+    if transform == "sigmoid":
+        return sigmoid_kl(kl, target)
+    raise ValueError(f"Unknown KL transform {transform!r}; expected 'clip', 'sigmoid' or None.")
+
+
+def importance_ratio(
+    per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
+    """The importance ratio π_θ/π_old that `use_bias_correction_kl` multiplies the estimate by (differentiable).
+
+    Args:
+        per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_θ, carrying gradient.
+        old_per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_old (detached).
+        mask (`torch.Tensor` of shape `(B, T)`): completion mask.
+        level (`str`): `"token"` (one ratio per token) or `"sequence"` (exp of the masked mean log-ratio).
+
+    Returns:
+        `torch.Tensor` of shape `(B, T)` for `"token"`, `(B, 1)` for `"sequence"`.
+    """
+    log_ratio = per_token_logps - old_per_token_logps
+    if level == "token":
+        return torch.exp(log_ratio)
+    if level == "sequence":
+        return torch.exp(((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1))
+    raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {level!r}.")

@@ -1,0 +1,120 @@
+"""The `adaptive_kl/*` metrics, computed from additive sufficient statistics.
+
+Every metric is a ratio of sums, so statistics can be summed over micro-batches, accumulation steps and processes
+(one all-reduce) before the ratio is taken: means are token-weighted and global, and the length/KL correlation is
+the Pearson correlation over every sequence of the window, not an average of per-batch correlations.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregation import sequence_means, sequence_sums
+
+
+# Order of the entries of the statistics vector.
+STAT_NAMES = (
+    "tokens",  # Σ m
+    "raw_kl",  # Σ m·k
+    "adapted_kl",  # Σ m·f(k)
+    "clipped",  # Σ m·[k > c]
+    "host_kl",  # Σ m·k3 (what TRL logs as `kl`)
+    "sequences",  # number of sequences in the batch
+    "seq_kl",  # Σ_i Σ_t m·k
+    "corr_n",  # sequences with L_i > 0 (those that enter the correlation)
+    "corr_x",  # Σ L_i
+    "corr_y",  # Σ K̄_i (per-sequence mean raw KL)
+    "corr_xx",
+    "corr_yy",
+    "corr_xy",
+)
+STAT_INDEX = {name: i for i, name in enumerate(STAT_NAMES)}
+
+METRIC_NAMES = (
+    "adaptive_kl/raw_kl",
+    "adaptive_kl/adapted_kl",
+    "adaptive_kl/current_beta",
+    "adaptive_kl/beta_scale",
+    "adaptive_kl/clip_fraction",
+    "adaptive_kl/seq_kl",
+    "adaptive_kl/kl_length_corr",
+)
+
+
+def kl_statistics(
+    raw_kl: torch.Tensor,
+    adapted_kl: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_threshold: float | None = None,
+    host_kl: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sums of one batch, in the order of `STAT_NAMES` (float64, detached).
+
+    Args:
+        raw_kl (`torch.Tensor` of shape `(B, T)`): k, the per-token estimate before the transform.
+        adapted_kl (`torch.Tensor` of shape `(B, T)`): f(k).
+        mask (`torch.Tensor` of shape `(B, T)`): completion mask.
+        clip_threshold (`float`, *optional*): c when the clip transform is active (tokens with k > c are counted).
+        host_kl (`torch.Tensor` of shape `(B, T)`, *optional*): TRL's k3 estimate, when it differs from `raw_kl`.
+
+    Returns:
+        `torch.Tensor` of shape `(len(STAT_NAMES),)`.
+    """
+    dtype = torch.float32 if raw_kl.device.type == "mps" else torch.float64
+    raw_kl, adapted_kl, mask = (x.detach().to(dtype) for x in (raw_kl, adapted_kl, mask))
+    host_kl = raw_kl if host_kl is None else host_kl.detach().to(dtype)
+    lengths = mask.sum(-1)
+    seq_mean_kl = sequence_means(raw_kl, mask)
+    valid = (lengths > 0).to(dtype)
+    x, y = lengths * valid, seq_mean_kl * valid
+    zero = raw_kl.new_zeros(())
+    clipped = (mask * (raw_kl > clip_threshold)).sum() if clip_threshold is not None else zero
+    return torch.stack(
+        [
+            mask.sum(),
+            (raw_kl * mask).sum(),
+            (adapted_kl * mask).sum(),
+            clipped,
+            (host_kl * mask).sum(),
+            raw_kl.new_tensor(float(raw_kl.size(0))),
+            sequence_sums(raw_kl, mask).sum(),
+            valid.sum(),
+            x.sum(),
+            y.sum(),
+            (x * x).sum(),
+            (y * y).sum(),
+            (x * y).sum(),
+        ]
+    )
+
+
+def pearson_from_moments(n: float, sx: float, sy: float, sxx: float, syy: float, sxy: float) -> float:
+    """Pearson correlation from sums; 0 when there are fewer than two points or either variable has no spread."""
+    if n < 2:
+        return 0.0
+    var_x = sxx / n - (sx / n) ** 2
+    var_y = syy / n - (sy / n) ** 2
+    # Relative tolerance: a variance at rounding-error level of the second moment is no spread.
+    if var_x <= 1e-12 * max(sxx / n, 1e-300) or var_y <= 1e-12 * max(syy / n, 1e-300):
+        return 0.0
+    cov = sxy / n - (sx / n) * (sy / n)
+    return max(-1.0, min(1.0, cov / (var_x * var_y) ** 0.5))
+
+
+def kl_metrics(stats: torch.Tensor, *, beta: float, beta_scale: float) -> dict[str, float]:
+    """Turns summed statistics into the `adaptive_kl/*` metrics (plus TRL's `kl`)."""
+    s = dict(zip(STAT_NAMES, stats.tolist()))
+    tokens = max(s["tokens"], 1.0)
+    return {
+        "adaptive_kl/raw_kl": s["raw_kl"] / tokens,
+        "adaptive_kl/adapted_kl": s["adapted_kl"] / tokens,
+        "adaptive_kl/current_beta": beta,
+        "adaptive_kl/beta_scale": beta_scale,
+        "adaptive_kl/clip_fraction": s["clipped"] / tokens,
+        "adaptive_kl/seq_kl": s["seq_kl"] / max(s["sequences"], 1.0),
+        "adaptive_kl/kl_length_corr": pearson_from_moments(
+            s["corr_n"], s["corr_x"], s["corr_y"], s["corr_xx"], s["corr_yy"], s["corr_xy"]
+        ),
+        "kl": s["host_kl"] / tokens,
+    }

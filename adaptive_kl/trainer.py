@@ -1,0 +1,175 @@
+"""`AdaptiveKLGRPOTrainer`: `trl.GRPOTrainer` with an adaptive KL term.
+
+The host computes its own loss with β = 0 (the policy term, untouched), and this class adds
+`β_t · Agg(f(k))` computed from the log-probabilities the host already computed for that loss: no copy of the
+host's loss, no extra forward pass. The reference model is loaded as usual because `args.beta > 0`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from trl import GRPOTrainer
+
+from .aggregation import TOKEN_SUM_LOSS_TYPES, aggregate_like_host, length_normalized_mean
+from .config import AdaptiveKLGRPOConfig
+from .controller import BetaController
+from .kl import importance_ratio, kl_estimate, transform_kl
+from .metrics import STAT_INDEX, kl_metrics, kl_statistics
+from .state import AdaptiveKLStateCallback
+
+
+class AdaptiveKLGRPOTrainer(GRPOTrainer):
+    """Drop-in replacement for [`~trl.GRPOTrainer`] that takes an [`AdaptiveKLGRPOConfig`].
+
+    Every argument is passed to `GRPOTrainer` unchanged. With `beta = 0` the trainer is stock TRL; otherwise the KL
+    term of the loss is computed here (identical to TRL's for method `"none"`, estimator `"k3"`) and the
+    `adaptive_kl/*` metrics are logged through `Trainer.log`.
+
+    Attributes:
+        beta_controller (`BetaController`): owns β; saved in every checkpoint and restored on resume.
+    """
+
+    _tag_names = [*GRPOTrainer._tag_names, "adaptive-kl"]
+
+    def __init__(self, model, reward_funcs, args: AdaptiveKLGRPOConfig | None = None, *more, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = AdaptiveKLGRPOConfig(f"{name.split('/')[-1]}-GRPO")
+        elif not isinstance(args, AdaptiveKLGRPOConfig):
+            raise TypeError(
+                f"AdaptiveKLGRPOTrainer needs an AdaptiveKLGRPOConfig, got {type(args).__name__}. It accepts every "
+                "GRPOConfig argument: replace GRPOConfig(...) by AdaptiveKLGRPOConfig(...)."
+            )
+        super().__init__(model, reward_funcs, args, *more, **kwargs)
+        self.beta_controller = BetaController.from_args(args)
+        self._kl_methods = args.kl_methods
+        self._kl_transform = args.kl_transform
+        self._capture: dict | None = None  # set while the host's loss runs
+        self._generation_mean_reward = float("nan")
+        self._step_stats: torch.Tensor | None = None  # summed statistics of the optimizer step in progress
+        self._log_stats: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
+        self._last_beta: dict[str, tuple[float, float]] = {}
+        self.add_callback(AdaptiveKLStateCallback(self.beta_controller))
+
+    # --- host hooks ------------------------------------------------------------------------------------------------
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        outputs = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        if self._capture is not None:
+            self._capture.setdefault("per_token_logps", outputs[0])
+        return outputs
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.model.training:
+            # The total reward TRL logs as `reward`: gathered over processes, NaN rows (all functions None) excluded.
+            weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+            rewards = (rewards_per_func * weights).nansum(dim=1)
+            rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+            self._generation_mean_reward = torch.nanmean(rewards).item()
+        return rewards_per_func
+
+    def _load_callback_state(self):
+        super()._load_callback_state()
+        # With `restore_callback_states_from_checkpoint=True` Transformers re-instantiates callbacks from their
+        # saved args; give the new instance our controller (its `on_train_begin` then loads the saved state).
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, AdaptiveKLStateCallback) and callback.controller is None:
+                callback.controller = self.beta_controller
+
+    @contextmanager
+    def _host_loss_without_kl(self):
+        """Runs the host's loss with β = 0 and captures the policy log-probabilities it computes."""
+        host_beta, self.beta, self._capture = self.beta, 0.0, {}
+        try:
+            yield self._capture
+        finally:
+            self.beta, self._capture = host_beta, None
+
+    # --- loss --------------------------------------------------------------------------------------------------------
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.beta == 0.0:  # nothing adaptive was asked for (the config enforces it): stock TRL
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        mode = "train" if self.model.training else "eval"
+        step = self.state.global_step + 1  # the optimizer step in progress (the next one, in evaluation)
+        with self._host_loss_without_kl() as captured:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if "per_token_logps" not in captured:
+            raise RuntimeError(
+                "AdaptiveKLGRPOTrainer could not capture the policy log-probabilities of the host loss: the installed "
+                "GRPOTrainer.compute_loss no longer calls _get_per_token_logps_and_entropies."
+            )
+        beta, scale = self.beta_controller.beta(step), self.beta_controller.scale(step)
+        kl_term, stats = self._adapted_kl_term(captured["per_token_logps"], inputs, mode)
+        self._record(stats, mode, step, beta, scale)
+        return loss + beta * kl_term
+
+    def _adapted_kl_term(self, per_token_logps, inputs, mode):
+        """Agg(f(k)) for one micro-batch, and its statistics summed over processes."""
+        args = self.args
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        mask = mask.to(per_token_logps.dtype)
+        log_ratio = per_token_logps - inputs["ref_per_token_logps"]
+        kl = kl_estimate(log_ratio, args.kl_estimator)
+        host_kl = None if args.kl_estimator == "k3" else kl_estimate(log_ratio.detach(), "k3")
+        if args.use_bias_correction_kl:
+            old = inputs.get("old_per_token_logps")
+            old = per_token_logps.detach() if old is None else old
+            ratio = importance_ratio(per_token_logps, old, mask, self.importance_sampling_level)
+            kl = kl * ratio
+            host_kl = None if host_kl is None else host_kl * ratio.detach()
+        adapted = transform_kl(kl, self._kl_transform, clip_threshold=args.kl_clip_threshold, target=args.kl_target)
+
+        accumulation_steps = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if "length_normalized" in self._kl_methods:
+            term = length_normalized_mean(adapted, mask, accumulation_steps=accumulation_steps)
+        else:
+            token_normalizer = None
+            if self.loss_type in TOKEN_SUM_LOSS_TYPES:
+                token_normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+                if mode == "train":
+                    token_normalizer = token_normalizer * accumulation_steps / args.steps_per_generation
+            term = aggregate_like_host(
+                adapted,
+                mask,
+                self.loss_type,
+                accumulation_steps=accumulation_steps,
+                max_completion_length=self.max_completion_length,
+                token_normalizer=token_normalizer,
+            )
+        clip_threshold = args.kl_clip_threshold if self._kl_transform == "clip" else None
+        stats = kl_statistics(kl, adapted, mask, clip_threshold=clip_threshold, host_kl=host_kl)
+        return term, self.accelerator.reduce(stats, reduction="sum")
+
+    def _record(self, stats, mode, step, beta, scale):
+        """Accumulates the statistics for logging and, at the end of an optimizer step, updates the controller."""
+        self._last_beta[mode] = (beta, scale)
+        self._log_stats[mode] = stats if self._log_stats[mode] is None else self._log_stats[mode] + stats
+        if mode != "train":
+            return
+        self._step_stats = stats if self._step_stats is None else self._step_stats + stats
+        if self.accelerator.sync_gradients:  # last micro-batch of the optimizer step: β changes for the next one
+            tokens = self._step_stats[STAT_INDEX["tokens"]].item()
+            mean_kl = self._step_stats[STAT_INDEX["raw_kl"]].item() / tokens if tokens > 0 else float("nan")
+            self.beta_controller.update(
+                step,
+                mean_reward=self._generation_mean_reward,
+                mean_kl=mean_kl,
+                num_sequences=int(self._step_stats[STAT_INDEX["sequences"]].item()),
+            )
+            self._step_stats = None
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        stats = self._log_stats.get(mode)
+        if stats is not None:
+            beta, scale = self._last_beta[mode]
+            for key, value in kl_metrics(stats, beta=beta, beta_scale=scale).items():
+                self._metrics[mode][key] = [value]  # TRL averages and prefixes (`eval_`) its metrics
+            self._log_stats[mode] = None
+        super().log(logs, start_time)
