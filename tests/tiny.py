@@ -40,9 +40,9 @@ def build_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, seed: int
     return Qwen2ForCausalLM(config)
 
 
-def save_tiny_model(directory: str) -> str:
+def save_tiny_model(directory: str, dtype: torch.dtype = torch.float32) -> str:
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer)
+    model = build_model(tokenizer).to(dtype)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -59,3 +59,19 @@ def length_reward(completions, **kwargs):
 
 def constant_reward(completions, **kwargs):
     return [1.0 for _ in completions]
+
+
+# Keyword arguments shared by every training config of the tests: CPU, tiny batches, no logging backends.
+TRAIN_KWARGS = dict(
+    per_device_train_batch_size=4,
+    num_generations=4,
+    max_completion_length=8,
+    logging_steps=1,
+    report_to="none",
+    save_strategy="no",
+    use_cpu=True,
+    learning_rate=1e-2,
+    seed=0,
+    data_seed=0,
+    disable_tqdm=True,
+)
