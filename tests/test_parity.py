@@ -12,12 +12,11 @@ import re
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.aggregation import LOSS_TYPES
-from tiny import TRAIN_KWARGS, length_reward, prompt_dataset
+from tiny import fabricated_inputs, loss_and_grads, make_trainer
 
 
 BETA = 0.3
@@ -40,76 +39,11 @@ def test_loss_types_cover_trl():
     assert offered == set(LOSS_TYPES)
 
 
-def _trainer(cls, config_cls, model_dir, **kwargs):
-    args = config_cls(
-        output_dir=f"{model_dir}/out-{cls.__name__}",
-        beta=BETA,
-        model_init_kwargs={"dtype": "auto"},  # the saved float64,
-        **TRAIN_KWARGS,
-        **kwargs,
-    )
-    return cls(
-        model=model_dir,
-        reward_funcs=[length_reward],
-        args=args,
-        train_dataset=prompt_dataset(),
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-    )
-
-
 @pytest.fixture(scope="module")
 def trainers(tiny_model_dir):
-    stock = _trainer(GRPOTrainer, GRPOConfig, tiny_model_dir)
-    ours = _trainer(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir)
+    stock = make_trainer(GRPOTrainer, GRPOConfig, tiny_model_dir, beta=BETA)
+    ours = make_trainer(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA)
     return stock, ours
-
-
-def fabricated_inputs(trainer, seed: int = 0) -> dict:
-    """A micro-batch as `_generate_and_score_completions` returns it, with drifted reference and old policies.
-
-    Completion lengths differ (6, 4, 1, 3) so every aggregation weighs sequences differently, and the log-ratios are
-    large enough (σ = 0.5) that k3 differs from k2 and the PPO clip is active on some tokens.
-    """
-    g = torch.Generator().manual_seed(seed)
-    batch, prompt_len, completion_len = 4, 3, 6
-    vocab = trainer.model.config.vocab_size
-    prompt_ids = torch.randint(3, vocab, (batch, prompt_len), generator=g)
-    completion_ids = torch.randint(3, vocab, (batch, completion_len), generator=g)
-    lengths = torch.tensor([6, 4, 1, 3])
-    completion_mask = (torch.arange(completion_len)[None, :] < lengths[:, None]).long()
-    prompt_mask = torch.ones_like(prompt_ids)
-    with torch.no_grad():
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model,
-            torch.cat([prompt_ids, completion_ids], 1),
-            torch.cat([prompt_mask, completion_mask], 1),
-            completion_len,
-        )
-    noise = lambda scale: scale * torch.randn(logps.shape, generator=g, dtype=logps.dtype)  # noqa: E731
-    return {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "advantages": torch.randn(batch, generator=g, dtype=logps.dtype),
-        "old_per_token_logps": logps + noise(0.1),
-        "ref_per_token_logps": logps + noise(0.5),
-        "num_items_in_batch": completion_mask.sum() * 2,  # the generation batch spans two micro-batches
-    }
-
-
-def loss_and_grads(trainer, inputs, *, train: bool = True, accumulation_steps: int = 2):
-    model = trainer.model
-    model.train(train)
-    model.zero_grad(set_to_none=True)
-    trainer.current_gradient_accumulation_steps = accumulation_steps
-    with torch.set_grad_enabled(train):
-        loss = trainer.compute_loss(model, inputs)
-    if not train:
-        return loss.detach(), {}
-    loss.backward()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
-    return loss.detach(), grads
 
 
 def configure(trainers, loss_type, level, bias):

@@ -1,0 +1,401 @@
+"""The coefficient β_t (DESIGN.md section 5): step scaling, dynamic decay, target-KL controllers, state."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptive_kl.controller import (
+    KL_CONTROLLERS,
+    KL_SCALINGS,
+    BetaController,
+    adaptive_kl_update,
+    dynamic_decay,
+    step_scale,
+    stepwise_kl_update,
+)
+
+
+SETTINGS = settings(max_examples=100, deadline=None)
+
+EXPECTED_SCALE = {
+    "none": lambda t: 1.0,
+    "linear": lambda t: 1.0 / t,
+    "sqrt": lambda t: t**-0.5,
+    "log": lambda t: 1.0 / math.log1p(t),
+}
+
+positive = st.floats(min_value=1e-6, max_value=1e3)
+statistic = st.one_of(
+    st.none(),
+    st.just(math.nan),
+    st.just(math.inf),
+    st.just(-math.inf),
+    st.floats(min_value=-1e6, max_value=1e6),
+)
+
+
+def test_names_are_those_of_the_design():
+    assert set(KL_SCALINGS) == {"none", "linear", "sqrt", "log"}
+    assert set(KL_CONTROLLERS) == {"fixed", "adaptive", "stepwise"}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Step scaling α(t)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scaling", ["none", "linear", "sqrt", "log"])
+def test_step_scale_matches_closed_form(scaling):
+    for t in range(2, 200):
+        assert step_scale(t, scaling) == pytest.approx(EXPECTED_SCALE[scaling](t), rel=1e-14)
+
+
+@pytest.mark.parametrize("scaling", ["none", "linear", "sqrt", "log"])
+def test_step_scale_is_one_up_to_first_step(scaling):
+    for t in (-5, 0, 1):
+        assert step_scale(t, scaling) == 1.0
+
+
+def test_step_scale_known_values():
+    assert step_scale(4, "linear") == 0.25
+    assert step_scale(4, "sqrt") == 0.5
+    assert step_scale(math.e**2 - 1, "log") == pytest.approx(0.5, rel=1e-14)
+    assert step_scale(10**6, "none") == 1.0
+
+
+def test_unknown_scaling_raises_naming_the_field():
+    with pytest.raises(ValueError, match="kl_scaling"):
+        step_scale(3, "cosine")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Pure update rules
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_dynamic_decay_decays_at_or_above_threshold_only():
+    kw = dict(reward_threshold=0.8, decay=0.9, beta_min=0.0)
+    assert dynamic_decay(0.5, 0.8, **kw) == pytest.approx(0.45, rel=1e-15)  # reaching the threshold counts
+    assert dynamic_decay(0.5, 1.7, **kw) == pytest.approx(0.45, rel=1e-15)
+    assert dynamic_decay(0.5, 0.7999, **kw) == 0.5
+    assert dynamic_decay(0.5, -3.0, **kw) == 0.5
+
+
+def test_dynamic_decay_is_floored_at_beta_min():
+    assert dynamic_decay(0.1, 1.0, reward_threshold=0.8, decay=0.5, beta_min=0.08) == 0.08
+    assert dynamic_decay(0.2, 1.0, reward_threshold=0.8, decay=0.5, beta_min=0.08) == pytest.approx(0.1, rel=1e-15)
+
+
+@SETTINGS
+@given(positive, st.floats(-10, 10), st.floats(-10, 10), st.floats(min_value=1e-3, max_value=1.0), st.floats(0, 1))
+def test_dynamic_decay_never_below_beta_min_nor_above_beta(beta, reward, threshold, decay, min_fraction):
+    beta_min = beta * min_fraction
+    new = dynamic_decay(beta, reward, reward_threshold=threshold, decay=decay, beta_min=beta_min)
+    assert beta_min <= new <= beta
+    if reward < threshold:
+        assert new == beta
+
+
+@pytest.mark.parametrize(
+    ("kl", "error"),
+    [(0.05, 0.0), (0.055, 0.1), (0.045, -0.1), (0.1, 0.2), (5.0, 0.2), (0.0, -0.2), (0.03, -0.2)],
+)
+def test_adaptive_update_is_clipped_proportional_rule(kl, error):
+    """Ziegler et al.: e = clip(KL/target − 1, ±0.2), β ← β·(1 + e·n/H)."""
+    new = adaptive_kl_update(0.4, kl, target_kl=0.05, horizon=1000, num_sequences=64)
+    assert new == pytest.approx(0.4 * (1 + error * 64 / 1000), rel=1e-12)
+
+
+@SETTINGS
+@given(positive, st.floats(0, 1e6), positive, st.integers(1, 10**5), st.integers(1, 10**4))
+def test_adaptive_update_moves_beta_by_at_most_clip_times_n_over_horizon(beta, kl, target, horizon, n):
+    new = adaptive_kl_update(beta, kl, target_kl=target, horizon=horizon, num_sequences=n)
+    assert abs(new / beta - 1) <= 0.2 * n / horizon * (1 + 1e-12)
+    if kl > target:
+        assert new >= beta
+    elif kl < target:
+        assert new <= beta
+
+
+@pytest.mark.parametrize(
+    ("kl", "factor"),
+    [(0.0, 0.75), (0.2499, 0.75), (0.25, 1.0), (0.5, 1.0), (0.75, 1.0), (0.7501, 1.5), (100.0, 1.5)],
+)
+def test_stepwise_update(kl, factor):
+    """Target 0.5: ×1.5 strictly above 0.75, ×0.75 strictly below 0.25, unchanged in between (boundaries included)."""
+    assert stepwise_kl_update(0.2, kl, target_kl=0.5) == pytest.approx(0.2 * factor, rel=1e-15)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# BetaController
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scaling", ["none", "linear", "sqrt", "log"])
+def test_fixed_controller_beta_is_initial_beta_times_step_scale(scaling):
+    ctrl = BetaController(0.3, kl_scaling=scaling)
+    for t in range(1, 60):
+        assert ctrl.beta(t) == pytest.approx(0.3 * (1.0 if t <= 1 else EXPECTED_SCALE[scaling](t)), rel=1e-14)
+        assert ctrl.scale(t) == pytest.approx(1.0 if t <= 1 else EXPECTED_SCALE[scaling](t), rel=1e-14)
+        ctrl.update(t, mean_reward=10.0, mean_kl=10.0, num_sequences=8)
+    assert ctrl.beta_base == 0.3
+
+
+def test_dynamic_trajectory_follows_reward_triggered_decay():
+    rewards = [0.2, 0.9, 0.8, 0.5, 1.0, 0.95, 0.1, 0.81]
+    ctrl = BetaController(0.5, dynamic=True, dynamic_beta_decay=0.7, reward_threshold=0.8, beta_min=0.1)
+    expected, decays = 0.5, 0
+    for step, reward in enumerate(rewards, start=1):
+        assert ctrl.beta(step) == pytest.approx(expected, rel=1e-14)  # β_t uses the state before step t's update
+        ctrl.update(step, mean_reward=reward)
+        if reward >= 0.8:
+            new = max(expected * 0.7, 0.1)
+            decays += new != expected
+            expected = new
+        assert ctrl.beta_base == pytest.approx(expected, rel=1e-14)
+    assert ctrl.num_decays == decays
+    assert ctrl.beta_base == 0.1  # the fifth decay (0.5·0.7⁵ ≈ 0.084) hits the floor
+
+
+def test_dynamic_with_scaling_multiplies_base_by_alpha():
+    ctrl = BetaController(0.5, dynamic=True, dynamic_beta_decay=0.5, reward_threshold=0.0, kl_scaling="sqrt")
+    ctrl.update(1, mean_reward=1.0)
+    ctrl.update(2, mean_reward=1.0)
+    assert ctrl.beta(3) == pytest.approx(0.125 / math.sqrt(3), rel=1e-14)
+
+
+def test_beta_schedule_steps_switches_to_beta_min_from_that_step_on():
+    ctrl = BetaController(0.5, dynamic=True, reward_threshold=2.0, beta_min=0.05, beta_schedule_steps=10)
+    for step in range(1, 15):
+        expected = 0.5 if step < 10 else 0.05
+        assert ctrl.beta(step) == expected
+        ctrl.update(step, mean_reward=0.0)  # never reaches the threshold: only the schedule acts
+
+
+def test_beta_schedule_steps_applies_with_step_scaling():
+    ctrl = BetaController(0.5, dynamic=True, beta_min=0.04, beta_schedule_steps=3, kl_scaling="linear")
+    assert ctrl.beta(2) == pytest.approx(0.25, rel=1e-15)
+    assert ctrl.beta(4) == pytest.approx(0.01, rel=1e-15)
+
+
+def test_beta_schedule_steps_is_a_dynamic_setting():
+    """DESIGN §5 ties beta_schedule_steps to `dynamic`; a fixed β ignores it."""
+    ctrl = BetaController(0.5, beta_min=0.05, beta_schedule_steps=2)
+    assert ctrl.beta(100) == 0.5
+
+
+def test_adaptive_controller_trajectory():
+    kls = [0.2, 0.06, 0.05, 0.0, 0.04, 1.0]
+    ctrl = BetaController(0.1, kl_controller="adaptive", target_kl=0.05, kl_horizon=100)
+    expected = 0.1
+    for step, kl in enumerate(kls, start=1):
+        ctrl.update(step, mean_kl=kl, num_sequences=16)
+        error = min(max(kl / 0.05 - 1, -0.2), 0.2)
+        expected *= 1 + error * 16 / 100
+        assert ctrl.beta_base == pytest.approx(expected, rel=1e-13)
+
+
+def test_stepwise_controller_trajectory():
+    ctrl = BetaController(0.2, kl_controller="stepwise", target_kl=0.5)
+    expected = 0.2
+    for step, (kl, factor) in enumerate([(1.0, 1.5), (0.5, 1.0), (0.1, 0.75), (0.1, 0.75), (0.8, 1.5)], start=1):
+        ctrl.update(step, mean_kl=kl, num_sequences=4)
+        expected *= factor
+        assert ctrl.beta_base == pytest.approx(expected, rel=1e-14)
+
+
+@pytest.mark.parametrize("controller", ["adaptive", "stepwise"])
+def test_controllers_are_bounded_below_by_beta_min(controller):
+    ctrl = BetaController(0.2, kl_controller=controller, beta_min=0.07, target_kl=0.05, kl_horizon=10)
+    for step in range(1, 200):
+        ctrl.update(step, mean_kl=0.0, num_sequences=8)
+        assert ctrl.beta_base >= 0.07
+    assert ctrl.beta_base == 0.07
+
+
+def test_dynamic_decay_reaches_but_never_crosses_beta_min():
+    ctrl = BetaController(1.0, dynamic=True, dynamic_beta_decay=0.5, reward_threshold=0.0, beta_min=0.01)
+    for step in range(1, 100):
+        ctrl.update(step, mean_reward=1.0)
+        assert ctrl.beta_base >= 0.01
+    assert ctrl.beta_base == 0.01
+
+
+@pytest.mark.parametrize("bad", [None, math.nan, math.inf, -math.inf])
+def test_dynamic_skips_non_finite_reward(bad):
+    ctrl = BetaController(0.5, dynamic=True, reward_threshold=0.0)
+    ctrl.update(1, mean_reward=bad)
+    assert ctrl.beta_base == 0.5
+    assert ctrl.num_skipped_updates == 1
+    assert ctrl.num_decays == 0
+
+
+@pytest.mark.parametrize("controller", ["adaptive", "stepwise"])
+@pytest.mark.parametrize(
+    ("kl", "n"), [(None, 8), (math.nan, 8), (math.inf, 8), (-math.inf, 8), (0.0, 0), (0.0, None)]
+)
+def test_controllers_skip_missing_or_non_finite_statistics(controller, kl, n):
+    ctrl = BetaController(0.5, kl_controller=controller, target_kl=0.05, kl_horizon=10)
+    ctrl.update(1, mean_kl=kl, num_sequences=n)
+    assert ctrl.beta_base == 0.5
+    assert ctrl.num_skipped_updates == 1
+
+
+def test_overflowing_update_is_skipped():
+    """Stepwise ×1.5 of a huge β overflows to inf; the state must keep its last finite value."""
+    ctrl = BetaController(1.5e308, kl_controller="stepwise", target_kl=0.05)
+    ctrl.update(1, mean_kl=10.0, num_sequences=4)
+    assert ctrl.beta_base == 1.5e308
+    assert ctrl.num_skipped_updates == 1
+
+
+@SETTINGS
+@given(
+    st.sampled_from(["dynamic", "adaptive", "stepwise"]),
+    positive,
+    st.floats(0, 1),
+    st.lists(st.tuples(statistic, statistic, st.one_of(st.none(), st.integers(0, 10**4))), max_size=40),
+)
+def test_beta_stays_finite_and_above_beta_min_under_any_statistics(mode, beta, min_fraction, stats):
+    ctrl = BetaController(
+        beta,
+        dynamic=mode == "dynamic",
+        kl_controller="fixed" if mode == "dynamic" else mode,
+        beta_min=beta * min_fraction,
+        kl_horizon=100,
+        kl_scaling="log",
+    )
+    for step, (reward, kl, n) in enumerate(stats, start=1):
+        ctrl.update(step, mean_reward=reward, mean_kl=kl, num_sequences=n)
+        assert math.isfinite(ctrl.beta_base)
+        assert ctrl.beta_base >= beta * min_fraction
+        assert math.isfinite(ctrl.beta(step + 1)) and ctrl.beta(step + 1) >= 0
+    assert ctrl.last_step == len(stats)
+
+
+def test_update_of_an_already_applied_step_is_ignored():
+    ctrl = BetaController(0.5, dynamic=True, dynamic_beta_decay=0.5, reward_threshold=0.0)
+    ctrl.update(3, mean_reward=1.0)
+    assert ctrl.beta_base == 0.25
+    ctrl.update(3, mean_reward=1.0)  # replay of the same step
+    ctrl.update(2, mean_reward=1.0)  # an earlier step
+    assert ctrl.beta_base == 0.25
+    assert (ctrl.last_step, ctrl.num_decays) == (3, 1)
+    ctrl.update(4, mean_reward=1.0)
+    assert ctrl.beta_base == 0.125
+
+
+def _run(ctrl, steps, *, start=1):
+    for step in range(start, start + steps):
+        ctrl.update(step, mean_reward=0.9 if step % 3 else 0.1, mean_kl=0.02 * step, num_sequences=32)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(dynamic=True, dynamic_beta_decay=0.8, reward_threshold=0.5, beta_min=0.01, kl_scaling="sqrt"),
+        dict(kl_controller="adaptive", target_kl=0.05, kl_horizon=200),
+        dict(kl_controller="stepwise", target_kl=0.1, beta_min=0.02),
+    ],
+)
+def test_state_dict_round_trip_resumes_the_same_trajectory(kwargs):
+    uninterrupted = BetaController(0.4, **kwargs)
+    _run(uninterrupted, 12)
+
+    first_half = BetaController(0.4, **kwargs)
+    _run(first_half, 6)
+    saved = json.loads(json.dumps(first_half.state_dict()))  # checkpoints store it as JSON
+    resumed = BetaController(0.4, **kwargs)
+    resumed.load_state_dict(saved)
+    assert resumed.state_dict() == first_half.state_dict()
+    _run(resumed, 6, start=4)  # replays steps 4-6 (ignored), then applies 7-9
+    _run(resumed, 3, start=10)
+
+    assert resumed.state_dict() == uninterrupted.state_dict()
+    assert [resumed.beta(t) for t in range(1, 15)] == [uninterrupted.beta(t) for t in range(1, 15)]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -0.1, "nan"])
+def test_load_state_dict_refuses_invalid_beta_and_keeps_state(bad):
+    ctrl = BetaController(0.4, kl_controller="stepwise")
+    ctrl.update(1, mean_kl=1.0, num_sequences=4)
+    before = ctrl.state_dict()
+    with pytest.raises(ValueError, match="beta_base"):
+        ctrl.load_state_dict({"beta_base": bad, "last_step": 7, "num_decays": 0, "num_skipped_updates": 0})
+    assert ctrl.state_dict() == before
+
+
+def test_load_state_dict_defaults_missing_counters():
+    ctrl = BetaController(0.4)
+    ctrl.load_state_dict({"beta_base": 0.2, "last_step": 5})
+    assert ctrl.state_dict() == {"beta_base": 0.2, "last_step": 5, "num_decays": 0, "num_skipped_updates": 0}
+
+
+@pytest.mark.parametrize(("field", "kwargs"), [("kl_controller", dict(kl_controller="pid")), ("kl_scaling", dict(kl_scaling="exp"))])
+def test_constructor_rejects_unknown_names(field, kwargs):
+    with pytest.raises(ValueError, match=field):
+        BetaController(0.1, **kwargs)
+
+
+def _args(**overrides):
+    base = dict(
+        beta=0.3,
+        kl_methods=("dynamic", "length_normalized"),
+        dynamic_beta_decay=0.85,
+        reward_threshold=0.6,
+        beta_min=0.02,
+        beta_schedule_steps=77,
+        kl_scaling="log",
+        kl_controller="fixed",
+        target_kl=0.07,
+        kl_horizon=5000,
+    )
+    base.update(overrides)
+    return SimpleNamespace(**base)
+
+
+def test_from_args_copies_every_field():
+    ctrl = BetaController.from_args(_args())
+    assert ctrl.dynamic is True
+    assert (ctrl.beta_base, ctrl.initial_beta) == (0.3, 0.3)
+    assert (ctrl.dynamic_beta_decay, ctrl.reward_threshold, ctrl.beta_min, ctrl.beta_schedule_steps) == (
+        0.85,
+        0.6,
+        0.02,
+        77,
+    )
+    assert (ctrl.kl_scaling, ctrl.kl_controller, ctrl.target_kl, ctrl.kl_horizon) == ("log", "fixed", 0.07, 5000)
+    assert ctrl.state_dict() == {"beta_base": 0.3, "last_step": 0, "num_decays": 0, "num_skipped_updates": 0}
+
+
+def test_from_args_dynamic_only_when_requested():
+    ctrl = BetaController.from_args(_args(kl_methods=("clip",), kl_controller="adaptive"))
+    assert ctrl.dynamic is False
+    ctrl.update(1, mean_reward=1.0, mean_kl=1.0, num_sequences=500)
+    assert ctrl.beta_base == pytest.approx(0.3 * (1 + 0.2 * 500 / 5000), rel=1e-14)
+
+
+def test_from_args_with_real_config(tmp_path):
+    from adaptive_kl import AdaptiveKLGRPOConfig
+
+    args = AdaptiveKLGRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        beta=0.2,
+        kl_adaptation_method="dynamic+clip",
+        beta_min=0.01,
+        beta_schedule_steps=5,
+        kl_scaling="sqrt",
+    )
+    ctrl = BetaController.from_args(args)
+    assert ctrl.dynamic and ctrl.kl_controller == "fixed"
+    assert ctrl.beta(4) == pytest.approx(0.2 / 2, rel=1e-15)
+    assert ctrl.beta(9) == pytest.approx(0.01 / 3, rel=1e-15)
