@@ -100,7 +100,8 @@ def test_aggregate_matches_host_formula(loss_type, accumulation_steps):
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_aggregate_gradient_is_per_token_host_weight(loss_type):
     values = torch.tensor(VALUES, dtype=torch.float64, requires_grad=True)
-    out = aggregate_like_host(values, torch.tensor(MASK, dtype=torch.float64), loss_type, accumulation_steps=3.0, **KWARGS)
+    mask = torch.tensor(MASK, dtype=torch.float64)
+    out = aggregate_like_host(values, mask, loss_type, accumulation_steps=3.0, **KWARGS)
     (grad,) = torch.autograd.grad(out, values)
     expected = reference_token_weights(MASK, loss_type, accumulation_steps=3.0, **KWARGS)
     np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-14, atol=0.0)
@@ -123,7 +124,9 @@ def test_token_sum_types_use_only_the_token_normalizer(loss_type):
     expected = sum(_seq_sum(r, m) for r, m in zip(VALUES, MASK)) / 12.0
     for accumulation_steps in (1.0, 8.0):
         for normalizer in (12.0, torch.tensor(12.0, dtype=torch.float64)):
-            got = aggregate_like_host(values, mask, loss_type, accumulation_steps=accumulation_steps, token_normalizer=normalizer)
+            got = aggregate_like_host(
+                values, mask, loss_type, accumulation_steps=accumulation_steps, token_normalizer=normalizer
+            )
             assert got.item() == pytest.approx(expected, rel=1e-14)
 
 
@@ -158,9 +161,12 @@ def test_aggregate_is_linear_so_kl_term_adds_to_host_policy_loss(loss_type, seed
     policy = torch.from_numpy(rng.normal(size=(batch, width)))
     kl = torch.from_numpy(rng.exponential(size=(batch, width)))
     mask = torch.from_numpy((rng.random((batch, width)) < 0.7).astype(np.int64))
-    kw = dict(accumulation_steps=accumulation_steps, max_completion_length=width, token_normalizer=float(mask.sum()) + 1)
+    kw = dict(
+        accumulation_steps=accumulation_steps, max_completion_length=width, token_normalizer=float(mask.sum()) + 1
+    )
     combined = aggregate_like_host(policy + beta * kl, mask, loss_type, **kw).item()
-    separate = aggregate_like_host(policy, mask, loss_type, **kw).item() + beta * aggregate_like_host(kl, mask, loss_type, **kw).item()
+    separate = aggregate_like_host(policy, mask, loss_type, **kw) + beta * aggregate_like_host(kl, mask, loss_type, **kw)
+    separate = separate.item()
     assert combined == pytest.approx(separate, rel=1e-12, abs=1e-12)
 
 

@@ -116,7 +116,7 @@ def test_adaptive_update_is_clipped_proportional_rule(kl, error):
 @given(positive, st.floats(0, 1e6), positive, st.integers(1, 10**5), st.integers(1, 10**4))
 def test_adaptive_update_moves_beta_by_at_most_clip_times_n_over_horizon(beta, kl, target, horizon, n):
     new = adaptive_kl_update(beta, kl, target_kl=target, horizon=horizon, num_sequences=n)
-    assert abs(new / beta - 1) <= 0.2 * n / horizon * (1 + 1e-12)
+    assert abs(new / beta - 1) <= 0.2 * n / horizon + 1e-14  # slack: rounding of new/beta near 1
     if kl > target:
         assert new >= beta
     elif kl < target:
@@ -337,7 +337,9 @@ def test_load_state_dict_defaults_missing_counters():
     assert ctrl.state_dict() == {"beta_base": 0.2, "last_step": 5, "num_decays": 0, "num_skipped_updates": 0}
 
 
-@pytest.mark.parametrize(("field", "kwargs"), [("kl_controller", dict(kl_controller="pid")), ("kl_scaling", dict(kl_scaling="exp"))])
+@pytest.mark.parametrize(
+    ("field", "kwargs"), [("kl_controller", dict(kl_controller="pid")), ("kl_scaling", dict(kl_scaling="exp"))]
+)
 def test_constructor_rejects_unknown_names(field, kwargs):
     with pytest.raises(ValueError, match=field):
         BetaController(0.1, **kwargs)

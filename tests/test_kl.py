@@ -120,7 +120,7 @@ def test_unbiased_estimator_monte_carlo_mean_converges_to_exact_kl(name):
     assert abs(estimate - exact_kl) < tolerance
 
 
-K3_ROUNDING_SLACK = {torch.float32: 2 * torch.finfo(torch.float32).eps, torch.float64: 2 * torch.finfo(torch.float64).eps}
+K3_ROUNDING_SLACK = {dtype: 2 * torch.finfo(dtype).eps for dtype in (torch.float32, torch.float64)}
 
 
 @SETTINGS
@@ -233,7 +233,8 @@ def test_sigmoid_value_and_gradient_match_analytic(tau):
     out = sigmoid_kl(k, tau)
     (grad,) = torch.autograd.grad(out.sum(), k)
     s = [_sigma(x - tau) for x in SIGMOID_POINTS]
-    np.testing.assert_allclose(out.detach().numpy(), [si * x for si, x in zip(s, SIGMOID_POINTS)], rtol=1e-13, atol=1e-16)
+    expected_value = [si * x for si, x in zip(s, SIGMOID_POINTS)]
+    np.testing.assert_allclose(out.detach().numpy(), expected_value, rtol=1e-13, atol=1e-16)
     np.testing.assert_allclose(
         grad.numpy(), [si * (1 - si) * x + si for si, x in zip(s, SIGMOID_POINTS)], rtol=1e-13, atol=1e-16
     )

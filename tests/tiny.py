@@ -77,14 +77,18 @@ TRAIN_KWARGS = dict(
 )
 
 
-def make_trainer(cls, config_cls, model_dir, reward_funcs=(length_reward,), peft_config=None, **kwargs):
+def make_trainer(
+    cls, config_cls, model_dir, reward_funcs=(length_reward,), peft_config=None, eval_dataset=None, **kwargs
+):
     """A trainer on the tiny model; `kwargs` go to the config (over `TRAIN_KWARGS`)."""
-    args = config_cls(output_dir=f"{model_dir}/out-{cls.__name__}", **{**TRAIN_KWARGS, **kwargs})
+    kwargs.setdefault("output_dir", f"{model_dir}/out-{cls.__name__}")
+    args = config_cls(**{**TRAIN_KWARGS, **kwargs})
     return cls(
         model=model_dir,
         reward_funcs=list(reward_funcs),
         args=args,
         train_dataset=prompt_dataset(),
+        eval_dataset=eval_dataset,
         peft_config=peft_config,
         processing_class=AutoTokenizer.from_pretrained(model_dir),
     )
