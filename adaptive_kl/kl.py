@@ -44,8 +44,12 @@ def k2(log_ratio: torch.Tensor) -> torch.Tensor:
 
 
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(−r) + r − 1 ≥ 0 (Schulman's estimator; TRL's and DeepSeek's default)."""
-    return torch.exp(-log_ratio) + log_ratio - 1
+    """k3 = exp(−r) + r − 1 ≥ 0 (Schulman's estimator; TRL's and DeepSeek's default).
+
+    Evaluated as expm1(−r) + r, which is accurate near r = 0 and never rounds below zero (exp(−r) − 1 + r does, by
+    half an ulp, for small negative r).
+    """
+    return torch.expm1(-log_ratio) + log_ratio
 
 
 _ESTIMATOR_FNS = {"k1": k1, "k2": k2, "k3": k3}

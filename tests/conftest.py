@@ -8,11 +8,22 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-from tiny import save_tiny_model  # noqa: E402
+from adaptive_kl.tiny_model import save_tiny_model  # noqa: E402
+from torch_scorer import install_if_needed  # noqa: E402
+
+
+SCORER_NOTE = install_if_needed()
+
+
+def pytest_report_header(config):
+    import transformers
+    import trl
+
+    header = [f"trl {trl.__version__}, transformers {transformers.__version__}"]
+    return header + ([SCORER_NOTE] if SCORER_NOTE else [])
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 model and character tokenizer saved to disk (TRL builds the reference model from the path)."""
     return save_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")))
-

@@ -165,8 +165,9 @@ def test_aggregate_is_linear_so_kl_term_adds_to_host_policy_loss(loss_type, seed
         accumulation_steps=accumulation_steps, max_completion_length=width, token_normalizer=float(mask.sum()) + 1
     )
     combined = aggregate_like_host(policy + beta * kl, mask, loss_type, **kw).item()
-    separate = aggregate_like_host(policy, mask, loss_type, **kw) + beta * aggregate_like_host(kl, mask, loss_type, **kw)
-    separate = separate.item()
+    policy_term = aggregate_like_host(policy, mask, loss_type, **kw).item()
+    kl_term = aggregate_like_host(kl, mask, loss_type, **kw).item()
+    separate = policy_term + beta * kl_term
     assert combined == pytest.approx(separate, rel=1e-12, abs=1e-12)
 
 

@@ -56,7 +56,7 @@ def estimate(r, estimator):
 
 def transform_and_derivative(k, method):
     if method == "clip":
-        return torch.minimum(k, torch.tensor(CLIP)), (k < CLIP).float()
+        return k.clamp(max=CLIP), (k < CLIP).float()
     if method == "sigmoid":
         s = 1 / (1 + torch.exp(-(k - TARGET)))
         return s * k, s * (1 - s) * k + s

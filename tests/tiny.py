@@ -1,51 +1,10 @@
-"""A tiny causal LM and tokenizer built offline, saved to a directory (TRL builds the reference from the path)."""
+"""Test helpers: prompts, rewards, trainer construction and fabricated micro-batches on the tiny model."""
 
 from __future__ import annotations
 
-import string
-
 import torch
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-
-SPECIALS = ["<pad>", "<eos>", "<unk>"]
-
-
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer over digits, letters, punctuation and space."""
-    chars = list(string.digits + string.ascii_letters + string.punctuation + " ")
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-
-
-def build_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(config)
-
-
-def save_tiny_model(directory: str) -> str:
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+from transformers import AutoTokenizer
 
 
 def prompt_dataset(n: int = 16) -> Dataset:
@@ -69,7 +28,7 @@ TRAIN_KWARGS = dict(
     logging_steps=1,
     report_to="none",
     save_strategy="no",
-    use_cpu=True,
+    use_cpu=not torch.cuda.is_available(),
     learning_rate=1e-2,
     seed=0,
     data_seed=0,
@@ -108,6 +67,13 @@ def fabricated_inputs(trainer, seed: int = 0) -> dict:
     lengths = torch.tensor([6, 4, 1, 3])
     completion_mask = (torch.arange(completion_len)[None, :] < lengths[:, None]).long()
     prompt_mask = torch.ones_like(prompt_ids)
+    advantages = torch.randn(batch, generator=g)
+    old_noise = 0.1 * torch.randn(batch, completion_len, generator=g)
+    ref_noise = 0.5 * torch.randn(batch, completion_len, generator=g)
+    device = trainer.accelerator.device
+    prompt_ids, completion_ids, completion_mask, prompt_mask = (
+        x.to(device) for x in (prompt_ids, completion_ids, completion_mask, prompt_mask)
+    )
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(
             trainer.model,
@@ -115,15 +81,14 @@ def fabricated_inputs(trainer, seed: int = 0) -> dict:
             torch.cat([prompt_mask, completion_mask], 1),
             completion_len,
         )
-    noise = lambda scale: scale * torch.randn(logps.shape, generator=g, dtype=logps.dtype)  # noqa: E731
     return {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
         "completion_ids": completion_ids,
         "completion_mask": completion_mask,
-        "advantages": torch.randn(batch, generator=g, dtype=logps.dtype),
-        "old_per_token_logps": logps + noise(0.1),
-        "ref_per_token_logps": logps + noise(0.5),
+        "advantages": advantages.to(device, logps.dtype),
+        "old_per_token_logps": logps + old_noise.to(device, logps.dtype),
+        "ref_per_token_logps": logps + ref_noise.to(device, logps.dtype),
         "num_items_in_batch": completion_mask.sum() * 2,  # the generation batch spans two micro-batches
     }
 

@@ -1,0 +1,16 @@
+# Targets named in the README. PYTHON is the interpreter of the environment to use (e.g. a virtualenv's).
+PYTHON ?= python
+
+.PHONY: install quickstart test ci
+
+install:  ## the package with its test dependencies (install torch first: pip install torch==2.13.0 on CPU)
+	$(PYTHON) -m pip install -e ".[dev]"
+
+quickstart:  ## a short run with an adaptive KL method on a tiny offline model
+	$(PYTHON) examples/quickstart.py
+
+test:  ## the test suite (CPU, offline)
+	$(PYTHON) -m pytest tests -q
+
+ci:  ## what CI runs: fresh environments for the newest TRL and TRL 1.15, each running the test suite
+	bash .ci/run

@@ -1,0 +1,150 @@
+"""Config fields: defaults, validation at construction, command-line parsing, and the trainer's argument check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from transformers import HfArgumentParser
+from trl import GRPOConfig
+
+from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, parse_kl_adaptation_method
+
+
+NEW_FIELD_DEFAULTS = {
+    "kl_adaptation_method": "none",
+    "kl_clip_threshold": 1.0,
+    "kl_target": 0.1,
+    "dynamic_beta_decay": 0.9,
+    "reward_threshold": 0.8,
+    "beta_min": 0.0,
+    "beta_schedule_steps": 1000,
+    "kl_scaling": "none",
+    "kl_estimator": "k3",
+    "kl_controller": "fixed",
+    "target_kl": 0.05,
+    "kl_horizon": 10000,
+}
+
+
+def config(**kwargs):
+    return AdaptiveKLGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, **kwargs)
+
+
+def test_new_fields_defaults_and_help():
+    fields = {f.name: f for f in dataclasses.fields(AdaptiveKLGRPOConfig)}
+    for name, default in NEW_FIELD_DEFAULTS.items():
+        assert fields[name].default == default, name
+        assert fields[name].metadata["help"], name
+    new = set(fields) - {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert new == set(NEW_FIELD_DEFAULTS)
+
+
+def test_every_grpo_default_is_unchanged():
+    ours, stock = config(), GRPOConfig(output_dir="unused", report_to="none", use_cpu=True)
+    for f in dataclasses.fields(GRPOConfig):
+        assert getattr(ours, f.name) == getattr(stock, f.name), f.name
+    assert not ours.uses_adaptive_kl and ours.kl_methods == ()
+
+
+@pytest.mark.parametrize(
+    "value,methods",
+    [
+        ("none", ()),
+        ("clip", ("clip",)),
+        ("dynamic+length_normalized", ("dynamic", "length_normalized")),
+        ("sigmoid + length_normalized + dynamic", ("sigmoid", "length_normalized", "dynamic")),
+    ],
+)
+def test_method_parsing(value, methods):
+    assert parse_kl_adaptation_method(value) == methods
+    assert config(beta=0.1, kl_adaptation_method=value).kl_methods == methods
+
+
+INVALID = [
+    (dict(kl_adaptation_method="cliip"), "kl_adaptation_method", "length_normalized"),
+    (dict(kl_adaptation_method="clip+sigmoid"), "kl_adaptation_method", "clip/sigmoid"),
+    (dict(kl_adaptation_method="clip+clip"), "kl_adaptation_method", "'+'"),
+    (dict(kl_adaptation_method="none+dynamic"), "kl_adaptation_method", "none"),
+    (dict(kl_adaptation_method=""), "kl_adaptation_method", "dynamic"),
+    (dict(kl_adaptation_method="clip+"), "kl_adaptation_method", "dynamic"),
+    (dict(kl_clip_threshold=0.0), "kl_clip_threshold", "> 0"),
+    (dict(kl_clip_threshold=float("nan")), "kl_clip_threshold", "> 0"),
+    (dict(kl_target=-0.1), "kl_target", ">= 0"),
+    (dict(kl_target=float("inf")), "kl_target", ">= 0"),
+    (dict(dynamic_beta_decay=0.0), "dynamic_beta_decay", "(0, 1]"),
+    (dict(dynamic_beta_decay=1.5), "dynamic_beta_decay", "(0, 1]"),
+    (dict(reward_threshold=float("nan")), "reward_threshold", "finite"),
+    (dict(beta_min=-1e-3), "beta_min", "[0, beta"),
+    (dict(beta_min=0.5), "beta_min", "[0, beta"),
+    (dict(beta_schedule_steps=0), "beta_schedule_steps", ">= 1"),
+    (dict(beta_schedule_steps=2.5), "beta_schedule_steps", "integer"),
+    (dict(kl_scaling="exp"), "kl_scaling", "'linear', 'sqrt', 'log'"),
+    (dict(kl_estimator="k4"), "kl_estimator", "'k1', 'k2', 'k3'"),
+    (dict(kl_controller="pid"), "kl_controller", "'fixed', 'adaptive', 'stepwise'"),
+    (dict(target_kl=0.0), "target_kl", "> 0"),
+    (dict(kl_horizon=0), "kl_horizon", "> 0"),
+    (dict(kl_adaptation_method="dynamic", kl_controller="adaptive"), "kl_controller", "both steer beta"),
+    (dict(beta=float("nan")), "beta", ">= 0"),
+]
+
+
+@pytest.mark.parametrize("kwargs,field,allowed", INVALID)
+def test_invalid_values_raise_naming_the_field(kwargs, field, allowed):
+    kwargs = {"beta": 0.1, **kwargs}
+    with pytest.raises(ValueError) as excinfo:
+        config(**kwargs)
+    message = str(excinfo.value)
+    assert field in message and allowed in message
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(kl_adaptation_method="clip"),
+        dict(kl_scaling="log"),
+        dict(kl_estimator="k2"),
+        dict(kl_controller="stepwise"),
+    ],
+)
+def test_adaptation_requires_positive_beta(kwargs):
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        config(beta=0.0, **kwargs)
+
+
+def test_k1_in_the_loss_warns():
+    with pytest.warns(UserWarning, match="zero expected gradient"):
+        config(beta=0.1, kl_estimator="k1")
+
+
+def test_command_line_flags_parse_into_the_config():
+    parser = HfArgumentParser(AdaptiveKLGRPOConfig)
+    (args,) = parser.parse_args_into_dataclasses(
+        [
+            "--output_dir", "unused", "--report_to", "none", "--use_cpu", "--beta", "0.04",
+            "--kl_adaptation_method", "clip+length_normalized", "--kl_clip_threshold", "0.5",
+            "--kl_scaling", "sqrt", "--kl_horizon", "500",
+        ]
+    )  # fmt: skip
+    assert (args.kl_methods, args.kl_clip_threshold, args.kl_scaling, args.kl_horizon) == (
+        ("clip", "length_normalized"),
+        0.5,
+        "sqrt",
+        500,
+    )
+    with pytest.raises(ValueError, match="kl_scaling"):
+        parser.parse_args_into_dataclasses(["--output_dir", "x", "--beta", "0.1", "--kl_scaling", "cubic"])
+
+
+def test_to_dict_round_trip():
+    original = config(beta=0.1, kl_adaptation_method="sigmoid+dynamic", kl_target=0.2, beta_min=0.01)
+    values = original.to_dict()
+    assert values["kl_adaptation_method"] == "sigmoid+dynamic" and values["kl_target"] == 0.2
+    rebuilt = config(**{name: values[name] for name in NEW_FIELD_DEFAULTS}, beta=0.1)
+    assert all(getattr(rebuilt, name) == getattr(original, name) for name in NEW_FIELD_DEFAULTS)
+
+
+def test_trainer_refuses_a_plain_grpo_config(tiny_model_dir):
+    with pytest.raises(TypeError, match="AdaptiveKLGRPOConfig"):
+        AdaptiveKLGRPOTrainer(model=tiny_model_dir, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                              args=GRPOConfig(output_dir="unused", report_to="none", use_cpu=True))  # fmt: skip

@@ -1,0 +1,52 @@
+"""A plain-torch stand-in for TRL 1.15's fused LM-head scorer, so that TRL 1.15 runs GRPO on a CPU in the tests.
+
+TRL 1.15 computes per-token log-probabilities with a Triton kernel (`trl.kernels.ChunkedLogProbFunction`), which
+needs a GPU driver: stock TRL 1.15 cannot train GRPO on a CPU. The tests substitute this function for it on such a
+machine — for stock TRL and for our trainer alike, so the comparisons between them stay exact. It computes the same
+quantities from full logits (the tiny test model has a vocabulary of ~100 tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
+
+
+class TorchLogProbFunction:
+    """Same call as `ChunkedLogProbFunction.apply`; differentiable through ordinary autograd."""
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None, logit_scale=1.0,
+              outputs=OPTIONAL_OUTPUTS):  # fmt: skip
+        with torch.autocast(hidden.device.type, enabled=False):  # like the kernel: float32 logits, always
+            logits = hidden.float() @ weight.float().T
+        if bias is not None:
+            logits = logits + bias.float()
+        logits = logits * logit_scale
+        if final_logit_softcapping is not None:
+            logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
+        logits = logits / temperature
+        log_probs = torch.log_softmax(logits, dim=-1)
+        target_log_probs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        probs = log_probs.exp()
+        entropy = -(probs * log_probs).sum(-1) if "entropy" in outputs else None
+        log_sum_sq = torch.logsumexp(2 * log_probs, dim=-1) if "log_sum_sq_probs" in outputs else None
+        mean_logits = logits.mean(-1) if "mean_logits" in outputs else None
+        is_top1 = (logits.argmax(-1) == targets) if "is_top1" in outputs else None
+        return target_log_probs, entropy, log_sum_sq, mean_logits, is_top1
+
+
+def install_if_needed() -> str | None:
+    """Substitutes the stand-in when TRL's fused scorer cannot run here; returns why, or None if not needed."""
+    import trl.trainer.utils as trl_utils
+
+    scorer = getattr(trl_utils, "_ChunkedLogProbFunction", None)
+    hidden, weight, targets = torch.randn(2, 4), torch.randn(5, 4), torch.tensor([1, 2])
+    try:
+        scorer.apply(hidden, weight, None, targets, 1.0, 4096)
+        return None
+    except Exception as error:  # no Triton (None), or Triton without a GPU driver
+        trl_utils._ChunkedLogProbFunction = TorchLogProbFunction
+        return f"TRL's fused LM-head scorer cannot run here ({type(error).__name__}); tests use a plain-torch stand-in"
