@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .controller import KL_CONTROLLERS, KL_SCALINGS
+from .controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS
 from .kl import ESTIMATORS
 
 
@@ -153,6 +153,13 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
     def __post_init__(self):
         self._validate_adaptive_kl()
         super().__post_init__()
+        # Needs the process count, known once TrainingArguments has set up the distributed state.
+        sequences_per_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
+        _require(
+            self.kl_controller != "adaptive" or ADAPTIVE_ERROR_CLIP * sequences_per_step < self.kl_horizon,
+            f"kl_horizon must exceed {ADAPTIVE_ERROR_CLIP} x the sequences per optimizer step ({sequences_per_step}) with "
+            f"kl_controller='adaptive', got {self.kl_horizon}: a larger step would make beta negative.",
+        )
 
     @property
     def kl_methods(self) -> tuple[str, ...]:
@@ -236,5 +243,5 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
                 "kl_estimator='k1' in the loss has zero expected gradient: it measures KL but does not regularize "
                 "towards the reference. Use 'k2' or 'k3' in the loss.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,  # the caller of AdaptiveKLGRPOConfig(...)
             )

@@ -84,6 +84,7 @@ INVALID = [
     (dict(kl_controller="pid"), "kl_controller", "'fixed', 'adaptive', 'stepwise'"),
     (dict(target_kl=0.0), "target_kl", "> 0"),
     (dict(kl_horizon=0), "kl_horizon", "> 0"),
+    (dict(kl_controller="adaptive", kl_horizon=1, per_device_train_batch_size=8), "kl_horizon", "negative"),
     (dict(kl_adaptation_method="dynamic", kl_controller="adaptive"), "kl_controller", "both steer beta"),
     (dict(beta=float("nan")), "beta", ">= 0"),
 ]

@@ -116,7 +116,7 @@ def test_adaptive_update_is_clipped_proportional_rule(kl, error):
 @given(positive, st.floats(0, 1e6), positive, st.integers(1, 10**5), st.integers(1, 10**4))
 def test_adaptive_update_moves_beta_by_at_most_clip_times_n_over_horizon(beta, kl, target, horizon, n):
     new = adaptive_kl_update(beta, kl, target_kl=target, horizon=horizon, num_sequences=n)
-    assert abs(new / beta - 1) <= 0.2 * n / horizon + 1e-14  # slack: rounding of new/beta near 1
+    assert abs(new / beta - 1) <= 0.2 * n / horizon * (1 + 1e-12) + 1e-14  # slack: rounding of new/beta
     if kl > target:
         assert new >= beta
     elif kl < target:

@@ -20,7 +20,7 @@ RAW = [
     [0.10, 1.50, 0.20, 0.05, 9.0],
     [2.00, 0.30, 7.00, 7.00, 7.0],
     [3.00, 3.00, 3.00, 3.00, 3.0],
-    [0.40, 0.00, 1.20, 0.90, 6.0],
+    [0.40, 1.00, 1.20, 0.90, 6.0],  # 1.0 sits exactly at the clip threshold: min(k, c) leaves it unchanged
     [0.70, 5.00, 5.00, 5.00, 5.0],
 ]
 MASK = [
@@ -277,6 +277,16 @@ def test_kl_metrics_of_empty_statistics_are_zero_and_finite():
     for name, value in metrics.items():
         assert math.isfinite(value), name
     assert metrics["adaptive_kl/raw_kl"] == metrics["adaptive_kl/kl_length_corr"] == metrics["kl"] == 0.0
+
+
+@pytest.mark.parametrize("kl", [1 / 3, 2 / 3, 0.9, 0.1, 0.7])
+def test_kl_length_corr_is_zero_for_constant_kl_despite_rounding(kl):
+    """Constant per-token KL: the per-sequence means Σ/L_i differ only by an ulp between lengths; that is no spread."""
+    lengths = [3, 7, 10, 13, 6]
+    raw = [[kl] * 13 for _ in lengths]
+    mask = [[1] * length + [0] * (13 - length) for length in lengths]
+    metrics = kl_metrics(kl_statistics(_t(raw), _t(raw), _t(mask)), beta=0.1, beta_scale=1.0)
+    assert metrics["adaptive_kl/kl_length_corr"] == 0.0
 
 
 def test_kl_length_corr_detects_length_exploitation():
