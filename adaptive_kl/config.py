@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .aggregation import LOSS_TYPES
 from .controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS
 from .kl import ESTIMATORS
 
@@ -237,6 +238,11 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             f"beta must be > 0 when any KL adaptation is set (kl_adaptation_method={self.kl_adaptation_method!r}, "
             f"kl_scaling={self.kl_scaling!r}, kl_estimator={self.kl_estimator!r}, "
             f"kl_controller={self.kl_controller!r}): TRL loads no reference model at beta=0.",
+        )
+        _require(
+            self.beta == 0 or self.loss_type in LOSS_TYPES,
+            f"loss_type must be one of {LOSS_TYPES} when beta > 0 (the KL term mirrors its aggregation), "
+            f"got {self.loss_type!r}.",
         )
         if self.kl_estimator == "k1" and self.beta > 0:
             warnings.warn(

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 from trl import GRPOTrainer
 
-from .aggregation import LOSS_TYPES, TOKEN_SUM_LOSS_TYPES, aggregate_like_host, length_normalized_mean
+from .aggregation import TOKEN_SUM_LOSS_TYPES, aggregate_like_host, length_normalized_mean
 from .config import AdaptiveKLGRPOConfig
 from .controller import BetaController
 from .kl import importance_ratio, kl_estimate, transform_kl
@@ -41,10 +41,6 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
             raise TypeError(
                 f"AdaptiveKLGRPOTrainer needs an AdaptiveKLGRPOConfig, got {type(args).__name__}. It accepts every "
                 "GRPOConfig argument: replace GRPOConfig(...) by AdaptiveKLGRPOConfig(...)."
-            )
-        if args.beta != 0.0 and args.loss_type not in LOSS_TYPES:
-            raise ValueError(
-                f"loss_type={args.loss_type!r} is not supported by AdaptiveKLGRPOTrainer; supported: {LOSS_TYPES}."
             )
         super().__init__(model, reward_funcs, args, *more, **kwargs)
         self.beta_controller = BetaController.from_args(args)

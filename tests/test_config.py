@@ -87,6 +87,7 @@ INVALID = [
     (dict(kl_controller="adaptive", kl_horizon=1, per_device_train_batch_size=8), "kl_horizon", "negative"),
     (dict(kl_adaptation_method="dynamic", kl_controller="adaptive"), "kl_controller", "both steer beta"),
     (dict(beta=float("nan")), "beta", ">= 0"),
+    (dict(loss_type="reinforce"), "loss_type", "'dapo'"),
 ]
 
 

@@ -14,16 +14,10 @@ from adaptive_kl.metrics import METRIC_NAMES
 from tiny import constant_reward, make_trainer, prompt_dataset
 
 
-def train(model_dir, tmp_path, reward_funcs=None, peft_config=None, resume=None, **kwargs):
+def train(model_dir, tmp_path, resume=None, **kwargs):
+    """Trains the adapted trainer on the tiny model; `kwargs` go to `make_trainer`."""
     kwargs.setdefault("output_dir", str(tmp_path / "out"))
-    trainer = make_trainer(
-        AdaptiveKLGRPOTrainer,
-        AdaptiveKLGRPOConfig,
-        model_dir,
-        **({"reward_funcs": reward_funcs} if reward_funcs else {}),
-        peft_config=peft_config,
-        **kwargs,
-    )
+    trainer = make_trainer(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, model_dir, **kwargs)
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 
@@ -114,19 +108,19 @@ def test_target_kl_controller_follows_its_rule(tiny_model_dir, tmp_path, control
 
 
 def test_all_metrics_logged_in_train_and_eval(tiny_model_dir, tmp_path):
-    args = dict(beta=0.1, kl_adaptation_method="clip", kl_clip_threshold=1e-4, max_steps=3, learning_rate=5e-2)
-    trainer = make_trainer(
-        AdaptiveKLGRPOTrainer,
-        AdaptiveKLGRPOConfig,
+    trainer = train(
         tiny_model_dir,
-        output_dir=str(tmp_path / "out"),
+        tmp_path,
+        beta=0.1,
+        kl_adaptation_method="clip",
+        kl_clip_threshold=1e-4,
+        max_steps=3,
+        learning_rate=5e-2,
         eval_strategy="steps",
         eval_steps=3,
         per_device_eval_batch_size=4,
         eval_dataset=prompt_dataset(4),
-        **args,
     )
-    trainer.train()
     logs = trainer.state.log_history
     for name in (*METRIC_NAMES, "kl"):
         values = [h[name] for h in logs if name in h]
