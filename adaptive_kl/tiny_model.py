@@ -8,7 +8,7 @@ from __future__ import annotations
 import string
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 
@@ -18,15 +18,18 @@ SPECIALS = ["<pad>", "<eos>", "<unk>"]
 def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     """A character-level tokenizer over digits, letters, punctuation and space.
 
-    With `vocab_size`, the vocabulary is padded with placeholder tokens to that size, so that a model of a real
-    model's shape (e.g. Qwen2.5's 151,936 tokens) can generate and decode any id.
+    It is a byte-level BPE with no merges (space is the byte-level symbol "Ġ"), so every character is one token and
+    `AutoTokenizer` reloads it faithfully even where it picks Qwen2's tokenizer class for a Qwen2 config. With
+    `vocab_size`, the vocabulary is padded with placeholder tokens to that size, so that a model of a real model's
+    shape (e.g. Qwen2.5's 151,936 tokens) can generate and decode any id.
     """
-    chars = list(string.digits + string.ascii_letters + string.punctuation + " ")
+    chars = list(string.digits + string.ascii_letters + string.punctuation) + ["\u0120"]  # "Ġ": byte-level space
     tokens = SPECIALS + chars
     tokens += [f"<t{i}>" for i in range(len(tokens), vocab_size or 0)]
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 

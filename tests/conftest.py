@@ -9,10 +9,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
 from adaptive_kl.tiny_model import save_tiny_model  # noqa: E402
-from torch_scorer import install_if_needed  # noqa: E402
+from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed  # noqa: E402
 
 
-SCORER_NOTE = install_if_needed()
+SCORER_NOTE = install_cpu_scorer_if_needed()
 
 
 def pytest_report_header(config):

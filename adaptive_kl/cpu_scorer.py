@@ -1,9 +1,10 @@
-"""A plain-torch stand-in for TRL 1.15's fused LM-head scorer, so that TRL 1.15 runs GRPO on a CPU in the tests.
+"""A plain-torch stand-in for TRL 1.15's fused LM-head scorer, so that TRL 1.15 runs GRPO on a CPU.
 
 TRL 1.15 computes per-token log-probabilities with a Triton kernel (`trl.kernels.ChunkedLogProbFunction`), which
-needs a GPU driver: stock TRL 1.15 cannot train GRPO on a CPU. The tests substitute this function for it on such a
-machine — for stock TRL and for our trainer alike, so the comparisons between them stay exact. It computes the same
-quantities from full logits (the tiny test model has a vocabulary of ~100 tokens).
+needs a GPU driver: stock TRL 1.15 cannot train GRPO on a CPU. The demo and the tests substitute this function for it
+on such a machine only (for stock TRL and for our trainer alike, so comparisons between them stay exact). It computes
+the same quantities from full logits, which is fine for small vocabularies (the embedded policy has ~100 tokens) and
+costs a [B, T, V] tensor on large ones.
 """
 
 from __future__ import annotations
@@ -38,15 +39,20 @@ class TorchLogProbFunction:
         return target_log_probs, entropy, log_sum_sq, mean_logits, is_top1
 
 
-def install_if_needed() -> str | None:
-    """Substitutes the stand-in when TRL's fused scorer cannot run here; returns why, or None if not needed."""
+def install_cpu_scorer_if_needed() -> str | None:
+    """Substitutes the stand-in when TRL's fused scorer cannot run here; returns why, or None if not needed.
+
+    Newer TRL versions have no fused scorer (nothing to replace) and pass through.
+    """
     import trl.trainer.utils as trl_utils
 
-    scorer = getattr(trl_utils, "_ChunkedLogProbFunction", None)
+    if not hasattr(trl_utils, "_ChunkedLogProbFunction"):
+        return None
+    scorer = trl_utils._ChunkedLogProbFunction
     hidden, weight, targets = torch.randn(2, 4), torch.randn(5, 4), torch.tensor([1, 2])
     try:
         scorer.apply(hidden, weight, None, targets, 1.0, 4096)
         return None
     except Exception as error:  # no Triton (None), or Triton without a GPU driver
         trl_utils._ChunkedLogProbFunction = TorchLogProbFunction
-        return f"TRL's fused LM-head scorer cannot run here ({type(error).__name__}); tests use a plain-torch stand-in"
+        return f"TRL's fused LM-head scorer cannot run here ({type(error).__name__}); using a plain-torch stand-in"

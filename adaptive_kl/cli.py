@@ -1,0 +1,177 @@
+"""The `adaptive-kl` command (also `python -m adaptive_kl`).
+
+    adaptive-kl demo                                  # the five methods on the embedded task, CPU, < 10 min
+    adaptive-kl demo --quick                          # a smoke run, < 90 s
+    adaptive-kl compare --kl_scaling none,linear,sqrt,log
+    adaptive-kl compare --kl_adaptation_method clip,sigmoid --set beta=0.1 --set kl_target=0.05
+    adaptive-kl demo --model Qwen/Qwen2.5-0.5B-Instruct --unsloth --task gsm8k     # a real model on a GPU
+
+Every `AdaptiveKLGRPOConfig` field can be varied in `compare` as `--<field> v1,v2,...` (several give their product)
+or fixed for all variants with `--set field=value`. Results go to `--out`: summary.md, metrics.csv and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+
+class UsageError(Exception):
+    """Bad input: reported as `adaptive-kl: error: ...` with exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="adaptive-kl", description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--model", help="hub id or local path of the policy (default: the embedded reference policy)")
+    shared.add_argument("--unsloth", action="store_true", help="load --model with Unsloth's FastLanguageModel (GPU)")
+    shared.add_argument("--task", choices=["embedded", "gsm8k"], default="embedded", help="training/validation task")
+    shared.add_argument("--gsm8k-path", default="openai/gsm8k", help="hub id or local file/directory of GSM8K")
+    shared.add_argument("--steps", type=int, help="optimizer steps per variant (default 300; --quick: 6)")
+    shared.add_argument("--eval-every", type=int, help="steps between validation evaluations (default 30)")
+    shared.add_argument("--n-validation", type=int, help="validation problems (default 200)")
+    shared.add_argument("--seed", type=int, default=0)
+    shared.add_argument("--out", default="adaptive-kl-demo", help="output directory (created if missing)")
+    shared.add_argument("--quick", action="store_true", help="a few steps on a small validation set (smoke test)")
+    shared.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config field for all runs")
+    shared.add_argument("--no-progress", action="store_true", help="no progress bar")
+    commands.add_parser(
+        "demo", parents=[shared], help="the five KL methods (none, clip, sigmoid, length_normalized, dynamic)"
+    )
+    commands.add_parser(
+        "compare",
+        parents=[shared],
+        help="any variants: --<config_field> v1,v2,... (e.g. --kl_scaling none,linear,sqrt,log)",
+    )
+    return parser
+
+
+def _split_assignment(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise UsageError(f"--set expects FIELD=VALUE, got {text!r}")
+    return name.strip().replace("-", "_"), value.strip()
+
+
+def _varied_fields(extra: list[str]) -> dict[str, list[str]]:
+    """`--field v1,v2` pairs left over by argparse (compare's varied config fields)."""
+    varied, i = {}, 0
+    while i < len(extra):
+        token = extra[i]
+        if not token.startswith("--"):
+            raise UsageError(f"unexpected argument {token!r}")
+        name, sep, value = token[2:].partition("=")
+        if not sep:
+            if i + 1 >= len(extra) or extra[i + 1].startswith("--"):
+                raise UsageError(f"{token} needs a comma-separated list of values")
+            value, i = extra[i + 1], i + 1
+        varied[name.replace("-", "_")] = [v.strip() for v in value.split(",") if v.strip()]
+        i += 1
+    return varied
+
+
+def _check_model(model: str | None, unsloth: bool) -> None:
+    """Fails before any training when the model cannot be loaded or Unsloth cannot run here."""
+    import torch
+
+    if unsloth:
+        if not torch.cuda.is_available():
+            raise UsageError("--unsloth needs a CUDA GPU, and none is available here; drop --unsloth to use plain TRL")
+        if importlib.util.find_spec("unsloth") is None:
+            raise UsageError("--unsloth needs Unsloth: pip install 'adaptive-kl[unsloth]'")
+    if model is None:
+        return
+    # A hub id is "name" or "owner/name"; anything else is meant as a local path.
+    looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model
+    if looks_local and not os.path.exists(os.path.expanduser(model)):
+        raise UsageError(f"--model {model}: no such file or directory")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(os.path.expanduser(model))
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--model {model}: cannot load its config ({str(error).splitlines()[0]})") from None
+
+
+def _check_output(out: str) -> None:
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, ".adaptive-kl-write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise UsageError(f"--out {out}: cannot write there ({error.strerror or error})") from None
+
+
+def build(argv: list[str] | None = None):
+    """Parses the command line into `(settings, variants, title)`; bad input raises `UsageError` before any run."""
+    from .demo.runner import DemoSettings, make_config, quick
+    from .demo.variants import DEMO_METHODS, method_variants, parse_field_value, variant_grid
+
+    parser = _parser()
+    opts, extra = parser.parse_known_args(argv)
+    if opts.command == "demo" and extra:
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)} (varying fields is what `compare` does)")
+    try:
+        fixed = {name: parse_field_value(name, value) for name, value in map(_split_assignment, opts.set)}
+        if opts.command == "demo":
+            variants, title = method_variants(DEMO_METHODS), "adaptive-kl demo: the five KL methods"
+        else:
+            varied = _varied_fields(extra)
+            if not varied:
+                raise UsageError("compare needs at least one varied field, e.g. --kl_scaling none,linear,sqrt,log")
+            variants, title = variant_grid(varied), "adaptive-kl compare: " + ", ".join(varied)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    settings = DemoSettings(
+        out=opts.out, model=opts.model, unsloth=opts.unsloth, task=opts.task, gsm8k_path=opts.gsm8k_path,
+        seed=opts.seed, fixed=fixed,
+    )  # fmt: skip
+    if opts.quick:
+        settings = quick(settings)
+    for name in ("steps", "eval_every", "n_validation"):
+        value = getattr(opts, name)
+        if value is not None:
+            if value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+            setattr(settings, name, value)
+    _check_model(settings.model, settings.unsloth)
+    _check_output(settings.out)
+    for variant in variants:  # every config is validated before the first run starts
+        try:
+            make_config(variant, settings, os.path.join(settings.out, "runs"))
+        except (ValueError, TypeError) as error:
+            raise UsageError(f"variant {variant.name!r}: {error}") from None
+    return settings, variants, title, not opts.no_progress
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings, variants, title, progress = build(argv)
+    except UsageError as error:
+        print(f"adaptive-kl: error: {error}", file=sys.stderr)
+        return 2
+    if settings.unsloth:
+        import unsloth  # noqa: F401  (must come before TRL is used; see the README's Unsloth section)
+    from .demo.report import summary_table, write_report
+    from .demo.runner import run_comparison
+
+    runs = run_comparison(variants, settings, progress=progress)
+    notes = (
+        f"Model: {settings.model or 'embedded reference policy'}; task: {settings.task}; {settings.steps} steps per "
+        f"variant; seed {settings.seed}; validation accuracy by greedy decoding on {settings.n_validation} problems."
+    )
+    paths = write_report(runs, settings.out, title, notes)
+    print("\n" + summary_table(runs))
+    print(f"Wrote {paths['summary']}, {paths['csv']} and {len(paths['plots'])} plots to {settings.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Reports of a comparison: a markdown summary table, per-step metrics as CSV, and PNG plots (one line per variant)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+from .runner import VariantRun
+
+
+# Leading CSV columns, in this order; any other metric a run logged follows them, sorted by name.
+CSV_COLUMNS = (
+    "variant",
+    "step",
+    "reward",
+    "reward_std",
+    "rewards/format_reward/mean",
+    "rewards/accuracy_reward/mean",
+    "completions/mean_length",
+    "kl",
+    "adaptive_kl/raw_kl",
+    "adaptive_kl/adapted_kl",
+    "adaptive_kl/current_beta",
+    "adaptive_kl/beta_scale",
+    "adaptive_kl/clip_fraction",
+    "adaptive_kl/seq_kl",
+    "adaptive_kl/kl_length_corr",
+    "loss",
+    "val_accuracy",
+    "val_format",
+    "val_completion_length",
+)
+SUMMARY_HEADER = (
+    "variant",
+    "val. accuracy (final)",
+    "Δ from step 0",
+    "Δ from best",
+    "mean raw KL",
+    "mean adapted KL",
+    "final β",
+    "mean completion length",
+    "wall time (s)",
+)
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(values) / len(values) if values else math.nan
+
+
+def summarize(run: VariantRun) -> dict[str, float]:
+    """The summary row of one run: final validation accuracy, its change from step 0 and from the best evaluation
+    (≤ 0: how much was lost since the best point), mean raw/adapted KL and completion length over steps, final β."""
+    accuracies = [e["val_accuracy"] for e in run.evaluations]
+    betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
+    final = accuracies[-1] if accuracies else math.nan
+    return {
+        "final_accuracy": final,
+        "delta_from_start": final - accuracies[0] if accuracies else math.nan,
+        "delta_from_best": final - max(accuracies) if accuracies else math.nan,
+        "mean_raw_kl": _mean(h.get("adaptive_kl/raw_kl") for h in run.history),
+        "mean_adapted_kl": _mean(h.get("adaptive_kl/adapted_kl") for h in run.history),
+        "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),
+        "mean_completion_length": _mean(h.get("completions/mean_length") for h in run.history),
+        "wall_time": run.wall_time,
+    }
+
+
+def summary_table(runs: list[VariantRun]) -> str:
+    """A markdown table with one row per variant (columns: `SUMMARY_HEADER`)."""
+    lines = ["| " + " | ".join(SUMMARY_HEADER) + " |", "|" + "---|" * len(SUMMARY_HEADER)]
+    for run in runs:
+        s = summarize(run)
+        cells = [
+            run.name,
+            f"{s['final_accuracy']:.3f}",
+            f"{s['delta_from_start']:+.3f}",
+            f"{s['delta_from_best']:+.3f}",
+            f"{s['mean_raw_kl']:.4f}",
+            f"{s['mean_adapted_kl']:.4f}",
+            f"{s['final_beta']:.4g}",
+            f"{s['mean_completion_length']:.1f}",
+            f"{s['wall_time']:.0f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def step_rows(runs: list[VariantRun]) -> list[dict]:
+    """One row per (variant, step), with the validation scores on the steps where they were evaluated."""
+    rows = []
+    for run in runs:
+        evaluations = {e["step"]: e for e in run.evaluations}
+        steps = {h["step"]: h for h in run.history}
+        for step in sorted(set(steps) | set(evaluations)):
+            row = {"variant": run.name, "step": step}
+            row.update({k: v for k, v in steps.get(step, {}).items() if isinstance(v, (int, float)) and k != "step"})
+            row.update({k: v for k, v in evaluations.get(step, {}).items() if k != "step"})
+            rows.append(row)
+    return rows
+
+
+def write_csv(runs: list[VariantRun], path: str) -> None:
+    rows = step_rows(runs)
+    extra = sorted({k for row in rows for k in row} - set(CSV_COLUMNS))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*CSV_COLUMNS, *extra], restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+# Panels of the plot: title → (metric, y label); raw vs adapted KL share a panel (solid raw, dashed adapted).
+PANELS = (
+    ("reward", "reward", "mean task reward (format + accuracy)"),
+    ("validation_accuracy", "val_accuracy", "greedy validation accuracy"),
+    ("kl", "adaptive_kl/raw_kl", "per-token KL: raw (solid) vs adapted (dashed)"),
+    ("beta", "adaptive_kl/current_beta", "β"),
+    ("completion_length", "completions/mean_length", "mean completion length (tokens)"),
+)
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average (noisy per-step metrics are easier to compare smoothed)."""
+    return [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
+def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
+    """`metrics.png` with every panel, and one `<panel>.png` per panel; returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def draw(ax, panel, metric, title):
+        for i, run in enumerate(runs):
+            color = f"C{i % 10}"
+            if panel == "validation_accuracy":
+                ax.plot([e["step"] for e in run.evaluations], [e[metric] for e in run.evaluations], "o-", color=color,
+                        label=run.name, markersize=3)  # fmt: skip
+                continue
+            series = [(h["step"], h[metric]) for h in run.history if metric in h]
+            if not series:
+                continue
+            steps, values = zip(*series)
+            window = max(1, len(values) // 20) if panel != "beta" else 1
+            ax.plot(steps, _smooth(list(values), window), color=color, label=run.name)
+            if panel == "kl":
+                adapted = [h.get("adaptive_kl/adapted_kl", math.nan) for h in run.history if metric in h]
+                ax.plot(steps, _smooth(adapted, window), "--", color=color)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+
+    paths = []
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.6))
+    for ax, (panel, metric, title) in zip(axes, PANELS):
+        draw(ax, panel, metric, title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(os.path.join(directory, "metrics.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    for panel, metric, title in PANELS:
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        draw(ax, panel, metric, title)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(os.path.join(directory, f"{panel}.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def write_report(runs: list[VariantRun], directory: str, title: str = "adaptive-kl comparison", notes: str = "") -> dict:
+    """Writes `summary.md`, `metrics.csv` and the PNG plots to `directory`; returns their paths."""
+    os.makedirs(directory, exist_ok=True)
+    summary = os.path.join(directory, "summary.md")
+    with open(summary, "w") as f:
+        f.write(f"# {title}\n\n{notes}\n\n" if notes else f"# {title}\n\n")
+        f.write(summary_table(runs))
+    metrics = os.path.join(directory, "metrics.csv")
+    write_csv(runs, metrics)
+    return {"summary": summary, "csv": metrics, "plots": write_plots(runs, directory)}

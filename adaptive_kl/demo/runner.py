@@ -1,0 +1,228 @@
+"""Runs variants of `AdaptiveKLGRPOTrainer` on one task with the same seed and budget, and records what they did.
+
+Each run logs every step (TRL's metrics and `adaptive_kl/*`) and evaluates greedy validation accuracy at step 0 and
+every `eval_every` steps. On the embedded default everything runs on a CPU in minutes; with `model` set to a hub id
+or local path (and optionally `unsloth`), the same code trains a real model on a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoTokenizer, TrainerCallback
+from transformers.trainer_callback import PrinterCallback
+
+from ..config import AdaptiveKLGRPOConfig
+from ..cpu_scorer import install_cpu_scorer_if_needed
+from ..embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
+from ..task import TASK_REWARDS, evaluate_accuracy, load_gsm8k
+from ..trainer import AdaptiveKLGRPOTrainer
+from .variants import Variant
+
+
+# Instruction given to real (chat) models, which have never seen the embedded task's answer format.
+INSTRUCTION = "Solve the math problem. Show your working briefly, then give the final answer after '####'."
+
+
+@dataclass
+class DemoSettings:
+    """What every variant of a comparison shares: model, task, budget, seed and output directory."""
+
+    out: str = "adaptive-kl-demo"
+    model: str | None = None  # None: the embedded reference policy
+    unsloth: bool = False
+    task: str = "embedded"  # or "gsm8k"
+    gsm8k_path: str = "openai/gsm8k"
+    steps: int = 300
+    eval_every: int = 30
+    n_validation: int = EMBEDDED_TASK["n_validation"]
+    seed: int = 0
+    fixed: dict = field(default_factory=dict)  # config fields set for every variant
+
+    @property
+    def embedded(self) -> bool:
+        return self.model is None
+
+
+def quick(settings: DemoSettings) -> DemoSettings:
+    """The `--quick` budget: a few steps and a small validation set, for smoke tests (< 90 s for five variants)."""
+    return dataclasses.replace(settings, steps=6, eval_every=3, n_validation=48)
+
+
+def base_config(settings: DemoSettings) -> dict:
+    """Config fields of every run before the variant's overrides: tuned for the embedded policy on a CPU, or for a
+    real model (LoRA with Unsloth, full fine-tuning otherwise) on a GPU."""
+    on_gpu = torch.cuda.is_available()
+    common = dict(
+        max_steps=settings.steps,
+        beta=0.04,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        # dynamic: β decays once the mean task reward (format + accuracy, at most 2) reaches this level.
+        reward_threshold=1.4,
+        dynamic_beta_decay=0.95,
+        beta_min=0.004,
+    )
+    if settings.embedded:
+        return dict(
+            common,
+            learning_rate=3e-4,
+            per_device_train_batch_size=32,
+            num_generations=8,
+            max_completion_length=EMBEDDED_TASK["max_new_tokens"],
+            temperature=1.0,
+            use_cpu=not on_gpu,
+            bf16=on_gpu,
+        )
+    return dict(
+        common,
+        learning_rate=2e-5 if settings.unsloth else 1e-6,
+        per_device_train_batch_size=8,
+        num_generations=8,
+        gradient_accumulation_steps=2,
+        max_completion_length=256,
+        temperature=1.0,
+        bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        use_cpu=not on_gpu,
+    )
+
+
+def make_config(variant: Variant, settings: DemoSettings, output_dir: str) -> AdaptiveKLGRPOConfig:
+    """The variant's config: `base_config`, then `settings.fixed`, then the variant's overrides (invalid ones raise)."""
+    return AdaptiveKLGRPOConfig(output_dir=output_dir, **{**base_config(settings), **settings.fixed, **variant.overrides})
+
+
+def task_datasets(settings: DemoSettings, n_train: int):
+    """Train and validation datasets (columns `prompt`, `answer`) of the settings' task."""
+    if settings.task == "gsm8k":
+        train = load_gsm8k("train", settings.gsm8k_path, limit=n_train)
+        validation = load_gsm8k("test", settings.gsm8k_path, limit=settings.n_validation)
+    else:
+        train, validation = embedded_datasets(n_train, settings.n_validation, seed=settings.seed)
+    if not settings.embedded:
+        # A real model is told the answer format; the embedded policy was trained on the bare "Q: ... A: " prompt.
+        train, validation = (d.map(lambda row: {"prompt": f"{INSTRUCTION}\n{row['prompt']}"}) for d in (train, validation))
+    return train, validation
+
+
+def load_policy(settings: DemoSettings):
+    """`(model, tokenizer)`: a path for TRL to load (plain TRL), or an Unsloth LoRA model (`settings.unsloth`)."""
+    path = embedded_policy_path() if settings.embedded else settings.model
+    if not settings.unsloth:
+        return path, AutoTokenizer.from_pretrained(path)
+    from unsloth import FastLanguageModel  # noqa: F401  (imported first, as Unsloth requires; checked by the CLI)
+
+    model, tokenizer = FastLanguageModel.from_pretrained(path, max_seq_length=1024, load_in_4bit=True)
+    model = FastLanguageModel.get_peft_model(
+        model, r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], random_state=settings.seed
+    )
+    return model, tokenizer
+
+
+class ValidationCallback(TrainerCallback):
+    """Evaluates greedy validation accuracy before the first step and every `eval_every` steps (and at the end)."""
+
+    def __init__(self, tokenizer, validation, eval_every: int, max_new_tokens: int):
+        self.tokenizer, self.validation = tokenizer, validation
+        self.eval_every, self.max_new_tokens = eval_every, max_new_tokens
+        self.evaluations: list[dict] = []
+
+    def _evaluate(self, step: int, model) -> None:
+        if self.evaluations and self.evaluations[-1]["step"] == step:
+            return
+        scores = evaluate_accuracy(
+            model, self.tokenizer, self.validation["prompt"], self.validation["answer"], self.max_new_tokens
+        )
+        self.evaluations.append({"step": step, **{f"val_{k}": v for k, v in scores.items()}})
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._evaluate(state.global_step, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.eval_every == 0 or state.global_step >= state.max_steps:
+            self._evaluate(state.global_step, model)
+
+
+class VariantProgressCallback(TrainerCallback):
+    """Advances a shared progress bar by one per optimizer step, showing the variant, reward and β."""
+
+    def __init__(self, bar, variant: str):
+        self.bar, self.variant = bar, variant
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs and "reward" in logs:
+            beta = logs.get("adaptive_kl/current_beta", args.beta)
+            self.bar.set_postfix_str(f"{self.variant}: reward {logs['reward']:.2f}, β {beta:.3g}", refresh=False)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.update(1)
+
+
+@dataclass
+class VariantRun:
+    """What one variant did: per-step logs, validation evaluations and wall time."""
+
+    name: str
+    config: dict
+    history: list[dict]
+    evaluations: list[dict]
+    wall_time: float
+
+
+def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRun:
+    """Trains one variant from the same starting policy, seed and data as every other variant."""
+    install_cpu_scorer_if_needed()
+    output_dir = os.path.join(settings.out, "runs", _slug(variant.name))
+    args = make_config(variant, settings, output_dir)
+    model, tokenizer = load_policy(settings)
+    prompts_needed = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    train, validation = task_datasets(settings, prompts_needed // args.num_generations + 1)
+    max_new_tokens = EMBEDDED_TASK["max_new_tokens"] if settings.embedded else args.max_completion_length
+    validation_callback = ValidationCallback(tokenizer, validation, settings.eval_every, max_new_tokens)
+    start = time.perf_counter()
+    trainer = AdaptiveKLGRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=list(TASK_REWARDS),
+        args=args,
+        train_dataset=train,
+        callbacks=[validation_callback, VariantProgressCallback(bar, variant.name)],
+    )
+    trainer.remove_callback(PrinterCallback)  # the shared progress bar replaces per-step log dicts on stdout
+    trainer.train()
+    history = [entry for entry in trainer.state.log_history if "reward" in entry and "step" in entry]
+    return VariantRun(
+        variant.name,
+        {**variant.overrides},
+        history,
+        validation_callback.evaluations,
+        time.perf_counter() - start,
+    )
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name.replace(", ", "__").replace("=", "-"))
+
+
+def run_comparison(variants: list[Variant], settings: DemoSettings, progress: bool = True) -> list[VariantRun]:
+    """Runs every variant in turn with a progress bar over all their steps (configs are validated before any run)."""
+    from tqdm.auto import tqdm
+
+    for variant in variants:
+        make_config(variant, settings, os.path.join(settings.out, "runs", _slug(variant.name)))
+    bar = tqdm(total=len(variants) * settings.steps, unit="step", disable=not progress, dynamic_ncols=True)
+    try:
+        return [run_variant(variant, settings, bar) for variant in variants]
+    finally:
+        bar.close()

@@ -1,0 +1,99 @@
+"""Variants of a comparison: named sets of config overrides, parsed and validated from command-line text.
+
+`adaptive-kl compare --kl_scaling none,linear,sqrt,log --set beta=0.1` becomes four variants, each
+`AdaptiveKLGRPOConfig` field given as text converted to the field's type. Several varied fields give their product.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import types
+import typing
+from dataclasses import dataclass, field
+
+from ..config import AdaptiveKLGRPOConfig
+
+
+# The five methods of the demo, in the order the tables and plots list them.
+DEMO_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One run of a comparison: a display name and the config fields it sets."""
+
+    name: str
+    overrides: dict = field(default_factory=dict)
+
+
+def _config_field_types() -> dict[str, object]:
+    hints = typing.get_type_hints(AdaptiveKLGRPOConfig)
+    return {f.name: hints.get(f.name, str) for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.init}
+
+
+def _convert(text: str, annotation) -> object:
+    """`text` as a value of type `annotation` (bool, int, float, str, or an optional/union of them)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if text.lower() == "none" and len(members) < len(typing.get_args(annotation)):
+            return None
+        for member in sorted(members, key=lambda a: [bool, int, float, str].index(a) if a in (bool, int, float, str) else 4):
+            try:
+                return _convert(text, member)
+            except ValueError:
+                continue
+        raise ValueError(f"cannot read {text!r} as {annotation}")
+    if annotation is bool:
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
+    if annotation in (int, float):
+        return annotation(text)
+    if typing.get_origin(annotation) is typing.Literal:
+        if text not in typing.get_args(annotation):
+            raise ValueError(f"expected one of {typing.get_args(annotation)}, got {text!r}")
+        return text
+    return text
+
+
+def parse_field_value(name: str, text: str) -> object:
+    """The value of config field `name` written as `text`; unknown fields and unreadable values raise ValueError."""
+    types_ = _config_field_types()
+    if name not in types_:
+        close = difflib.get_close_matches(name, types_, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"Unknown AdaptiveKLGRPOConfig field {name!r}.{hint}")
+    try:
+        return _convert(text, types_[name])
+    except ValueError as error:
+        raise ValueError(f"Invalid value for {name}: {error}") from None
+
+
+def variant_grid(varied: dict[str, list[str]]) -> list[Variant]:
+    """The product of the varied fields' values, as variants named `field=value, ...` (just the value for one field).
+
+    Args:
+        varied: field name → list of values as text, e.g. `{"kl_scaling": ["none", "sqrt"]}`.
+    """
+    if not varied:
+        return [Variant("default")]
+    names = list(varied)
+    parsed = [[(text, parse_field_value(name, text)) for text in varied[name]] for name in names]
+    variants = []
+    for combination in itertools.product(*parsed):
+        label = ", ".join(text if len(names) == 1 else f"{n}={text}" for n, (text, _) in zip(names, combination))
+        variants.append(Variant(label, {n: value for n, (_, value) in zip(names, combination)}))
+    duplicated = sorted({v.name for v in variants if [w.name for w in variants].count(v.name) > 1})
+    if duplicated:
+        raise ValueError(f"Variants {duplicated} are listed more than once")
+    return variants
+
+
+def method_variants(methods: typing.Iterable[str] = DEMO_METHODS) -> list[Variant]:
+    """One variant per `kl_adaptation_method`, named by the method."""
+    return variant_grid({"kl_adaptation_method": list(methods)})

@@ -1,0 +1,199 @@
+"""The `adaptive-kl` command: bad input fails early with a clear message, and a quick run writes its report."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from adaptive_kl.cli import main
+from adaptive_kl.demo.report import CSV_COLUMNS, SUMMARY_HEADER, step_rows, summarize, summary_table
+from adaptive_kl.demo.runner import VariantRun
+from adaptive_kl.demo.variants import DEMO_METHODS, parse_field_value, variant_grid
+
+
+def fails_with(capsys, argv, *fragments):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("adaptive-kl: error:")
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+# --- bad input: non-zero exit and a message naming the problem, before any training ------------------------------
+
+
+def test_unknown_method(capsys, tmp_path):
+    fails_with(
+        capsys, ["compare", "--kl_adaptation_method", "none,bogus", "--out", str(tmp_path)], "bogus", "kl_adaptation_method"
+    )
+
+
+def test_unknown_field_suggests_the_close_one(capsys, tmp_path):
+    fails_with(capsys, ["compare", "--kl_scalng", "none,log", "--out", str(tmp_path)], "kl_scalng", "kl_scaling")
+
+
+def test_invalid_value_names_the_field(capsys, tmp_path):
+    fails_with(capsys, ["compare", "--kl_scaling", "none,cubic", "--out", str(tmp_path)], "kl_scaling", "cubic")
+    fails_with(capsys, ["demo", "--set", "beta=high", "--out", str(tmp_path)], "beta", "high")
+    fails_with(capsys, ["demo", "--set", "beta", "--out", str(tmp_path)], "FIELD=VALUE")
+
+
+def test_compare_needs_a_varied_field_and_demo_takes_none(capsys, tmp_path):
+    fails_with(capsys, ["compare", "--out", str(tmp_path)], "at least one varied field")
+    fails_with(capsys, ["demo", "--kl_scaling", "log", "--out", str(tmp_path)], "unrecognized", "compare")
+
+
+def test_missing_model_path(capsys, tmp_path):
+    fails_with(capsys, ["demo", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path)], "no such file")
+    fails_with(capsys, ["demo", "--model", "./relative/missing", "--out", str(tmp_path)], "no such file")
+
+
+def test_model_directory_without_a_config(capsys, tmp_path):
+    (tmp_path / "empty-model").mkdir()
+    fails_with(capsys, ["demo", "--model", str(tmp_path / "empty-model"), "--out", str(tmp_path)], "cannot load")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_unsloth_without_gpu(capsys, tmp_path):
+    fails_with(capsys, ["demo", "--unsloth", "--out", str(tmp_path)], "--unsloth needs a CUDA GPU")
+
+
+def test_unwritable_output_directory(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    fails_with(capsys, ["demo", "--quick", "--out", str(blocker / "out")], "--out", "cannot write")
+
+
+def test_non_positive_budget(capsys, tmp_path):
+    fails_with(capsys, ["demo", "--steps", "0", "--out", str(tmp_path)], "--steps", "at least 1")
+
+
+# --- variants ------------------------------------------------------------------------------------------------------
+
+
+def test_field_values_take_the_config_field_types():
+    assert parse_field_value("beta", "0.1") == 0.1
+    assert parse_field_value("max_completion_length", "24") == 24
+    assert parse_field_value("bf16", "false") is False
+    assert parse_field_value("kl_scaling", "sqrt") == "sqrt"
+    with pytest.raises(ValueError, match="max_completion_length"):
+        parse_field_value("max_completion_length", "long")
+
+
+def test_variant_grid_is_the_product_in_order():
+    variants = variant_grid({"kl_scaling": ["none", "log"], "beta": ["0.1", "0.01"]})
+    assert [v.overrides for v in variants] == [
+        {"kl_scaling": "none", "beta": 0.1},
+        {"kl_scaling": "none", "beta": 0.01},
+        {"kl_scaling": "log", "beta": 0.1},
+        {"kl_scaling": "log", "beta": 0.01},
+    ]
+    assert variants[1].name == "kl_scaling=none, beta=0.01"
+    assert [v.name for v in variant_grid({"kl_adaptation_method": list(DEMO_METHODS)})] == list(DEMO_METHODS)
+    with pytest.raises(ValueError, match="more than once"):
+        variant_grid({"kl_scaling": ["log", "log"]})
+
+
+# --- report on a fabricated run: numbers against hand computation --------------------------------------------------
+
+
+def fabricated_run(name="clip"):
+    history = [
+        {"step": 1, "reward": 1.0, "adaptive_kl/raw_kl": 0.2, "adaptive_kl/adapted_kl": 0.1,
+         "adaptive_kl/current_beta": 0.04, "completions/mean_length": 10.0},
+        {"step": 2, "reward": 1.5, "adaptive_kl/raw_kl": 0.4, "adaptive_kl/adapted_kl": 0.3,
+         "adaptive_kl/current_beta": 0.02, "completions/mean_length": 14.0, "custom/metric": 7.0},
+    ]  # fmt: skip
+    evaluations = [{"step": 0, "val_accuracy": 0.3}, {"step": 1, "val_accuracy": 0.5}, {"step": 2, "val_accuracy": 0.4}]
+    return VariantRun(name, {"kl_adaptation_method": name}, history, evaluations, wall_time=12.0)
+
+
+def test_summary_numbers():
+    s = summarize(fabricated_run())
+    assert s["final_accuracy"] == 0.4
+    assert math.isclose(s["delta_from_start"], 0.1) and math.isclose(s["delta_from_best"], -0.1)
+    assert math.isclose(s["mean_raw_kl"], 0.3) and math.isclose(s["mean_adapted_kl"], 0.2)
+    assert s["final_beta"] == 0.02 and s["mean_completion_length"] == 12.0
+    table = summary_table([fabricated_run("clip"), fabricated_run("sigmoid")]).splitlines()
+    assert table[0] == "| " + " | ".join(SUMMARY_HEADER) + " |"
+    assert table[2].startswith("| clip | 0.400 | +0.100 | -0.100 | 0.3000 | 0.2000 | 0.02 | 12.0 | 12 |")
+    assert len(table) == 4
+
+
+def test_step_rows_merge_evaluations_and_keep_every_metric():
+    rows = step_rows([fabricated_run()])
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0] == {"variant": "clip", "step": 0, "val_accuracy": 0.3}
+    assert rows[2]["custom/metric"] == 7.0 and rows[2]["val_accuracy"] == 0.4 and rows[2]["reward"] == 1.5
+
+
+# --- end to end: the quick demo as a user runs it ------------------------------------------------------------------
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png(path):
+    import matplotlib.image
+
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_SIGNATURE, path
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image[..., :3].std() > 0.01  # not a blank canvas
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    result = subprocess.run(
+        [sys.executable, "-m", "adaptive_kl", "demo", "--quick", "--no-progress", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out, result
+
+
+def test_quick_demo_table(quick_demo):
+    out, result = quick_demo
+    rows = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
+    assert rows[0] == "| " + " | ".join(SUMMARY_HEADER) + " |"
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == list(DEMO_METHODS)
+    for row in rows[1:]:
+        cells = row.strip("| ").split(" | ")
+        assert 0.0 <= float(cells[1]) <= 1.0 and float(cells[3]) <= 0.0  # final accuracy; never above the best
+        assert float(cells[6]) > 0  # final β
+    assert "| none |" in result.stdout  # the table is also printed
+
+
+def test_quick_demo_csv(quick_demo):
+    out, _ = quick_demo
+    with open(out / "metrics.csv") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames[: len(CSV_COLUMNS)]) == CSV_COLUMNS
+        rows = list(reader)
+    for method in DEMO_METHODS:
+        steps = [int(r["step"]) for r in rows if r["variant"] == method]
+        assert steps == list(range(0, 7)), (method, steps)  # step 0 (evaluation only), then 6 optimizer steps
+        evaluated = {int(r["step"]) for r in rows if r["variant"] == method and r["val_accuracy"] != ""}
+        assert evaluated == {0, 3, 6}
+        trained = [r for r in rows if r["variant"] == method and r["step"] != "0"]
+        assert all(r["reward"] != "" and 0 <= float(r["reward"]) <= 2 for r in trained)
+        assert all(float(r["adaptive_kl/raw_kl"]) >= 0 for r in trained)
+    clip_betas = [float(r["adaptive_kl/current_beta"]) for r in rows if r["variant"] == "clip" and r["step"] != "0"]
+    assert clip_betas == [0.04] * 6  # a fixed β stays fixed
+
+
+def test_quick_demo_plots(quick_demo):
+    out, _ = quick_demo
+    for name in ("metrics", "reward", "validation_accuracy", "kl", "beta", "completion_length"):
+        check_png(out / f"{name}.png")
