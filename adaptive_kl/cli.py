@@ -32,8 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     shared.add_argument("--unsloth", action="store_true", help="load --model with Unsloth's FastLanguageModel (GPU)")
     shared.add_argument("--task", choices=["embedded", "gsm8k"], default="embedded", help="training/validation task")
     shared.add_argument("--gsm8k-path", default="openai/gsm8k", help="hub id or local file/directory of GSM8K")
-    shared.add_argument("--steps", type=int, help="optimizer steps per variant (default 300; --quick: 6)")
-    shared.add_argument("--eval-every", type=int, help="steps between validation evaluations (default 30)")
+    shared.add_argument("--steps", type=int, help="optimizer steps per variant (default 200; --quick: 6)")
+    shared.add_argument("--eval-every", type=int, help="steps between validation evaluations (default 20)")
     shared.add_argument("--n-validation", type=int, help="validation problems (default 200)")
     shared.add_argument("--seed", type=int, default=0)
     shared.add_argument("--out", default="adaptive-kl-demo", help="output directory (created if missing)")
@@ -75,15 +75,19 @@ def _varied_fields(extra: list[str]) -> dict[str, list[str]]:
     return varied
 
 
-def _check_model(model: str | None, unsloth: bool) -> None:
-    """Fails before any training when the model cannot be loaded or Unsloth cannot run here."""
+def _import_unsloth() -> None:
+    """Imports Unsloth before anything imports TRL (Unsloth patches TRL's trainers on import), or says why not."""
     import torch
 
-    if unsloth:
-        if not torch.cuda.is_available():
-            raise UsageError("--unsloth needs a CUDA GPU, and none is available here; drop --unsloth to use plain TRL")
-        if importlib.util.find_spec("unsloth") is None:
-            raise UsageError("--unsloth needs Unsloth: pip install 'adaptive-kl[unsloth]'")
+    if not torch.cuda.is_available():
+        raise UsageError("--unsloth needs a CUDA GPU, and none is available here; drop --unsloth to use plain TRL")
+    if importlib.util.find_spec("unsloth") is None:
+        raise UsageError("--unsloth needs Unsloth: pip install 'adaptive-kl[unsloth]'")
+    import unsloth  # noqa: F401
+
+
+def _check_model(model: str | None) -> None:
+    """Fails before any training when the model cannot be loaded."""
     if model is None:
         return
     # A hub id is "name" or "owner/name"; anything else is meant as a local path.
@@ -141,7 +145,7 @@ def build(argv: list[str] | None = None):
             if value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
             setattr(settings, name, value)
-    _check_model(settings.model, settings.unsloth)
+    _check_model(settings.model)
     _check_output(settings.out)
     for variant in variants:  # every config is validated before the first run starts
         try:
@@ -152,13 +156,14 @@ def build(argv: list[str] | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if "--unsloth" in argv:
+            _import_unsloth()
         settings, variants, title, progress = build(argv)
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2
-    if settings.unsloth:
-        import unsloth  # noqa: F401  (must come before TRL is used; see the README's Unsloth section)
     from .demo.report import summary_table, write_report
     from .demo.runner import run_comparison
 

@@ -13,7 +13,7 @@ import torch
 
 from adaptive_kl.cli import main
 from adaptive_kl.demo.report import CSV_COLUMNS, SUMMARY_HEADER, step_rows, summarize, summary_table
-from adaptive_kl.demo.runner import VariantRun
+from adaptive_kl.demo.runner import DemoSettings, VariantRun, base_config
 from adaptive_kl.demo.variants import DEMO_METHODS, parse_field_value, variant_grid
 
 
@@ -190,7 +190,7 @@ def test_quick_demo_csv(quick_demo):
         assert all(r["reward"] != "" and 0 <= float(r["reward"]) <= 2 for r in trained)
         assert all(float(r["adaptive_kl/raw_kl"]) >= 0 for r in trained)
     clip_betas = [float(r["adaptive_kl/current_beta"]) for r in rows if r["variant"] == "clip" and r["step"] != "0"]
-    assert clip_betas == [0.04] * 6  # a fixed β stays fixed
+    assert clip_betas == [base_config(DemoSettings())["beta"]] * 6  # a fixed β stays fixed
 
 
 def test_quick_demo_plots(quick_demo):

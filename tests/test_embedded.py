@@ -30,7 +30,19 @@ def test_recorded_accuracy_is_reproduced_and_leaves_room_to_improve():
     # Greedy decoding is deterministic; a tie broken differently by another torch/transformers build may flip a few.
     assert abs(scores["accuracy"] - card["validation"]["accuracy"]) <= 0.02
     assert 0.25 <= scores["accuracy"] <= 0.65  # follows the task, with clear room for RL
-    assert scores["format"] >= 0.95
+
+
+def test_policy_leaves_the_answer_marker_out_mostly_on_subtractions():
+    """The designed room for RL: the policy states `#### answer` on the other kinds, and mostly not on subtractions."""
+    path = embedded_policy_path()
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    _, validation = embedded_datasets(n_train=1)
+    by_kind = {}
+    for kind in ("subtract", "add", "two_step", "multiply"):
+        rows = validation.filter(lambda row: row["kind"] == kind)
+        by_kind[kind] = evaluate_accuracy(model, tokenizer, rows["prompt"], rows["answer"], 24)["format"]
+    assert by_kind["subtract"] < 0.5
+    assert min(by_kind["add"], by_kind["two_step"], by_kind["multiply"]) >= 0.95
 
 
 def test_tokenizer_round_trips_task_text():

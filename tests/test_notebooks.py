@@ -16,7 +16,7 @@ NOTEBOOKS = os.path.join(os.path.dirname(__file__), "..", "notebooks")
 def test_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.setenv("ADAPTIVE_KL_NOTEBOOK_STEPS", "2")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend turns figures into outputs
     notebook = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
     NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]

@@ -153,10 +153,12 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
         ax.grid(alpha=0.3)
 
     paths = []
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.6))
-    for ax, (panel, metric, title) in zip(axes, PANELS):
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+    for ax, (panel, metric, title) in zip(axes.flat, PANELS):
         draw(ax, panel, metric, title)
-    axes[0].legend(fontsize=8)
+    legend = axes.flat[-1]  # the sixth cell holds the legend
+    legend.axis("off")
+    legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center", title="variant")
     fig.tight_layout()
     paths.append(os.path.join(directory, "metrics.png"))
     fig.savefig(paths[-1], dpi=110)

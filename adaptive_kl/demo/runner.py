@@ -37,8 +37,8 @@ class DemoSettings:
     unsloth: bool = False
     task: str = "embedded"  # or "gsm8k"
     gsm8k_path: str = "openai/gsm8k"
-    steps: int = 300
-    eval_every: int = 30
+    steps: int = 200
+    eval_every: int = 20
     n_validation: int = EMBEDDED_TASK["n_validation"]
     seed: int = 0
     fixed: dict = field(default_factory=dict)  # config fields set for every variant
@@ -59,7 +59,7 @@ def base_config(settings: DemoSettings) -> dict:
     on_gpu = torch.cuda.is_available()
     common = dict(
         max_steps=settings.steps,
-        beta=0.04,
+        beta=0.1,
         seed=settings.seed,
         data_seed=settings.seed,
         logging_steps=1,
@@ -76,7 +76,7 @@ def base_config(settings: DemoSettings) -> dict:
     if settings.embedded:
         return dict(
             common,
-            learning_rate=3e-4,
+            learning_rate=3e-5,
             per_device_train_batch_size=32,
             num_generations=8,
             max_completion_length=EMBEDDED_TASK["max_new_tokens"],
@@ -221,7 +221,8 @@ def run_comparison(variants: list[Variant], settings: DemoSettings, progress: bo
 
     for variant in variants:
         make_config(variant, settings, os.path.join(settings.out, "runs", _slug(variant.name)))
-    bar = tqdm(total=len(variants) * settings.steps, unit="step", disable=not progress, dynamic_ncols=True)
+    # disable=None: no bar when the output is not a terminal (logs, CI), unless progress is off altogether.
+    bar = tqdm(total=len(variants) * settings.steps, unit="step", disable=None if progress else True, dynamic_ncols=True)
     try:
         return [run_variant(variant, settings, bar) for variant in variants]
     finally:

@@ -114,7 +114,8 @@ def task_splits(n_train: int, n_validation: int, seed: int = 0, **generator_kwar
 
 
 def to_dataset(problems: list[Problem]):
-    """A `datasets.Dataset` with the columns `GRPOTrainer` and the task rewards use: `prompt`, `answer`, `solution`."""
+    """A `datasets.Dataset` with the columns `GRPOTrainer` and the task rewards use (`prompt`, `answer`), plus
+    `solution` and `kind`."""
     from datasets import Dataset
 
     return Dataset.from_dict(
@@ -122,5 +123,6 @@ def to_dataset(problems: list[Problem]):
             "prompt": [p.prompt for p in problems],
             "answer": [str(p.answer) for p in problems],
             "solution": [p.solution for p in problems],
+            "kind": [p.kind for p in problems],
         }
     )
