@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import warnings
 
 
 class UsageError(Exception):
@@ -155,11 +156,21 @@ def build(argv: list[str] | None = None):
     return settings, variants, title, not opts.no_progress
 
 
+def _quiet_host_libraries() -> None:
+    """Deprecation notices between TRL and Transformers versions are not the user's to act on here, and per-model
+    loading bars would interleave with the run's own progress bar."""
+    from transformers.utils import logging as transformers_logging
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|trl)\b")
+    transformers_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if "--unsloth" in argv:
             _import_unsloth()
+        _quiet_host_libraries()
         settings, variants, title, progress = build(argv)
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)

@@ -6,6 +6,7 @@ import csv
 import math
 import os
 
+from ..metrics import METRIC_NAMES
 from .runner import VariantRun
 
 
@@ -19,13 +20,7 @@ CSV_COLUMNS = (
     "rewards/accuracy_reward/mean",
     "completions/mean_length",
     "kl",
-    "adaptive_kl/raw_kl",
-    "adaptive_kl/adapted_kl",
-    "adaptive_kl/current_beta",
-    "adaptive_kl/beta_scale",
-    "adaptive_kl/clip_fraction",
-    "adaptive_kl/seq_kl",
-    "adaptive_kl/kl_length_corr",
+    *METRIC_NAMES,
     "loss",
     "val_accuracy",
     "val_format",
