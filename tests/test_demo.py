@@ -197,3 +197,29 @@ def test_quick_demo_plots(quick_demo):
     out, _ = quick_demo
     for name in ("metrics", "reward", "validation_accuracy", "kl", "beta", "completion_length"):
         check_png(out / f"{name}.png")
+
+
+def test_compare_on_a_local_model_path(tiny_model_dir, tmp_path):
+    """`--model` with a local path takes the real-model route (instruction in the prompt, real-model settings)."""
+    out = tmp_path / "compare"
+    argv = ["compare", "--kl_scaling", "none,log", "--model", tiny_model_dir, "--quick", "--no-progress",
+            "--set", "max_completion_length=8", "--set", "per_device_train_batch_size=4", "--set", "num_generations=4",
+            "--set", "gradient_accumulation_steps=1", "--n-validation", "4", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == ["none", "log"]
+    with open(out / "metrics.csv") as f:
+        records = list(csv.DictReader(f))
+    log_scale = [float(r["adaptive_kl/beta_scale"]) for r in records if r["variant"] == "log" and r["step"] != "0"]
+    assert log_scale[0] == 1.0 and math.isclose(log_scale[1], 1 / math.log(3))  # α(t) = 1/ln(t+1) from t = 2
+    assert "Model: " + tiny_model_dir in (out / "summary.md").read_text()
+
+
+def test_demo_script_is_the_same_code(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "..", "demos", "run_all_methods.py")
+    result = subprocess.run(
+        [sys.executable, script, "--steps", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (tmp_path / "summary.md").read_text().count("\n| ") == 1 + len(DEMO_METHODS)
+    check_png(tmp_path / "metrics.png")
