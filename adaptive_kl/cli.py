@@ -25,10 +25,14 @@ class UsageError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="adaptive-kl", description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="adaptive-kl",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    shared = argparse.ArgumentParser(add_help=False)
+    # No abbreviations: `--kl` must not silently stand for a shared option, as config fields are matched by name.
+    shared = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     shared.add_argument("--model", help="hub id or local path of the policy (default: the embedded reference policy)")
     shared.add_argument("--unsloth", action="store_true", help="load --model with Unsloth's FastLanguageModel (GPU)")
     shared.add_argument("--task", choices=["embedded", "gsm8k"], default="embedded", help="training/validation task")
@@ -36,17 +40,21 @@ def _parser() -> argparse.ArgumentParser:
     shared.add_argument("--steps", type=int, help="optimizer steps per variant (default 200; --quick: 6)")
     shared.add_argument("--eval-every", type=int, help="steps between validation evaluations (default 20)")
     shared.add_argument("--n-validation", type=int, help="validation problems (default 200)")
-    shared.add_argument("--seed", type=int, default=0)
+    shared.add_argument("--seed", default="0", help="seed of the trainer and the train problems (compare: a list)")
     shared.add_argument("--out", default="adaptive-kl-demo", help="output directory (created if missing)")
     shared.add_argument("--quick", action="store_true", help="a few steps on a small validation set (smoke test)")
     shared.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config field for all runs")
     shared.add_argument("--no-progress", action="store_true", help="no progress bar")
     commands.add_parser(
-        "demo", parents=[shared], help="the five KL methods (none, clip, sigmoid, length_normalized, dynamic)"
+        "demo",
+        parents=[shared],
+        allow_abbrev=False,
+        help="the five KL methods (none, clip, sigmoid, length_normalized, dynamic)",
     )
     commands.add_parser(
         "compare",
         parents=[shared],
+        allow_abbrev=False,
         help="any variants: --<config_field> v1,v2,... (e.g. --kl_scaling none,linear,sqrt,log)",
     )
     return parser
@@ -71,9 +79,29 @@ def _varied_fields(extra: list[str]) -> dict[str, list[str]]:
             if i + 1 >= len(extra) or extra[i + 1].startswith("--"):
                 raise UsageError(f"{token} needs a comma-separated list of values")
             value, i = extra[i + 1], i + 1
-        varied[name.replace("-", "_")] = [v.strip() for v in value.split(",") if v.strip()]
+        name = name.replace("-", "_")
+        if name in varied:
+            raise UsageError(f"--{name} is given twice; list all its values once, comma-separated")
+        varied[name] = [v.strip() for v in value.split(",") if v.strip()]
+        if not varied[name]:
+            raise UsageError(f"--{name} needs at least one value")
         i += 1
     return varied
+
+
+# Config fields the command sets from its own options.
+RUNNER_FIELDS = {"output_dir": "--out", "max_steps": "--steps"}
+
+
+def _refuse_runner_fields(names) -> None:
+    for name in names:
+        if name in RUNNER_FIELDS:
+            raise UsageError(f"{name} is set by the command; use {RUNNER_FIELDS[name]}")
+
+
+def _looks_local(path: str) -> bool:
+    """A hub id is "name" or "owner/name"; anything else is meant as a local path."""
+    return path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path
 
 
 def _import_unsloth() -> None:
@@ -91,9 +119,7 @@ def _check_model(model: str | None) -> None:
     """Fails before any training when the model cannot be loaded."""
     if model is None:
         return
-    # A hub id is "name" or "owner/name"; anything else is meant as a local path.
-    looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model
-    if looks_local and not os.path.exists(os.path.expanduser(model)):
+    if _looks_local(model) and not os.path.exists(os.path.expanduser(model)):
         raise UsageError(f"--model {model}: no such file or directory")
     from transformers import AutoConfig
 
@@ -101,6 +127,15 @@ def _check_model(model: str | None) -> None:
         AutoConfig.from_pretrained(os.path.expanduser(model))
     except (OSError, ValueError) as error:
         raise UsageError(f"--model {model}: cannot load its config ({str(error).splitlines()[0]})") from None
+
+
+def _check_task(task: str, gsm8k_path: str, model: str | None) -> None:
+    if task != "gsm8k":
+        return
+    if model is None:
+        raise UsageError("--task gsm8k needs --model: the embedded policy only knows the embedded task's characters")
+    if _looks_local(gsm8k_path) and not os.path.exists(os.path.expanduser(gsm8k_path)):
+        raise UsageError(f"--gsm8k-path {gsm8k_path}: no such file or directory")
 
 
 def _check_output(out: str) -> None:
@@ -123,20 +158,34 @@ def build(argv: list[str] | None = None):
     opts, extra = parser.parse_known_args(argv)
     if opts.command == "demo" and extra:
         raise UsageError(f"unrecognized arguments: {' '.join(extra)} (varying fields is what `compare` does)")
+    seeds = [v.strip() for v in opts.seed.split(",") if v.strip()]
+    if not seeds or not all(v.lstrip("-").isdigit() for v in seeds):
+        raise UsageError(f"--seed expects an integer (compare: a comma-separated list), got {opts.seed!r}")
     try:
         fixed = {name: parse_field_value(name, value) for name, value in map(_split_assignment, opts.set)}
+        _refuse_runner_fields(fixed)
         if opts.command == "demo":
+            if len(seeds) > 1:
+                raise UsageError("demo runs one seed; vary it with compare --seed 0,1,2 ...")
+            if "kl_adaptation_method" in fixed:
+                raise UsageError("demo varies kl_adaptation_method itself; use compare --kl_adaptation_method ...")
             variants, title = method_variants(DEMO_METHODS), "adaptive-kl demo: the five KL methods"
         else:
             varied = _varied_fields(extra)
+            if len(seeds) > 1:
+                varied["seed"] = seeds
             if not varied:
                 raise UsageError("compare needs at least one varied field, e.g. --kl_scaling none,linear,sqrt,log")
+            _refuse_runner_fields(varied)
+            both = sorted(set(fixed) & set(varied))
+            if both:
+                raise UsageError(f"{', '.join(both)} is both varied and fixed with --set; keep one")
             variants, title = variant_grid(varied), "adaptive-kl compare: " + ", ".join(varied)
     except ValueError as error:
         raise UsageError(str(error)) from None
     settings = DemoSettings(
         out=opts.out, model=opts.model, unsloth=opts.unsloth, task=opts.task, gsm8k_path=opts.gsm8k_path,
-        seed=opts.seed, fixed=fixed,
+        seed=int(seeds[0]), fixed=fixed,
     )  # fmt: skip
     if opts.quick:
         settings = quick(settings)
@@ -147,6 +196,7 @@ def build(argv: list[str] | None = None):
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
             setattr(settings, name, value)
     _check_model(settings.model)
+    _check_task(settings.task, settings.gsm8k_path, settings.model)
     _check_output(settings.out)
     for variant in variants:  # every config is validated before the first run starts
         try:
@@ -169,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if "--unsloth" in argv:
+            if "--model" not in argv and not any(a.startswith("--model=") for a in argv):
+                raise UsageError("--unsloth loads a real model: give it with --model (e.g. Qwen/Qwen2.5-0.5B-Instruct)")
             _import_unsloth()
         _quiet_host_libraries()
         settings, variants, title, progress = build(argv)

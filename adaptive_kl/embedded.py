@@ -37,10 +37,13 @@ def embedded_policy_card() -> dict:
 
 
 def embedded_datasets(n_train: int, n_validation: int | None = None, seed: int = EMBEDDED_TASK["seed"]):
-    """Train and validation `datasets.Dataset`s of the embedded task (columns `prompt`, `answer`, `solution`).
+    """Train and validation `datasets.Dataset`s of the embedded task (columns `prompt`, `answer`, `solution`, `kind`).
 
-    The validation problems are the ones the policy's recorded accuracy was measured on (for the default seed and
-    size), and none of them appears in the train split.
+    `seed` draws the train problems only. The validation problems are always those the policy was measured on (for the
+    default size; a smaller set is a prefix of it), and none of them was in its fine-tuning data or is in the train
+    split, whatever the seed.
     """
-    train, validation = task_splits(n_train, n_validation or EMBEDDED_TASK["n_validation"], seed=seed)
+    train, validation = task_splits(
+        n_train, n_validation or EMBEDDED_TASK["n_validation"], seed=seed, validation_seed=EMBEDDED_TASK["seed"]
+    )
     return to_dataset(train), to_dataset(validation)

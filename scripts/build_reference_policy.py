@@ -1,6 +1,6 @@
 """Builds the embedded reference policy shipped in `adaptive_kl/reference_policy/`.
 
-    python scripts/build_reference_policy.py              # ~7 min on a 2-core CPU; fixed seed
+    python scripts/build_reference_policy.py              # ~6 min on a 2-core CPU; fixed seed
 
 A small Qwen2 causal LM (~0.6M parameters, character tokenizer) is fine-tuned with supervised learning on the worked
 solutions of the embedded arithmetic task, for a fixed number of steps and seed. Most solutions state the final

@@ -61,8 +61,43 @@ def test_model_directory_without_a_config(capsys, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-def test_unsloth_without_gpu(capsys, tmp_path):
-    fails_with(capsys, ["demo", "--unsloth", "--out", str(tmp_path)], "--unsloth needs a CUDA GPU")
+def test_unsloth_without_gpu(capsys, tmp_path, tiny_model_dir):
+    fails_with(capsys, ["demo", "--unsloth", "--model", tiny_model_dir, "--out", str(tmp_path)], "needs a CUDA GPU")
+
+
+def test_unsloth_needs_a_model(capsys, tmp_path):
+    fails_with(capsys, ["demo", "--unsloth", "--out", str(tmp_path)], "--unsloth", "--model")
+
+
+def test_the_command_does_not_import_trl_before_unsloth_could_be():
+    code = "import sys, adaptive_kl, adaptive_kl.cli; sys.exit('trl' in sys.modules or 'transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["compare", "--beta="], ["--beta needs at least one value"]),
+        (["compare", "--beta", "0.1", "--beta", "0.2"], ["given twice"]),
+        (["compare", "--beta", "0.1,0.2", "--set", "beta=0.5"], ["beta is both varied and fixed"]),
+        (["demo", "--set", "kl_adaptation_method=clip"], ["demo varies kl_adaptation_method"]),
+        (["compare", "--output_dir", "x"], ["output_dir", "--out"]),
+        (["demo", "--set", "max_steps=3"], ["max_steps", "--steps"]),
+        (["demo", "--unsl"], ["unrecognized arguments: --unsl"]),  # no abbreviation of --unsloth
+        (["compare", "--seed", "0,x"], ["--seed expects an integer"]),
+        (["demo", "--seed", "0,1"], ["demo runs one seed"]),
+        (["demo", "--task", "gsm8k"], ["--task gsm8k needs --model"]),
+        (["compare", "--reward_weights", "1,2"], ["reward_weights", "cannot be varied"]),
+        (["demo", "--set", "reward_weights=1,2"], ["reward_weights"]),
+    ],
+)
+def test_conflicting_or_malformed_options(capsys, tmp_path, argv, fragments):
+    fails_with(capsys, [*argv, "--out", str(tmp_path)], *fragments)
+
+
+def test_missing_gsm8k_path(capsys, tmp_path, tiny_model_dir):
+    argv = ["demo", "--model", tiny_model_dir, "--task", "gsm8k", "--gsm8k-path", str(tmp_path / "gsm8k.jsonl")]
+    fails_with(capsys, [*argv, "--out", str(tmp_path)], "--gsm8k-path", "no such file")
 
 
 def test_unwritable_output_directory(capsys, tmp_path):
@@ -79,6 +114,9 @@ def test_non_positive_budget(capsys, tmp_path):
 
 
 def test_field_values_take_the_config_field_types():
+    assert parse_field_value("reward_weights", "[1, 0.5]") == [1, 0.5]
+    assert parse_field_value("report_to", "none") == "none"  # a string member wins over None
+    assert parse_field_value("max_completion_length", "None") is None
     assert parse_field_value("beta", "0.1") == 0.1
     assert parse_field_value("max_completion_length", "24") == 24
     assert parse_field_value("bf16", "false") is False
@@ -97,6 +135,7 @@ def test_variant_grid_is_the_product_in_order():
     ]
     assert variants[1].name == "kl_scaling=none, beta=0.01"
     assert [v.name for v in variant_grid({"kl_adaptation_method": list(DEMO_METHODS)})] == list(DEMO_METHODS)
+    assert [v.name for v in variant_grid({"beta": ["0", "0.1"]})] == ["beta=0", "beta=0.1"]  # a bare number is unclear
     with pytest.raises(ValueError, match="more than once"):
         variant_grid({"kl_scaling": ["log", "log"]})
 
@@ -164,14 +203,23 @@ def quick_demo(tmp_path_factory):
 
 
 def test_quick_demo_table(quick_demo):
+    """The table's numbers are those of the CSV, summarized."""
     out, result = quick_demo
     rows = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
     assert rows[0] == "| " + " | ".join(SUMMARY_HEADER) + " |"
     assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == list(DEMO_METHODS)
+    with open(out / "metrics.csv") as f:
+        records = list(csv.DictReader(f))
     for row in rows[1:]:
         cells = row.strip("| ").split(" | ")
-        assert 0.0 <= float(cells[1]) <= 1.0 and float(cells[3]) <= 0.0  # final accuracy; never above the best
-        assert float(cells[6]) > 0  # final β
+        mine = [r for r in records if r["variant"] == cells[0]]
+        accuracy = [float(r["val_accuracy"]) for r in mine if r["val_accuracy"]]
+        assert float(cells[1]) == pytest.approx(accuracy[-1], abs=5e-4)
+        assert float(cells[2]) == pytest.approx(accuracy[-1] - accuracy[0], abs=5e-4)
+        assert float(cells[3]) == pytest.approx(accuracy[-1] - max(accuracy), abs=5e-4)
+        raw = [float(r["adaptive_kl/raw_kl"]) for r in mine if r["adaptive_kl/raw_kl"]]
+        assert float(cells[4]) == pytest.approx(sum(raw) / len(raw), abs=5e-5)
+        assert float(cells[6]) == pytest.approx(float(mine[-1]["adaptive_kl/current_beta"]), rel=1e-3)
     assert "| none |" in result.stdout  # the table is also printed
 
 
@@ -218,8 +266,21 @@ def test_compare_on_a_local_model_path(tiny_model_dir, tmp_path):
 def test_demo_script_is_the_same_code(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "..", "demos", "run_all_methods.py")
     result = subprocess.run(
-        [sys.executable, script, "--steps", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
+        [sys.executable, script, "--steps", "1", "--n-validation", "8", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert (tmp_path / "summary.md").read_text().count("\n| ") == 1 + len(DEMO_METHODS)
     check_png(tmp_path / "metrics.png")
+
+
+def test_a_seed_variant_also_draws_its_data_with_that_seed(tmp_path):
+    from adaptive_kl.demo.runner import make_config
+    from adaptive_kl.demo.variants import Variant
+
+    args = make_config(Variant("seed=3", {"seed": 3}), DemoSettings(), str(tmp_path))
+    assert (args.seed, args.data_seed) == (3, 3)
+    args = make_config(Variant("beta=0.2", {"beta": 0.2}), DemoSettings(seed=5), str(tmp_path))
+    assert (args.seed, args.data_seed, args.beta) == (5, 5, 0.2)

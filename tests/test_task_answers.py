@@ -264,3 +264,33 @@ def test_generator_rejects_invalid_arguments():
     with pytest.raises(ValueError, match="max_operand"):
         generate_problems(1, max_operand=1)
     assert set(KINDS) == {"add", "subtract", "multiply", "two_step"}
+
+
+# --- train/validation splits -----------------------------------------------------------------------------------------
+
+
+def test_task_splits_are_disjoint_and_stable():
+    from adaptive_kl.task.problems import task_splits
+
+    train, validation = task_splits(3000, 200, seed=0)
+    assert len(validation) == len({p.question for p in validation}) == 200
+    assert not {p.question for p in train} & {p.question for p in validation}
+    longer, same_validation = task_splits(6000, 200, seed=0)
+    assert longer[:3000] == train and same_validation == validation  # a longer train split extends a shorter one
+    other_train, other_validation = task_splits(3000, 200, seed=1)
+    assert other_validation != validation and other_train[:50] != train[:50]
+    _, fixed_validation = task_splits(3000, 200, seed=1, validation_seed=0)
+    assert fixed_validation == validation
+
+
+def test_embedded_validation_never_moves_with_the_seed_nor_meets_training_problems():
+    from adaptive_kl.embedded import embedded_datasets
+    from adaptive_kl.task.problems import task_splits
+
+    _, validation = embedded_datasets(10)
+    for seed in (1, 2):
+        train, other = embedded_datasets(500, seed=seed)
+        assert other["prompt"] == validation["prompt"]
+        assert not set(train["prompt"]) & set(validation["prompt"])
+    fine_tuning, _ = task_splits(20000, 200, seed=0)  # a prefix of the reference policy's fine-tuning data
+    assert not {p.prompt for p in fine_tuning} & set(validation["prompt"])

@@ -56,7 +56,7 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "delta_from_best": final - max(accuracies) if accuracies else math.nan,
         "mean_raw_kl": _mean(h.get("adaptive_kl/raw_kl") for h in run.history),
         "mean_adapted_kl": _mean(h.get("adaptive_kl/adapted_kl") for h in run.history),
-        "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),
+        "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),  # β = 0 logs no adaptive_kl/*
         "mean_completion_length": _mean(h.get("completions/mean_length") for h in run.history),
         "wall_time": run.wall_time,
     }
@@ -67,17 +67,8 @@ def summary_table(runs: list[VariantRun]) -> str:
     lines = ["| " + " | ".join(SUMMARY_HEADER) + " |", "|" + "---|" * len(SUMMARY_HEADER)]
     for run in runs:
         s = summarize(run)
-        cells = [
-            run.name,
-            f"{s['final_accuracy']:.3f}",
-            f"{s['delta_from_start']:+.3f}",
-            f"{s['delta_from_best']:+.3f}",
-            f"{s['mean_raw_kl']:.4f}",
-            f"{s['mean_adapted_kl']:.4f}",
-            f"{s['final_beta']:.4g}",
-            f"{s['mean_completion_length']:.1f}",
-            f"{s['wall_time']:.0f}",
-        ]
+        formats = (".3f", "+.3f", "+.3f", ".4f", ".4f", ".4g", ".1f", ".0f")
+        cells = [run.name] + ["n/a" if math.isnan(v) else format(v, f) for v, f in zip(s.values(), formats, strict=True)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

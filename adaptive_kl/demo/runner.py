@@ -85,6 +85,8 @@ def base_config(settings: DemoSettings) -> dict:
             use_cpu=not on_gpu,
             bf16=on_gpu,
         )
+    # Native bf16 only (a T4 emulates it, and Unsloth then loads the model in fp16).
+    bf16 = on_gpu and torch.cuda.is_bf16_supported(including_emulation=False)
     return dict(
         common,
         learning_rate=2e-5 if settings.unsloth else 1e-6,
@@ -93,23 +95,30 @@ def base_config(settings: DemoSettings) -> dict:
         gradient_accumulation_steps=2,
         max_completion_length=256,
         temperature=1.0,
-        bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        bf16=bf16,
+        fp16=on_gpu and not bf16,
         use_cpu=not on_gpu,
     )
 
 
 def make_config(variant: Variant, settings: DemoSettings, output_dir: str) -> AdaptiveKLGRPOConfig:
-    """The variant's config: `base_config`, then `settings.fixed`, then the variant's overrides (invalid ones raise)."""
-    return AdaptiveKLGRPOConfig(output_dir=output_dir, **{**base_config(settings), **settings.fixed, **variant.overrides})
+    """The variant's config: `base_config`, then `settings.fixed`, then the variant's overrides (invalid ones raise).
+
+    A variant that sets `seed` also draws its data with it, unless it sets `data_seed` too."""
+    fields = {**base_config(settings), **settings.fixed, **variant.overrides}
+    if "seed" in variant.overrides and "data_seed" not in variant.overrides:
+        fields["data_seed"] = variant.overrides["seed"]
+    return AdaptiveKLGRPOConfig(output_dir=output_dir, **fields)
 
 
-def task_datasets(settings: DemoSettings, n_train: int):
-    """Train and validation datasets (columns `prompt`, `answer`) of the settings' task."""
+def task_datasets(settings: DemoSettings, n_train: int, seed: int):
+    """Train and validation datasets (columns `prompt`, `answer`) of the settings' task; `seed` draws the embedded
+    task's train problems (its validation problems never change)."""
     if settings.task == "gsm8k":
         train = load_gsm8k("train", settings.gsm8k_path, limit=n_train)
         validation = load_gsm8k("test", settings.gsm8k_path, limit=settings.n_validation)
     else:
-        train, validation = embedded_datasets(n_train, settings.n_validation, seed=settings.seed)
+        train, validation = embedded_datasets(n_train, settings.n_validation, seed=seed)
     if not settings.embedded:
         # A real model is told the answer format; the embedded policy was trained on the bare "Q: ... A: " prompt.
         train, validation = (d.map(lambda row: {"prompt": f"{INSTRUCTION}\n{row['prompt']}"}) for d in (train, validation))
@@ -172,7 +181,8 @@ class VariantProgressCallback(TrainerCallback):
 
 @dataclass
 class VariantRun:
-    """What one variant did: per-step logs, validation evaluations and wall time."""
+    """What one variant did: its β and overrides, per-step logs, validation evaluations, and wall time (training and
+    its evaluations)."""
 
     name: str
     config: dict
@@ -188,7 +198,7 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     args = make_config(variant, settings, output_dir)
     model, tokenizer = load_policy(settings)
     prompts_needed = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
-    train, validation = task_datasets(settings, prompts_needed // args.num_generations + 1)
+    train, validation = task_datasets(settings, prompts_needed // args.num_generations + 1, args.seed)
     max_new_tokens = EMBEDDED_TASK["max_new_tokens"] if settings.embedded else args.max_completion_length
     validation_callback = ValidationCallback(tokenizer, validation, settings.eval_every, max_new_tokens)
     start = time.perf_counter()
@@ -205,7 +215,7 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     history = [entry for entry in trainer.state.log_history if "reward" in entry and "step" in entry]
     return VariantRun(
         variant.name,
-        {**variant.overrides},
+        {"beta": args.beta, **variant.overrides},
         history,
         validation_callback.evaluations,
         time.perf_counter() - start,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ def _convert(text: str, annotation) -> object:
     """`text` as a value of type `annotation` (bool, int, float, str, or an optional/union of them)."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if text.lower() == "none" and len(members) < len(typing.get_args(annotation)):
+        if text.lower() == "none" and type(None) in typing.get_args(annotation) and str not in members:
             return None
         for member in sorted(members, key=lambda a: [bool, int, float, str].index(a) if a in (bool, int, float, str) else 4):
             try:
@@ -54,11 +55,28 @@ def _convert(text: str, annotation) -> object:
         raise ValueError(f"expected true or false, got {text!r}")
     if annotation in (int, float):
         return annotation(text)
+    if typing.get_origin(annotation) in (list, dict) or annotation in (list, dict):
+        container = typing.get_origin(annotation) or annotation
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, container):
+            example = "[1.0, 0.5]" if container is list else '{"key": 1}'
+            raise ValueError(f"expected a JSON {container.__name__} such as {example}, got {text!r}")
+        return value
     if typing.get_origin(annotation) is typing.Literal:
         if text not in typing.get_args(annotation):
             raise ValueError(f"expected one of {typing.get_args(annotation)}, got {text!r}")
         return text
     return text
+
+
+def _is_container_field(name: str) -> bool:
+    """Whether every type config field `name` accepts (besides None) is a list or dict."""
+    annotation = _config_field_types().get(name)
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    return all((typing.get_origin(m) or m) in (list, dict) for m in members if m is not type(None))
 
 
 def parse_field_value(name: str, text: str) -> object:
@@ -75,7 +93,8 @@ def parse_field_value(name: str, text: str) -> object:
 
 
 def variant_grid(varied: dict[str, list[str]]) -> list[Variant]:
-    """The product of the varied fields' values, as variants named `field=value, ...` (just the value for one field).
+    """The product of the varied fields' values, as variants named `field=value, ...` (the value alone for a single
+    field whose values are not numbers).
 
     Args:
         varied: field name → list of values as text, e.g. `{"kl_scaling": ["none", "sqrt"]}`.
@@ -83,10 +102,17 @@ def variant_grid(varied: dict[str, list[str]]) -> list[Variant]:
     if not varied:
         return [Variant("default")]
     names = list(varied)
+    for name in names:
+        if _is_container_field(name):
+            raise ValueError(f"{name} takes a list or mapping and cannot be varied; set it with --set '{name}=[...]'")
     parsed = [[(text, parse_field_value(name, text)) for text in varied[name]] for name in names]
     variants = []
     for combination in itertools.product(*parsed):
-        label = ", ".join(text if len(names) == 1 else f"{n}={text}" for n, (text, _) in zip(names, combination))
+        # A lone field's value names the variant ("sqrt"), unless it is a bare number ("beta=0.01").
+        label = ", ".join(
+            text if len(names) == 1 and not isinstance(value, (int, float)) else f"{n}={text}"
+            for n, (text, value) in zip(names, combination)
+        )
         variants.append(Variant(label, {n: value for n, (_, value) in zip(names, combination)}))
     duplicated = sorted({v.name for v in variants if [w.name for w in variants].count(v.name) > 1})
     if duplicated:

@@ -93,17 +93,20 @@ def generate_problems(n: int, seed: int = 0, max_operand: int = 50, kinds=tuple(
     return problems
 
 
-def task_splits(n_train: int, n_validation: int, seed: int = 0, **generator_kwargs) -> tuple[list[Problem], list[Problem]]:
+def task_splits(
+    n_train: int, n_validation: int, seed: int = 0, validation_seed: int | None = None, **generator_kwargs
+) -> tuple[list[Problem], list[Problem]]:
     """Disjoint train and validation problems.
 
-    The validation set depends only on `seed` and `n_validation` (distinct questions, drawn with a seed of their own);
-    the train set is the generator's stream for `seed` minus validation questions, so a longer train split extends a
-    shorter one.
+    The validation set depends only on `validation_seed` (default: `seed`) and `n_validation`: distinct questions,
+    drawn with a seed of their own. The train set is the generator's stream for `seed` minus validation questions, so
+    a longer train split extends a shorter one.
     """
-    validation = list({p.question: p for p in generate_problems(4 * n_validation, seed=seed + 7919, **generator_kwargs)}.values())
+    validation_seed = seed if validation_seed is None else validation_seed
+    drawn = generate_problems(4 * n_validation, seed=validation_seed + 7919, **generator_kwargs)
+    validation = list({p.question: p for p in drawn}.values())[:n_validation]
     if len(validation) < n_validation:
         raise ValueError(f"Cannot draw {n_validation} distinct validation problems with {generator_kwargs or 'defaults'}")
-    validation = validation[:n_validation]
     held_out = {p.question for p in validation}
     train, draw = [], 0
     while len(train) < n_train:
