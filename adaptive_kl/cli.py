@@ -150,7 +150,8 @@ def _check_output(out: str) -> None:
 
 
 def build(argv: list[str] | None = None):
-    """Parses the command line into `(settings, variants, title)`; bad input raises `UsageError` before any run."""
+    """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
+    run."""
     from .demo.runner import DemoSettings, make_config, quick
     from .demo.variants import DEMO_METHODS, method_variants, parse_field_value, variant_grid
 
