@@ -115,12 +115,17 @@ def _import_unsloth() -> None:
     import unsloth  # noqa: F401
 
 
+def _check_local_path(option: str, path: str) -> None:
+    """A path meant as local (not a hub id) must exist."""
+    if _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
+        raise UsageError(f"{option} {path}: no such file or directory")
+
+
 def _check_model(model: str | None) -> None:
     """Fails before any training when the model cannot be loaded."""
     if model is None:
         return
-    if _looks_local(model) and not os.path.exists(os.path.expanduser(model)):
-        raise UsageError(f"--model {model}: no such file or directory")
+    _check_local_path("--model", model)
     from transformers import AutoConfig
 
     try:
@@ -134,8 +139,7 @@ def _check_task(task: str, gsm8k_path: str, model: str | None) -> None:
         return
     if model is None:
         raise UsageError("--task gsm8k needs --model: the embedded policy only knows the embedded task's characters")
-    if _looks_local(gsm8k_path) and not os.path.exists(os.path.expanduser(gsm8k_path)):
-        raise UsageError(f"--gsm8k-path {gsm8k_path}: no such file or directory")
+    _check_local_path("--gsm8k-path", gsm8k_path)
 
 
 def _check_output(out: str) -> None:
@@ -152,7 +156,7 @@ def _check_output(out: str) -> None:
 def build(argv: list[str] | None = None):
     """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
     run."""
-    from .demo.runner import DemoSettings, make_config, quick
+    from .demo.runner import DemoSettings, check_variants, quick
     from .demo.variants import DEMO_METHODS, method_variants, parse_field_value, variant_grid
 
     parser = _parser()
@@ -199,11 +203,10 @@ def build(argv: list[str] | None = None):
     _check_model(settings.model)
     _check_task(settings.task, settings.gsm8k_path, settings.model)
     _check_output(settings.out)
-    for variant in variants:  # every config is validated before the first run starts
-        try:
-            make_config(variant, settings, os.path.join(settings.out, "runs"))
-        except (ValueError, TypeError) as error:
-            raise UsageError(f"variant {variant.name!r}: {error}") from None
+    try:
+        check_variants(variants, settings)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     return settings, variants, title, not opts.no_progress
 
 

@@ -33,10 +33,19 @@ def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-# Qwen2 shapes: the tiny one for tests and CPU runs, and Qwen2.5-0.5B's for GPU speed and memory measurements.
+# Qwen2 shapes: the tiny one for tests and CPU runs, the embedded reference policy's (see
+# scripts/build_reference_policy.py), and Qwen2.5-0.5B's for GPU speed and memory measurements.
 MODEL_SHAPES = {
     "tiny": dict(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ),
+    "reference-policy": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
     ),
     "qwen2.5-0.5b": dict(
         hidden_size=896,
@@ -53,8 +62,7 @@ def build_model(tokenizer, shape: str = "tiny", seed: int = 0) -> Qwen2ForCausal
     """A Qwen2 causal LM of one of `MODEL_SHAPES` with random (seeded) weights."""
     torch.manual_seed(seed)
     config = Qwen2Config(
-        **{"vocab_size": len(tokenizer), **MODEL_SHAPES[shape]},
-        max_position_embeddings=2048,
+        **{"vocab_size": len(tokenizer), "max_position_embeddings": 2048, **MODEL_SHAPES[shape]},
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id,

@@ -23,14 +23,10 @@ import time
 
 import torch
 import transformers
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from adaptive_kl.embedded import EMBEDDED_POLICY_DIR, EMBEDDED_TASK
 from adaptive_kl.task import evaluate_accuracy, task_splits
-from adaptive_kl.tiny_model import build_tokenizer
-
-
-SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+from adaptive_kl.tiny_model import MODEL_SHAPES, build_model, build_tokenizer
 
 
 def supervised_batch(tokenizer, problems, unmarked: list[bool]) -> dict[str, torch.Tensor]:
@@ -64,19 +60,9 @@ def main(argv=None):
     parser.add_argument("--unmarked-fraction", type=float, default=0.7, help="of those, solutions without '#### N'")
     opts = parser.parse_args(argv)
 
-    torch.manual_seed(opts.seed)
     torch.use_deterministic_algorithms(True)
     tokenizer = build_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        **SHAPE,
-        max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-    )
-    model = Qwen2ForCausalLM(config)
+    model = build_model(tokenizer, "reference-policy", seed=opts.seed)
     train, validation = task_splits(opts.steps * opts.batch_size, EMBEDDED_TASK["n_validation"], seed=opts.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, opts.learning_rate, total_steps=opts.steps, pct_start=0.1)
@@ -111,7 +97,7 @@ def main(argv=None):
         "seed": opts.seed,
         "unmarked_kinds": sorted(unmarked_kinds),
         "unmarked_fraction": opts.unmarked_fraction,
-        "shape": SHAPE,
+        "shape": MODEL_SHAPES["reference-policy"],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": platform.machine(),

@@ -15,6 +15,7 @@ from adaptive_kl.cli import main
 from adaptive_kl.demo.report import CSV_COLUMNS, SUMMARY_HEADER, step_rows, summarize, summary_table
 from adaptive_kl.demo.runner import DemoSettings, VariantRun, base_config
 from adaptive_kl.demo.variants import DEMO_METHODS, parse_field_value, variant_grid
+from tiny import run_python
 
 
 def fails_with(capsys, argv, *fragments):
@@ -191,15 +192,7 @@ def check_png(path):
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    result = subprocess.run(
-        [sys.executable, "-m", "adaptive_kl", "demo", "--quick", "--no-progress", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return out, result
+    return out, run_python("-m", "adaptive_kl", "demo", "--quick", "--no-progress", "--out", str(out))
 
 
 def test_quick_demo_table(quick_demo):
@@ -265,13 +258,7 @@ def test_compare_on_a_local_model_path(tiny_model_dir, tmp_path):
 
 def test_demo_script_is_the_same_code(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "..", "demos", "run_all_methods.py")
-    result = subprocess.run(
-        [sys.executable, script, "--steps", "1", "--n-validation", "8", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_python(script, "--steps", "1", "--n-validation", "8", "--out", str(tmp_path))
     assert (tmp_path / "summary.md").read_text().count("\n| ") == 1 + len(DEMO_METHODS)
     check_png(tmp_path / "metrics.png")
 

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tiny import run_python
 
 
 def test_build_script_writes_a_loadable_policy(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "build_reference_policy.py")
-    result = subprocess.run(
-        [sys.executable, script, "--steps", "2", "--batch-size", "4", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_python(script, "--steps", "2", "--batch-size", "4", "--out", str(tmp_path))
     card = json.loads((tmp_path / "reference_policy.json").read_text())
     assert card["steps"] == 2 and card["n_validation"] == 200 and 0.0 <= card["validation"]["accuracy"] <= 1.0
     model = AutoModelForCausalLM.from_pretrained(tmp_path)

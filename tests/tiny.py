@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch
 from datasets import Dataset
 from transformers import AutoTokenizer
@@ -105,3 +109,12 @@ def loss_and_grads(trainer, inputs, *, train: bool = True, accumulation_steps: i
     loss.backward()
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     return loss.detach(), grads
+
+
+def run_python(*args: str) -> subprocess.CompletedProcess:
+    """Runs `python *args` offline as a user would (a script or `-m module`), and asserts that it succeeded."""
+    result = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result

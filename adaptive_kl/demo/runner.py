@@ -194,8 +194,7 @@ class VariantRun:
 def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRun:
     """Trains one variant from the same starting policy, seed and data as every other variant."""
     install_cpu_scorer_if_needed()
-    output_dir = os.path.join(settings.out, "runs", _slug(variant.name))
-    args = make_config(variant, settings, output_dir)
+    args = make_config(variant, settings, variant_output_dir(variant, settings))
     model, tokenizer = load_policy(settings)
     prompts_needed = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
     train, validation = task_datasets(settings, prompts_needed // args.num_generations + 1, args.seed)
@@ -222,16 +221,26 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     )
 
 
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name.replace(", ", "__").replace("=", "-"))
+def variant_output_dir(variant: Variant, settings: DemoSettings) -> str:
+    """`<out>/runs/<variant name as a file name>`: the trainer's output directory for the variant."""
+    slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in variant.name.replace(", ", "__").replace("=", "-"))
+    return os.path.join(settings.out, "runs", slug)
+
+
+def check_variants(variants: list[Variant], settings: DemoSettings) -> None:
+    """Builds every variant's config, so that an invalid one raises (naming the variant) before any run starts."""
+    for variant in variants:
+        try:
+            make_config(variant, settings, variant_output_dir(variant, settings))
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"variant {variant.name!r}: {error}") from None
 
 
 def run_comparison(variants: list[Variant], settings: DemoSettings, progress: bool = True) -> list[VariantRun]:
     """Runs every variant in turn with a progress bar over all their steps (configs are validated before any run)."""
     from tqdm.auto import tqdm
 
-    for variant in variants:
-        make_config(variant, settings, os.path.join(settings.out, "runs", _slug(variant.name)))
+    check_variants(variants, settings)
     # disable=None: no bar when the output is not a terminal (logs, CI), unless progress is off altogether.
     bar = tqdm(total=len(variants) * settings.steps, unit="step", disable=None if progress else True, dynamic_ncols=True)
     try:
