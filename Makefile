@@ -1,7 +1,7 @@
 # Targets named in the README. PYTHON is the interpreter of the environment to use (e.g. a virtualenv's).
 PYTHON ?= python
 
-.PHONY: install demo quickstart test ci
+.PHONY: install demo quickstart test bench ci
 
 install:  ## the package with its test dependencies (install torch first: pip install torch==2.13.0 on CPU)
 	$(PYTHON) -m pip install -e ".[dev]"
@@ -14,6 +14,13 @@ quickstart:  ## a short run with an adaptive KL method on a tiny offline model
 
 test:  ## the test suite (CPU, offline)
 	$(PYTHON) -m pytest tests -q
+
+bench:  ## speed and memory vs stock GRPOTrainer on the CPU (tiny and 30M models, KL term alone); ~30 min
+	$(PYTHON) benchmarks/step_overhead.py --steps 40 --warmup 5 --rounds 5 --output benchmarks/results/cpu-step-tiny.md
+	$(PYTHON) benchmarks/step_overhead.py --shape small-30m --steps 16 --warmup 2 --rounds 3 --completion-length 16 \
+		--scalings none --output benchmarks/results/cpu-step-small-30m.md
+	$(PYTHON) benchmarks/kl_term.py --output benchmarks/results/cpu-kl-term.md
+	$(PYTHON) benchmarks/kl_term.py --shape tiny --output benchmarks/results/cpu-kl-term-tiny.md
 
 ci:  ## what CI runs: fresh environments for the newest TRL and TRL 1.15, each running the test suite
 	bash .ci/run

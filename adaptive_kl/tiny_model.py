@@ -34,7 +34,8 @@ def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
 
 
 # Qwen2 shapes: the tiny one for tests and CPU runs, the embedded reference policy's (see
-# scripts/build_reference_policy.py), and Qwen2.5-0.5B's for GPU speed and memory measurements.
+# scripts/build_reference_policy.py), a 30M-parameter one with a 32k vocabulary for CPU benchmarks, and
+# Qwen2.5-0.5B's for GPU speed and memory measurements.
 MODEL_SHAPES = {
     "tiny": dict(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
@@ -46,6 +47,14 @@ MODEL_SHAPES = {
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
+    ),
+    "small-30m": dict(
+        hidden_size=384,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        vocab_size=32000,
     ),
     "qwen2.5-0.5b": dict(
         hidden_size=896,

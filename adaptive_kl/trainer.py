@@ -12,12 +12,12 @@ from contextlib import contextmanager
 import torch
 from trl import GRPOTrainer
 
-from .aggregation import TOKEN_SUM_LOSS_TYPES, aggregate_like_host, length_normalized_mean
+from .aggregation import TOKEN_SUM_LOSS_TYPES
 from .config import AdaptiveKLGRPOConfig
 from .controller import BetaController
-from .kl import importance_ratio, kl_estimate, transform_kl
-from .metrics import STAT_INDEX, kl_metrics, kl_statistics
+from .metrics import STAT_INDEX, kl_metrics
 from .state import AdaptiveKLStateCallback
+from .term import adapted_kl_term
 
 
 class AdaptiveKLGRPOTrainer(GRPOTrainer):
@@ -108,42 +108,34 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         return loss + beta * kl_term
 
     def _adapted_kl_term(self, per_token_logps, inputs, mode):
-        """Agg(f(k)) for one micro-batch, and its statistics summed over processes."""
+        """Agg(f(k)) for one micro-batch, with the host's normalizers, and its statistics summed over processes."""
         args = self.args
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
-        mask = mask.to(per_token_logps.dtype)
-        log_ratio = per_token_logps - inputs["ref_per_token_logps"]
-        kl = kl_estimate(log_ratio, args.kl_estimator)
-        host_kl = None if args.kl_estimator == "k3" else kl_estimate(log_ratio.detach(), "k3")
-        if args.use_bias_correction_kl:
-            old = inputs.get("old_per_token_logps")
-            old = per_token_logps.detach() if old is None else old
-            ratio = importance_ratio(per_token_logps, old, mask, self.importance_sampling_level)
-            kl = kl * ratio
-            host_kl = None if host_kl is None else host_kl * ratio.detach()
-        adapted = transform_kl(kl, self._kl_transform, clip_threshold=args.kl_clip_threshold, target=args.kl_target)
-
         accumulation_steps = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        if "length_normalized" in self._kl_methods:
-            term = length_normalized_mean(adapted, mask, accumulation_steps=accumulation_steps)
-        else:
-            token_normalizer = None
-            if self.loss_type in TOKEN_SUM_LOSS_TYPES:
-                token_normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-                if mode == "train":
-                    token_normalizer = token_normalizer * accumulation_steps / args.steps_per_generation
-            term = aggregate_like_host(
-                adapted,
-                mask,
-                self.loss_type,
-                accumulation_steps=accumulation_steps,
-                max_completion_length=self.max_completion_length,
-                token_normalizer=token_normalizer,
-            )
-        clip_threshold = args.kl_clip_threshold if self._kl_transform == "clip" else None
-        stats = kl_statistics(kl, adapted, mask, clip_threshold=clip_threshold, host_kl=host_kl)
+        token_normalizer = None
+        if self.loss_type in TOKEN_SUM_LOSS_TYPES:
+            token_normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                token_normalizer = token_normalizer * accumulation_steps / args.steps_per_generation
+        term, stats = adapted_kl_term(
+            per_token_logps,
+            inputs["ref_per_token_logps"],
+            mask.to(per_token_logps.dtype),
+            estimator=args.kl_estimator,
+            transform=self._kl_transform,
+            clip_threshold=args.kl_clip_threshold,
+            target=args.kl_target,
+            length_normalized="length_normalized" in self._kl_methods,
+            loss_type=self.loss_type,
+            accumulation_steps=accumulation_steps,
+            max_completion_length=self.max_completion_length,
+            token_normalizer=token_normalizer,
+            use_bias_correction=args.use_bias_correction_kl,
+            old_per_token_logps=inputs.get("old_per_token_logps"),
+            importance_sampling_level=self.importance_sampling_level,
+        )
         return term, self.accelerator.reduce(stats, reduction="sum")
 
     def _record(self, stats, mode, step, beta, scale):

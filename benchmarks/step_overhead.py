@@ -1,71 +1,77 @@
 """Step time and peak memory of AdaptiveKLGRPOTrainer vs stock GRPOTrainer (same model, data, seed and β).
 
-    python benchmarks/step_overhead.py                                # tiny model, CPU
-    python benchmarks/step_overhead.py --shape qwen2.5-0.5b --lora --bf16 --steps 10   # GPU
+    python benchmarks/step_overhead.py                                   # tiny model, CPU
+    python benchmarks/step_overhead.py --shape small-30m --steps 12 --warmup 2   # 30M parameters, 32k vocabulary
+    python benchmarks/step_overhead.py --shape qwen2.5-0.5b --lora --bf16 --steps 20   # GPU
 
-Runs alternate (stock, then each method, repeated `--rounds` times) in one process. Step time is the median over
-optimizer steps after `--warmup`; peak memory is `torch.cuda.max_memory_allocated` on a GPU and the process's peak
-RSS on a CPU (RSS only grows, so on a CPU only the first runs' peaks are informative). Prints a markdown table of
-ratios ours/stock.
+Variants: stock `GRPOTrainer` (twice: the second one's ratio shows the noise of the measurement itself), ours for
+each KL method, and ours with method "none" under each `kl_scaling`, all training the same random model.
+Completions are forced to `--completion-length` tokens (EOS is suppressed until then), so every variant generates
+and trains on the same number of tokens whatever its weights become.
+
+Time: in each of `--rounds` rounds, one trainer per variant is built and all are trained *interleaved*, one
+optimizer step each in turn (each in its own thread, only one running at a time), so that drifts of the machine's
+speed hit every variant alike. Step time is the median over the steps after the first `--warmup` of every round;
+the spread is the interquartile range of the paired ratios (a variant's step / stock's step of the same turn).
+
+Memory: afterwards each variant trains alone for `--warmup` + 1 steps and its peak is measured (see `machine.py`):
+`torch.cuda.max_memory_allocated` on a GPU, the process's peak resident set on a CPU (with glibc's allocator set to
+return freed blocks, so that the peak follows live tensors).
+
+Prints, and with `--output` writes, a markdown table of ratios ours/stock.
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
-import resource
+import gc
 import statistics
+import sys
 import tempfile
+import threading
 import time
 
 import torch
-import transformers
-import trl
 from datasets import Dataset
-from peft import LoraConfig
-from transformers import AutoTokenizer, TrainerCallback
+from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from machine import current_memory_mib, peak_memory_mib, precise_cpu_memory, report, reset_peak_memory
+
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.tiny_model import save_random_model
+from adaptive_kl.config import KL_METHODS
+from adaptive_kl.controller import KL_SCALINGS
+from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed
+from adaptive_kl.tiny_model import MODEL_SHAPES, save_random_model
 
 
-METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
-
-
-class StepTimer(TrainerCallback):
-    def __init__(self):
-        self.times, self._start = [], None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.times.append(time.perf_counter() - self._start)
+STOCK = "stock"
+STOCK_AGAIN = "stock, again"  # a second stock trainer: its ratio is the measurement's own noise
 
 
 def brevity_reward(completions, **kwargs):
     return [1.0 / (1.0 + len(c)) for c in completions]
 
 
-def peak_memory_mib() -> float:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
+def variants(methods: list[str], scalings: list[str]) -> dict[str, dict | None]:
+    """Label → the adaptive-KL config fields of each variant (`None` for stock TRL)."""
+    table = {STOCK: None, STOCK_AGAIN: None}
+    table.update({method: {"kl_adaptation_method": method} for method in methods})
+    table.update({f"none, kl_scaling={s}": {"kl_scaling": s} for s in scalings if s != "none"})
+    return table
 
 
-def run(variant: str, model_dir: str, opts) -> tuple[list[float], float]:
+def build_trainer(fields: dict | None, model_dir: str, opts, steps: int):
     common = dict(
         output_dir=tempfile.mkdtemp(),
-        beta=0.04,
-        max_steps=opts.steps,
+        beta=opts.beta,
+        max_steps=steps,
         per_device_train_batch_size=opts.batch,
-        num_generations=opts.batch,
+        num_generations=opts.num_generations,
+        gradient_accumulation_steps=opts.grad_accum,
         max_completion_length=opts.completion_length,
+        generation_kwargs={"min_new_tokens": opts.completion_length},
+        gradient_checkpointing=opts.gradient_checkpointing,
         learning_rate=1e-5,
         logging_steps=1,
         save_strategy="no",
@@ -76,64 +82,225 @@ def run(variant: str, model_dir: str, opts) -> tuple[list[float], float]:
         model_init_kwargs={"dtype": "bfloat16" if opts.bf16 else "float32"},
         use_cpu=not torch.cuda.is_available(),
     )
-    if variant == "stock":
+    if fields is None:
         cls, args = GRPOTrainer, GRPOConfig(**common)
     else:
-        cls = AdaptiveKLGRPOTrainer
-        args = AdaptiveKLGRPOConfig(**common, kl_adaptation_method=variant, kl_scaling=opts.kl_scaling)
-    timer = StepTimer()
+        cls, args = AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig(**common, **fields)
     trainer = cls(
         model=model_dir,
         reward_funcs=[brevity_reward],
         args=args,
         train_dataset=Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(32) for b in range(8)]}),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
-        peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear") if opts.lora else None,
-        callbacks=[timer],
+        peft_config=_lora_config() if opts.lora else None,
     )
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    trainer.remove_callback(PrinterCallback)  # the log lines of `disable_tqdm`
+    return trainer
+
+
+def _lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def _completion_length(trainer) -> float:
+    lengths = [log["completions/mean_length"] for log in trainer.state.log_history if "completions/mean_length" in log]
+    return statistics.fmean(lengths) if lengths else float("nan")
+
+
+# --- time: interleaved steps ---
+
+
+class TakeTurns:
+    """A baton passed round-robin between trainer threads: only the holder runs."""
+
+    def __init__(self, labels: list[str]):
+        self._cond = threading.Condition()
+        self._waiting = list(labels)  # unfinished trainers, in turn order
+        self._holder: str | None = None  # nobody until `start`
+
+    def start(self) -> None:
+        with self._cond:
+            self._holder = self._waiting[0]
+            self._cond.notify_all()
+
+    def acquire(self, label: str) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._holder == label)
+
+    def pass_on(self, label: str, *, finished: bool = False) -> None:
+        with self._cond:
+            if label not in self._waiting:
+                return
+            index = self._waiting.index(label)
+            if finished:
+                self._waiting.remove(label)
+            else:
+                index += 1
+            self._holder = self._waiting[index % len(self._waiting)] if self._waiting else None
+            self._cond.notify_all()
+
+
+class TurnTimer(TrainerCallback):
+    """Holds the baton from the start of training to the next step's start, and times each optimizer step."""
+
+    def __init__(self, turns: TakeTurns, label: str):
+        self.turns, self.label = turns, label
+        self.ready = threading.Event()
+        self.times: list[float] = []
+        self._start = None
+
+    @staticmethod
+    def _now() -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.ready.set()
+        self.turns.acquire(self.label)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self._start is not None:  # after the first step: let the next variant run one
+            self.turns.pass_on(self.label)
+            self.turns.acquire(self.label)
+        self._start = self._now()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(self._now() - self._start)
+
+
+def interleaved_round(table: dict, order: list[str], model_dir: str, opts) -> dict[str, dict]:
+    """Builds one trainer per variant and trains them one step each in turn; returns step times and lengths."""
+    turns = TakeTurns(order)
+    trainers, timers, errors, threads = {}, {}, {}, []
+    for label in order:
+        trainers[label] = build_trainer(table[label], model_dir, opts, steps=opts.steps)
+        timers[label] = TurnTimer(turns, label)
+        trainers[label].add_callback(timers[label])
+
+    def train(label):
+        try:
+            trainers[label].train()
+        except BaseException as error:  # reported by the main thread
+            errors[label] = error
+        finally:
+            turns.pass_on(label, finished=True)
+
+    for label in order:  # one at a time up to on_train_begin, so that set-up never overlaps another's step
+        thread = threading.Thread(target=train, args=(label,), daemon=True)
+        thread.start()
+        while not timers[label].ready.wait(0.1) and thread.is_alive():
+            pass
+        threads.append(thread)
+    turns.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        label, error = next(iter(errors.items()))
+        raise RuntimeError(f"variant {label!r} failed") from error
+    results = {
+        label: {"times": timers[label].times[opts.warmup :], "length": _completion_length(trainers[label])}
+        for label in order
+    }
+    del trainers
+    gc.collect()
+    return results
+
+
+# --- memory: one variant at a time ---
+
+
+def peak_memory_run(fields: dict | None, model_dir: str, opts) -> dict[str, float]:
+    """Builds and trains one variant alone; its peak memory and the peak above the memory before it was built."""
+    reset_peak_memory()
+    baseline = current_memory_mib()
+    trainer = build_trainer(fields, model_dir, opts, steps=opts.warmup + 1)
     trainer.train()
-    memory = peak_memory_mib()
+    peak = peak_memory_mib()
     del trainer
-    return timer.times[opts.warmup :], memory
+    gc.collect()
+    return {"peak": peak, "above_baseline": peak - baseline}
+
+
+def summarize(times: dict[str, list[dict]], memory: dict[str, dict]) -> list[str]:
+    """The markdown table: medians, ratios ours/stock and their spread."""
+    stock_time = statistics.median(t for run in times[STOCK] for t in run["times"])
+    lines = [
+        "| variant | median step (s) | time ratio | paired ratios, IQR | peak memory (MiB) | memory ratio "
+        "| above baseline (MiB) | tokens/completion |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, runs in times.items():
+        step_time = statistics.median(t for run in runs for t in run["times"])
+        paired = [t / s for run, stock in zip(runs, times[STOCK]) for t, s in zip(run["times"], stock["times"])]
+        low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+        peak, above = memory[label]["peak"], memory[label]["above_baseline"]
+        stock_peak, stock_above = memory[STOCK]["peak"], memory[STOCK]["above_baseline"]
+        length = statistics.fmean(run["length"] for run in runs)
+        lines.append(
+            f"| {label} | {step_time:.4f} | **{step_time / stock_time:.3f}** | {low:.3f}–{high:.3f} "
+            f"| {peak:.0f} | **{peak / stock_peak:.4f}** | {above:.0f} ({above / stock_above:.3f}) | {length:.1f} |"
+        )
+    return lines
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("--shape", default="tiny", choices=sorted(MODEL_SHAPES))
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per variant and round")
+    parser.add_argument("--warmup", type=int, default=3, help="first steps of each round left out of the median")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of freshly built trainers")
+    parser.add_argument("--batch", type=int, default=8, help="per-device batch (completions per micro-batch)")
+    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--completion-length", type=int, default=32)
+    parser.add_argument("--beta", type=float, default=0.04)
+    parser.add_argument("--methods", default=",".join(KL_METHODS), help="comma-separated kl_adaptation_method values")
+    parser.add_argument("--scalings", default=",".join(KL_SCALINGS), help="comma-separated kl_scaling values")
+    parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1 leaves the OS a core: much less timing jitter)"
+    )
+    parser.add_argument("--output", help="also write the results to this markdown file")
+    opts = parser.parse_args(argv)
+    if opts.warmup >= opts.steps:
+        parser.error(f"--warmup ({opts.warmup}) must be smaller than --steps ({opts.steps}).")
+    return opts
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shape", default="tiny", choices=["tiny", "qwen2.5-0.5b"])
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--completion-length", type=int, default=32)
-    parser.add_argument("--kl-scaling", default="none")
-    parser.add_argument("--lora", action="store_true")
-    parser.add_argument("--bf16", action="store_true")
-    opts = parser.parse_args(argv)
-
+    opts = parse_args(argv)
+    torch.set_num_threads(opts.threads)
+    scorer_note = install_cpu_scorer_if_needed()  # TRL 1.15 on a CPU: stock and ours alike
+    table = variants(opts.methods.split(","), opts.scalings.split(","))
+    labels = list(table)
     model_dir = save_random_model(tempfile.mkdtemp(), opts.shape, torch.bfloat16 if opts.bf16 else torch.float32)
-    times = {v: [] for v in ("stock", *METHODS)}
-    memory = {v: [] for v in times}
-    for _ in range(opts.rounds):
-        for variant in times:
-            step_times, peak = run(variant, model_dir, opts)
-            times[variant] += step_times
-            memory[variant].append(peak)
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
-    print(f"\n{opts.shape}, lora={opts.lora}, bf16={opts.bf16}, batch={opts.batch}, completion={opts.completion_length}, "
-          f"steps={opts.steps} (warmup {opts.warmup}) x {opts.rounds} rounds, kl_scaling={opts.kl_scaling}")
-    print(f"device: {device}; torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}\n")
-    stock_time, stock_mem = statistics.median(times["stock"]), max(memory["stock"])
-    print("| variant | median step (s) | IQR (s) | time ratio | peak memory (MiB) | memory ratio |")
-    print("|---|---|---|---|---|---|")
-    for variant in times:
-        t = times[variant]
-        q = statistics.quantiles(t, n=4) if len(t) > 1 else [t[0]] * 3
-        med, mem = statistics.median(t), max(memory[variant])
-        print(f"| {variant} | {med:.4f} | {q[2] - q[0]:.4f} | {med / stock_time:.3f} | {mem:.0f} | {mem / stock_mem:.4f} |")
+    times = {label: [] for label in labels}
+    for r in range(opts.rounds):  # each round starts one variant later, so that no variant always goes first
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]
+        for label, result in interleaved_round(table, order, model_dir, opts).items():
+            times[label].append(result)
+        print(f"round {r + 1}/{opts.rounds} done", file=sys.stderr, flush=True)
+    if not torch.cuda.is_available():
+        precise_cpu_memory()
+    peak_memory_run(None, model_dir, opts)  # settles the allocator in its new mode before anything is compared
+    memory = {label: peak_memory_run(table[label], model_dir, opts) for label in labels}
+
+    settings = (
+        f"- settings: shape {opts.shape}, lora {opts.lora}, bf16 {opts.bf16}, gradient checkpointing "
+        f"{opts.gradient_checkpointing}, batch {opts.batch}, generations {opts.num_generations}, "
+        f"gradient accumulation "
+        f"{opts.grad_accum}, completion {opts.completion_length} tokens, beta {opts.beta}; time: {opts.steps} "
+        f"interleaved steps per variant (first {opts.warmup} left out) x {opts.rounds} rounds; memory: "
+        f"{opts.warmup + 1} steps per variant, alone"
+    )
+    notes = [f"- note: {scorer_note}"] if scorer_note else []
+    report("step_overhead.py", argv, [settings, *notes], summarize(times, memory), opts.output)
 
 
 if __name__ == "__main__":

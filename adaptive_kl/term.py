@@ -1,0 +1,77 @@
+"""The KL term of one micro-batch: estimate → bias correction → transform → aggregate, and its statistics.
+
+One pure function of tensors and settings: the trainer calls it with the log-probabilities its host computed, and
+`benchmarks/kl_term.py` times exactly this code against a forward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregation import aggregate_like_host, length_normalized_mean
+from .kl import importance_ratio, kl_estimate, transform_kl
+from .metrics import kl_statistics
+
+
+def adapted_kl_term(
+    per_token_logps: torch.Tensor,
+    ref_per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    estimator: str = "k3",
+    transform: str | None = None,
+    clip_threshold: float = 1.0,
+    target: float = 0.1,
+    length_normalized: bool = False,
+    loss_type: str = "grpo",
+    accumulation_steps: float = 1.0,
+    max_completion_length: int | None = None,
+    token_normalizer: torch.Tensor | float | None = None,
+    use_bias_correction: bool = False,
+    old_per_token_logps: torch.Tensor | None = None,
+    importance_sampling_level: str = "token",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Agg(f(k)) for one micro-batch, and the statistics of `adaptive_kl.metrics.kl_statistics`.
+
+    Args:
+        per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_θ at the sampled tokens, carrying gradient.
+        ref_per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_ref.
+        mask (`torch.Tensor` of shape `(B, T)`): completion mask, in the dtype of `per_token_logps`.
+        estimator, transform, clip_threshold, target: the per-token estimate k and transform f (see `adaptive_kl.kl`).
+        length_normalized (`bool`): mean of per-sequence means whatever the loss type, instead of the host's
+            aggregation.
+        loss_type, accumulation_steps, max_completion_length, token_normalizer: the host's aggregation (see
+            `adaptive_kl.aggregation.aggregate_like_host`).
+        use_bias_correction (`bool`): multiply k by the importance ratio π_θ/π_old (TRL's `use_bias_correction_kl`).
+        old_per_token_logps (`torch.Tensor` of shape `(B, T)`, *optional*): log π_old; `None` means on-policy (the
+            detached current log-probabilities).
+        importance_sampling_level (`str`): `"token"` or `"sequence"` ratio for the bias correction.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: the scalar term (differentiable through `per_token_logps`) and the
+        statistics vector of shape `(len(STAT_NAMES),)` for this process only (the caller reduces it).
+    """
+    log_ratio = per_token_logps - ref_per_token_logps
+    kl = kl_estimate(log_ratio, estimator)
+    host_kl = None if estimator == "k3" else kl_estimate(log_ratio.detach(), "k3")  # what TRL logs as `kl`
+    if use_bias_correction:
+        old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+        ratio = importance_ratio(per_token_logps, old, mask, importance_sampling_level)
+        kl = kl * ratio
+        host_kl = None if host_kl is None else host_kl * ratio.detach()
+    adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
+    if length_normalized:
+        term = length_normalized_mean(adapted, mask, accumulation_steps=accumulation_steps)
+    else:
+        term = aggregate_like_host(
+            adapted,
+            mask,
+            loss_type,
+            accumulation_steps=accumulation_steps,
+            max_completion_length=max_completion_length,
+            token_normalizer=token_normalizer,
+        )
+    stats = kl_statistics(
+        kl, adapted, mask, clip_threshold=clip_threshold if transform == "clip" else None, host_kl=host_kl
+    )
+    return term, stats

@@ -1,0 +1,60 @@
+"""The benchmark scripts run and report every variant (a smoke test: no timing is asserted)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+from tiny import run_python
+
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def _rows(markdown: str) -> dict[str, list[str]]:
+    """Table rows of a markdown text, keyed by their first cell (header and rule left out)."""
+    rows = {}
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and not set(cells[0]) <= set("-") and cells[0] not in ("variant", "B × T"):
+            rows.setdefault(cells[0], []).append(cells)
+    return rows
+
+
+def _positive(cell: str) -> float:
+    value = float(re.sub(r"[*%]", "", cell))
+    assert math.isfinite(value) and value > 0, cell
+    return value
+
+
+def test_step_overhead_reports_every_variant(tmp_path):
+    output = tmp_path / "step.md"
+    run_python(
+        os.path.join(BENCHMARKS, "step_overhead.py"),
+        *("--steps", "2", "--warmup", "1", "--rounds", "2", "--batch", "4", "--num-generations", "4"),
+        *("--completion-length", "4", "--methods", "none,clip", "--scalings", "none,sqrt", "--output", str(output)),
+    )
+    text = output.read_text()
+    assert "- device: CPU" in text and "trl " in text
+    rows = _rows(text)
+    assert list(rows) == ["stock", "stock, again", "none", "clip", "none, kl_scaling=sqrt"]
+    for (cells,) in rows.values():
+        _positive(cells[2]), _positive(cells[5])  # time and memory ratios
+        assert _positive(cells[7]) == 4.0  # tokens per completion: forced to full length
+    assert _positive(rows["stock"][0][2]) == 1.0
+
+
+def test_kl_term_micro_benchmark_reports_every_term(tmp_path):
+    output = tmp_path / "term.md"
+    run_python(
+        os.path.join(BENCHMARKS, "kl_term.py"),
+        *("--shape", "tiny", "--batch", "2", "--lengths", "4,16", "--min-run-time", "0.01", "--output", str(output)),
+    )
+    rows = _rows(output.read_text())
+    assert list(rows) == ["2 × 4", "2 × 16"]
+    for cells_per_term in rows.values():
+        terms = [cells[2] for cells in cells_per_term]
+        assert terms == ["stock TRL k3 (inline)", "none", "clip", "sigmoid", "length_normalized"]
+        for cells in cells_per_term:
+            _positive(cells[1]), _positive(cells[3]), _positive(cells[5])
