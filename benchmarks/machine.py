@@ -30,8 +30,8 @@ def device_name() -> str:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    return f"CPU: {model or platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads " \
-        f"{torch.get_num_threads()}"
+    name = model or platform.processor() or platform.machine()
+    return f"CPU: {name}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
 
 
 def report(script: str, argv: list[str] | None, details: list[str], table: list[str], output: str | None) -> None:
