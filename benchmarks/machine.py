@@ -51,12 +51,8 @@ def environment_lines(command: str) -> list[str]:
 
     versions = f"Python {platform.python_version()}, torch {torch.__version__}"
     versions += f", transformers {transformers.__version__}, trl {trl.__version__}"
-    try:
-        import unsloth  # noqa: F401  (only where it is importable: a GPU, or UNSLOTH_ALLOW_CPU)
-
+    if "unsloth" in sys.modules:  # only when the run used it: importing it here would patch TRL after the fact
         versions += f", unsloth {sys.modules['unsloth'].__version__}"
-    except Exception:
-        pass
     return [
         f"- date: {datetime.date.today().isoformat()}",
         f"- device: {device_name()}",

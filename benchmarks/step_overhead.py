@@ -216,11 +216,8 @@ def peak_memory_run(fields: dict | None, model_dir: str, opts) -> dict[str, floa
     """Builds and trains one variant alone; its peak memory and the peak above the memory before it was built."""
     reset_peak_memory()
     baseline = current_memory_mib()
-    trainer = build_trainer(fields, model_dir, opts, steps=opts.warmup + 1)
-    trainer.train()
+    build_trainer(fields, model_dir, opts, steps=opts.warmup + 1).train()  # the next reset collects it
     peak = peak_memory_mib()
-    del trainer
-    gc.collect()
     return {"peak": peak, "above_baseline": peak - baseline}
 
 
