@@ -6,11 +6,16 @@ import math
 import warnings
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
+from .compat import check_trl_version
 
-from .aggregation import LOSS_TYPES
-from .controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS
-from .kl import ESTIMATORS
+
+check_trl_version()  # before TRL is imported: fail with what to install rather than misbehave
+
+from trl import GRPOConfig  # noqa: E402
+
+from .aggregation import LOSS_TYPES  # noqa: E402
+from .controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS  # noqa: E402
+from .kl import ESTIMATORS  # noqa: E402
 
 
 KL_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
@@ -45,6 +50,10 @@ def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # YAML's `true` must not pass as 1
 
 
 def _is_finite_number(value) -> bool:
@@ -217,7 +226,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             f"beta_min must be a finite number in [0, beta={self.beta}], got {self.beta_min!r}.",
         )
         _require(
-            isinstance(self.beta_schedule_steps, int) and self.beta_schedule_steps >= 1,
+            _is_int(self.beta_schedule_steps) and self.beta_schedule_steps >= 1,
             f"beta_schedule_steps must be an integer >= 1, got {self.beta_schedule_steps!r}.",
         )
         _require(
@@ -225,7 +234,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             f"target_kl must be a finite number > 0, got {self.target_kl!r}.",
         )
         _require(
-            isinstance(self.kl_horizon, int) and self.kl_horizon > 0,
+            _is_int(self.kl_horizon) and self.kl_horizon > 0,
             f"kl_horizon must be an integer > 0, got {self.kl_horizon!r}.",
         )
         _require(

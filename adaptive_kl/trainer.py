@@ -7,17 +7,62 @@ host's loss, no extra forward pass. The reference model is loaded as usual becau
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 
 import torch
+from peft import PeftModel
 from trl import GRPOTrainer
 
 from .aggregation import TOKEN_SUM_LOSS_TYPES
+from .compat import SUPPORTED_TRL
 from .config import AdaptiveKLGRPOConfig
 from .controller import BetaController
 from .metrics import STAT_INDEX, kl_metrics
 from .state import AdaptiveKLStateCallback
 from .term import adapted_kl_term
+
+
+# The host's methods this trainer hooks into: if one is gone, the KL term would silently never be computed.
+HOST_HOOKS = ("_compute_loss", "_get_per_token_logps_and_entropies", "_calculate_rewards")
+
+
+def check_host_loss_path(host: type, args: AdaptiveKLGRPOConfig) -> None:
+    """Refuses, before anything is loaded, a host or an option whose loss would not go through our KL term.
+
+    Raises:
+        TypeError: the host lacks a method of `HOST_HOOKS` (a TRL outside the supported range).
+        ValueError: `use_liger_kernel=True` on a host that computes its loss with Liger's fused GRPO loss
+            (`_compute_liger_loss`), which never calls ours. TRL 1.15 and 1.16 have no such path: there Liger only
+            swaps layer kernels, and the loss is TRL's own.
+    """
+    missing = [name for name in HOST_HOOKS if not callable(getattr(host, name, None))]
+    if missing:
+        raise TypeError(
+            f"{host.__module__}.{host.__qualname__} has no {missing}, which AdaptiveKLGRPOTrainer hooks into to add the "
+            f"KL term: install a supported TRL (trl{SUPPORTED_TRL})."
+        )
+    if args.use_liger_kernel and args.beta > 0 and hasattr(host, "_compute_liger_loss"):
+        raise ValueError(
+            "use_liger_kernel=True makes this GRPOTrainer compute its loss with Liger's fused GRPO loss, which never "
+            "calls the adaptive KL term. Set use_liger_kernel=False (or beta=0 for stock TRL)."
+        )
+
+
+def reference_is_base_despite_trained_adapter(model) -> bool:
+    """Whether the reference is scored with the adapter disabled although the adapter already changes the model.
+
+    TRL copies a PEFT model's adapter into a frozen `"ref"` adapter and scores the reference with it, except for
+    LoRA with `target_parameters` on peft < 0.20, where it falls back to the base model. A LoRA adapter changes the
+    model once any `lora_B` is non-zero (PEFT initializes them to zero).
+    """
+    if not isinstance(model, PeftModel) or "ref" in model.peft_config:
+        return False
+    return any(
+        param.detach().abs().max().item() > 0
+        for name, param in model.named_parameters()
+        if "lora_B" in name or "lora_embedding_B" in name
+    )
 
 
 class AdaptiveKLGRPOTrainer(GRPOTrainer):
@@ -42,7 +87,17 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
                 f"AdaptiveKLGRPOTrainer needs an AdaptiveKLGRPOConfig, got {type(args).__name__}. It accepts every "
                 "GRPOConfig argument: replace GRPOConfig(...) by AdaptiveKLGRPOConfig(...)."
             )
+        check_host_loss_path(GRPOTrainer, args)
         super().__init__(model, reward_funcs, args, *more, **kwargs)
+        if args.beta > 0 and reference_is_base_despite_trained_adapter(self.model):
+            warnings.warn(
+                "The PEFT model carries a trained adapter, and the reference policy is the base model with the adapter "
+                "disabled: the KL term pulls the policy back towards the base model, not towards the adapter you "
+                "start from. To regularize towards the adapter, merge it into the base model (merge_and_unload), "
+                "save that, and train it with a new peft_config.",
+                UserWarning,
+                stacklevel=2,
+            )
         self.beta_controller = BetaController.from_args(args)
         self._kl_methods = args.kl_methods
         self._kl_transform = args.kl_transform

@@ -1,0 +1,162 @@
+"""Trains the tiny model with `AdaptiveKLGRPOTrainer` and records, per process, what the multi-process tests compare.
+
+Run by `tests/test_multiprocess.py`, once as a plain process and once under
+`accelerate launch --multi_gpu --num_processes 2` (on a CPU, with `use_cpu=True`, accelerate runs gloo DDP). Both
+runs have the same global batch: the single process takes `PROCESSES` times the per-device batch.
+
+Completions come from a `rollout_func` (TRL's public hook) that makes each completion a function of its prompt and
+of its index within the prompt's group, not of a random draw: sampling consumes each process's random stream
+differently, so it would give the two runs different data. Everything else (log-probabilities, rewards, advantages,
+the loss, the KL term, β) is the trainer's own.
+
+Usage: python multiprocess_worker.py MODEL_DIR OUT_DIR PER_DEVICE_BATCH
+Writes OUT_DIR/<config>-rank<i>.json and OUT_DIR/<config>-params-rank<i>.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from transformers import AutoTokenizer, TrainerCallback
+
+from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
+from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed
+from tiny import TRAIN_KWARGS, prompt_dataset
+
+
+GROUP = 4  # num_generations
+STEPS = 4
+
+# One run per entry, in order, in the same processes. Groups never span processes (the per-device batch is a multiple
+# of GROUP), and the two token-sum/sequence-mean loss types are those whose loss does not depend on how a batch is
+# split across processes.
+CONFIGS = {
+    "dynamic-sqrt": dict(
+        kl_adaptation_method="dynamic+clip",
+        kl_clip_threshold=0.05,
+        kl_scaling="sqrt",
+        dynamic_beta_decay=0.5,
+        # The global mean reward of steps 1-4 is 0.242, 0.250, 0.244, 0.256: β decays after steps 2 and 4. Process 0's
+        # own rewards would give a decay after step 3 only.
+        reward_threshold=0.245,
+        loss_type="dapo",
+        gradient_accumulation_steps=2,
+    ),
+    "adaptive": dict(kl_controller="adaptive", target_kl=0.1, kl_horizon=100, loss_type="grpo"),
+    "stepwise": dict(kl_controller="stepwise", target_kl=0.002, kl_estimator="k2", loss_type="dapo"),
+}
+
+
+def completion_text(prompt: str, index: int) -> str:
+    """A completion fixed by the prompt and its index in the group: 1 to 7 characters, different lengths per group."""
+    code = sum(map(ord, prompt))
+    return str((code + 3 * index) % 10) * (1 + (code + 5 * index) % 7)
+
+
+def deterministic_rollout(prompts: list[str], trainer) -> dict:
+    tokenizer = trainer.processing_class
+    completions = [completion_text(p, i % GROUP) for i, p in enumerate(prompts)]
+    return {
+        "prompt_ids": [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts],
+        "completion_ids": [tokenizer(c, add_special_tokens=False)["input_ids"] for c in completions],
+        "logprobs": None,
+    }
+
+
+class Recorder:
+    """The raw material of the checks, recorded on this process: rewards, KL sums, β."""
+
+    def __init__(self):
+        self.rewards: dict[int, list[float]] = {}  # optimizer step → the rewards computed on this process
+        self.kl: dict[int, list[float]] = {}  # optimizer step → [tokens, Σ m·k] summed over this process's micro-batches
+        self.beta: dict[int, float] = {}  # optimizer step → β_t used in its loss
+        self.state: dict[int, dict] = {}  # optimizer step → controller state after it
+
+    def reward(self, completions, trainer_state, **kwargs):
+        rewards = [1.0 / (1.0 + len(c)) for c in completions]
+        self.rewards.setdefault(trainer_state.global_step + 1, []).extend(rewards)
+        return rewards
+
+
+class RecordingTrainer(AdaptiveKLGRPOTrainer):
+    recorder: Recorder
+
+    def _adapted_kl_term(self, per_token_logps, inputs, mode):
+        # The local sums, from the estimator's own formula in float64 (independent of adaptive_kl.kl).
+        r = (per_token_logps.detach() - inputs["ref_per_token_logps"]).double()
+        k = {"k1": r, "k2": 0.5 * r**2, "k3": torch.exp(-r) + r - 1}[self.args.kl_estimator]
+        mask = inputs["completion_mask"].double()
+        sums = self.recorder.kl.setdefault(self.state.global_step + 1, [0.0, 0.0])
+        sums[0] += mask.sum().item()
+        sums[1] += (k * mask).sum().item()
+        return super()._adapted_kl_term(per_token_logps, inputs, mode)
+
+
+class StepEnd(TrainerCallback):
+    def __init__(self, trainer: RecordingTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer.recorder.beta[state.global_step] = self.trainer._last_beta["train"][0]
+        self.trainer.recorder.state[state.global_step] = self.trainer.beta_controller.state_dict()
+
+
+def train(name: str, fields: dict, model_dir: str, out_dir: str, per_device_batch: int) -> None:
+    recorder = Recorder()
+    args = AdaptiveKLGRPOConfig(
+        **{
+            **TRAIN_KWARGS,
+            "per_device_train_batch_size": per_device_batch,
+            "num_generations": GROUP,
+            # Plain SGD: Adam's first steps move every parameter by ±lr whatever its gradient's size, so a
+            # rounding-level difference in a near-zero gradient would flip a whole step; SGD keeps it at rounding level.
+            "optim": "sgd",
+            "learning_rate": 0.5,
+            "lr_scheduler_type": "constant",
+            "bf16": False,  # TRL's default; on a CPU it means bf16 autocast, whose rounding would hide the comparison
+        },
+        output_dir=os.path.join(out_dir, name),
+        beta=0.1,
+        max_steps=STEPS,
+        **fields,
+    )
+    trainer = RecordingTrainer(
+        model=model_dir,
+        reward_funcs=[recorder.reward],
+        args=args,
+        train_dataset=prompt_dataset(64),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        rollout_func=deterministic_rollout,
+    )
+    trainer.recorder = recorder
+    trainer.add_callback(StepEnd(trainer))
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    record = {
+        "num_processes": trainer.accelerator.num_processes,
+        "rewards": recorder.rewards,
+        "kl": recorder.kl,
+        "beta": recorder.beta,
+        "state": recorder.state,
+        "log_history": [h for h in trainer.state.log_history if "step" in h and "loss" in h],
+    }
+    with open(os.path.join(out_dir, f"{name}-rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+    params = torch.cat([p.detach().flatten() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()])
+    torch.save(params, os.path.join(out_dir, f"{name}-params-rank{rank}.pt"))
+
+
+def main() -> None:
+    model_dir, out_dir, per_device_batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL
+    install_cpu_scorer_if_needed()
+    torch.set_num_threads(1)
+    for name, fields in CONFIGS.items():
+        train(name, fields, model_dir, out_dir, per_device_batch)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The trainer under `accelerate launch --num_processes 2` (gloo on a CPU) against one process with the same batch.
+
+`multiprocess_worker.py` trains three configurations in each run — `dynamic` with `kl_scaling="sqrt"` (and `clip`,
+gradient accumulation 2), the `adaptive` controller and the `stepwise` controller (with `k2`) — and records, on each
+process, the rewards it computed, the KL sums of its micro-batches (recomputed in float64 from the estimator's
+formula), β of every step and the controller state. The checks:
+
+(a) β and the controller state are identical on both processes at every step, and follow the update rules applied to
+    the statistics of the whole step (all processes), not to one process's;
+(b) the logged `adaptive_kl/raw_kl` and `reward` are the global token-weighted (resp. sequence) means;
+(c) the 2-process run matches the 1-process run with the same global batch: logged loss, KL and gradient norm within
+    1e-5 relative (1e-7 absolute), parameters within 1e-6 after 4 SGD steps. Both runs are float32 (no bf16
+    autocast); what remains is the rounding of sums taken in a different order (observed: ≤ 3e-7 relative, 6e-8 on
+    parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import multiprocess_worker as worker
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PER_DEVICE_BATCH = 4  # the single process takes 2 × 4
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with the gloo backend is not available",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(command: list[str], out_dir: str) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    result = subprocess.run(command, cwd=HERE, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-6000:]
+    assert os.listdir(out_dir), "the worker wrote nothing"
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory):
+    """{config: {"one": record, "two": [record of process 0, record of process 1]}}, records as the worker wrote."""
+    one, two = (str(tmp_path_factory.mktemp(name)) for name in ("one-process", "two-processes"))
+    script = os.path.join(HERE, "multiprocess_worker.py")
+    _run([sys.executable, script, tiny_model_dir, one, str(2 * PER_DEVICE_BATCH)], one)
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launch += ["--main_process_port", str(_free_port())]
+    _run([*launch, script, tiny_model_dir, two, str(PER_DEVICE_BATCH)], two)
+
+    def load(directory, name, rank):
+        with open(os.path.join(directory, f"{name}-rank{rank}.json")) as f:
+            record = json.load(f)
+        record["params"] = torch.load(os.path.join(directory, f"{name}-params-rank{rank}.pt"))
+        return record
+
+    return {name: {"one": load(one, name, 0), "two": [load(two, name, r) for r in (0, 1)]} for name in worker.CONFIGS}
+
+
+CONFIG_NAMES = pytest.mark.parametrize("name", list(worker.CONFIGS))
+STEPS = [str(t) for t in range(1, worker.STEPS + 1)]
+
+
+def _global_mean_reward(ranks, step):
+    rewards = [r for record in ranks for r in record["rewards"][step]]
+    return sum(rewards) / len(rewards)
+
+
+def _global_mean_kl(ranks, step):
+    tokens = sum(record["kl"][step][0] for record in ranks)
+    return sum(record["kl"][step][1] for record in ranks) / tokens
+
+
+def _expected_betas(fields: dict, mean_reward, mean_kl, num_sequences: int) -> dict[str, float]:
+    """β_t of steps 1..STEPS from the rules, written out here, fed by `mean_reward(step)` / `mean_kl(step)`."""
+    beta, betas = 0.1, {}
+    for t in range(1, worker.STEPS + 1):
+        scale = 1 / math.sqrt(t) if fields.get("kl_scaling") == "sqrt" and t > 1 else 1.0
+        betas[str(t)] = beta * scale
+        if "dynamic" in fields.get("kl_adaptation_method", ""):
+            if mean_reward(str(t)) >= fields["reward_threshold"]:
+                beta *= fields["dynamic_beta_decay"]
+        elif fields.get("kl_controller") == "adaptive":
+            error = min(max(mean_kl(str(t)) / fields["target_kl"] - 1, -0.2), 0.2)
+            beta *= 1 + error * num_sequences / fields["kl_horizon"]
+        elif fields.get("kl_controller") == "stepwise":
+            kl = mean_kl(str(t))
+            beta *= 1.5 if kl > 1.5 * fields["target_kl"] else 0.75 if kl < 0.5 * fields["target_kl"] else 1.0
+    return betas
+
+
+@CONFIG_NAMES
+def test_beta_and_controller_state_identical_on_every_rank(runs, name):
+    """(a) Both processes use the same β at every step and hold the same controller state after it; β moves."""
+    rank0, rank1 = runs[name]["two"]
+    assert rank0["num_processes"] == rank1["num_processes"] == 2
+    assert list(rank0["beta"]) == STEPS
+    assert rank0["beta"] == rank1["beta"]  # exact: the update is computed from all-reduced statistics
+    assert rank0["state"] == rank1["state"]
+    assert len(set(rank0["beta"].values())) > 1, "β never changed: the run does not exercise the controller"
+
+
+@CONFIG_NAMES
+def test_beta_follows_the_rules_on_global_statistics(runs, name):
+    """(a) β_t equals the rule applied to the whole step's mean reward / mean KL, not to one process's."""
+    fields, ranks = worker.CONFIGS[name], runs[name]["two"]
+    sequences = 2 * PER_DEVICE_BATCH * fields.get("gradient_accumulation_steps", 1)
+    expected = _expected_betas(
+        fields, lambda t: _global_mean_reward(ranks, t), lambda t: _global_mean_kl(ranks, t), sequences
+    )
+    assert ranks[0]["beta"] == pytest.approx(expected, rel=1e-6)
+    if name != "stepwise":  # the stepwise thresholds do not separate the two processes' KL in these 4 steps
+        local = _expected_betas(
+            fields, lambda t: _global_mean_reward(ranks[:1], t), lambda t: _global_mean_kl(ranks[:1], t), sequences // 2
+        )
+        assert local != pytest.approx(expected, rel=1e-6), "process 0's own statistics give the same β: no check"
+
+
+@CONFIG_NAMES
+def test_logged_means_are_global(runs, name):
+    """(b) Logged raw KL is Σ k / Σ tokens over both processes and `reward` the mean over all sequences."""
+    ranks = runs[name]["two"]
+    logs, logs1 = ({str(h["step"]): h for h in record["log_history"]} for record in ranks)
+    for t in logs:  # every logged value is the same on both processes, except TRL's per-process `step_time`
+        assert {k: v for k, v in logs[t].items() if k != "step_time"} == {
+            k: v for k, v in logs1[t].items() if k != "step_time"
+        }
+    assert list(logs) == STEPS
+    discriminating = 0
+    for t in STEPS:
+        assert logs[t]["adaptive_kl/raw_kl"] == pytest.approx(_global_mean_kl(ranks, t), rel=1e-5, abs=1e-9)
+        assert logs[t]["reward"] == pytest.approx(_global_mean_reward(ranks, t), rel=1e-6)
+        per_rank = [record["kl"][t][1] / record["kl"][t][0] for record in ranks]
+        discriminating += abs(sum(per_rank) / 2 - logs[t]["adaptive_kl/raw_kl"]) > 1e-4
+    assert discriminating, "the mean of per-process means equals the token-weighted mean at every step: no check"
+
+
+@CONFIG_NAMES
+def test_two_processes_match_one_process(runs, name):
+    """(c) Same global batch on 1 and 2 processes: same losses, KL, gradient norms, β and final parameters."""
+    one, (rank0, rank1) = runs[name]["one"], runs[name]["two"]
+    assert one["num_processes"] == 1
+    assert one["beta"] == pytest.approx(rank0["beta"], rel=1e-6)
+    one_logs, two_logs = one["log_history"], rank0["log_history"]
+    assert [h["step"] for h in one_logs] == [h["step"] for h in two_logs] == list(range(1, worker.STEPS + 1))
+    for h1, h2 in zip(one_logs, two_logs):
+        for key in ("loss", "adaptive_kl/raw_kl", "adaptive_kl/adapted_kl", "kl", "grad_norm", "reward"):
+            assert h2[key] == pytest.approx(h1[key], rel=1e-5, abs=1e-7), (h1["step"], key)
+    assert torch.equal(rank0["params"], rank1["params"])  # DDP keeps the replicas identical
+    assert (rank0["params"] - one["params"]).abs().max().item() < 1e-6
+    assert (one["params"] - runs[name]["one"]["params"]).abs().max() == 0  # (sanity of the loading)
