@@ -97,10 +97,7 @@ class BetaController:
         self.kl_controller = kl_controller
         self.target_kl = target_kl
         self.kl_horizon = kl_horizon
-        self.beta_base = float(beta)
-        self.last_step = 0  # the last optimizer step whose statistics were applied
-        self.num_decays = 0
-        self.num_skipped_updates = 0
+        self.reset()
 
     @classmethod
     def from_args(cls, args: Any) -> "BetaController":
@@ -176,6 +173,11 @@ class BetaController:
             self.beta_base = new_beta
         else:
             self.num_skipped_updates += 1
+
+    def reset(self) -> None:
+        """Back to the initial state: β_base = `beta`, no step applied."""
+        self.beta_base = self.initial_beta
+        self.last_step = self.num_decays = self.num_skipped_updates = 0
 
     def state_dict(self) -> dict[str, float | int]:
         """The mutable state (JSON-serializable)."""

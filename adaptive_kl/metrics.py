@@ -7,6 +7,8 @@ the Pearson correlation over every sequence of the window, not an average of per
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .aggregation import sequence_means, sequence_sums
@@ -90,7 +92,12 @@ def kl_statistics(
 
 
 def pearson_from_moments(n: float, sx: float, sy: float, sxx: float, syy: float, sxy: float) -> float:
-    """Pearson correlation from sums; 0 when there are fewer than two points or either variable has no spread."""
+    """Pearson correlation from sums; 0 when there are fewer than two points or either variable has no spread.
+
+    NaN when a sum is not finite (a NaN or inf KL has no correlation; Python's min/max would turn NaN into ±1).
+    """
+    if not all(math.isfinite(v) for v in (n, sx, sy, sxx, syy, sxy)):
+        return float("nan")
     if n < 2:
         return 0.0
     var_x = sxx / n - (sx / n) ** 2

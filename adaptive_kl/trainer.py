@@ -134,6 +134,16 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
             if isinstance(callback, AdaptiveKLStateCallback) and callback.controller is None:
                 callback.controller = self.beta_controller
 
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        # An exception (e.g. from a reward function) can interrupt an optimizer step after some of its micro-batches
+        # were recorded: those partial sums must not leak into the next run. A run that does not resume starts from
+        # step 1 with a new optimizer, so β starts afresh too; a resumed run gets the checkpoint's state.
+        self._step_stats = None
+        self._log_stats = {"train": None, "eval": None}
+        if not resume_from_checkpoint:
+            self.beta_controller.reset()
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
     @contextmanager
     def _host_loss_without_kl(self):
         """Runs the host's loss with β = 0 and captures the policy log-probabilities it computes."""

@@ -159,6 +159,28 @@ def test_resume_gives_the_uninterrupted_trajectory(tiny_model_dir, tmp_path):
     assert len(set(history(full, "adaptive_kl/current_beta").values())) == 6  # β moved at every step
 
 
+def test_a_second_train_without_resume_starts_beta_afresh(tiny_model_dir, tmp_path):
+    """`train()` again without resuming restarts at step 1 with a new optimizer: β restarts at `beta` and decays by
+    the same rule (the controller's `last_step` from the first run must not swallow the new run's updates)."""
+    trainer = train(
+        tiny_model_dir,
+        tmp_path,
+        reward_funcs=[constant_reward],
+        beta=0.1,
+        kl_adaptation_method="dynamic",
+        dynamic_beta_decay=0.5,
+        reward_threshold=0.5,
+        max_steps=3,
+    )
+    first = history(trainer, "adaptive_kl/current_beta")
+    assert first == pytest.approx({1: 0.1, 2: 0.05, 3: 0.025})
+    trainer.train()
+    assert history(trainer, "adaptive_kl/current_beta") == pytest.approx(first)
+    assert trainer.beta_controller.state_dict() == {
+        "beta_base": 0.0125, "last_step": 3, "num_decays": 3, "num_skipped_updates": 0
+    }
+
+
 def test_resume_restores_state_with_transformers_callback_restore(tiny_model_dir, tmp_path):
     common = dict(
         beta=0.1, kl_adaptation_method="dynamic", reward_threshold=0.0, max_steps=4, save_strategy="steps", save_steps=2
