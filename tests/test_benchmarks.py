@@ -58,3 +58,21 @@ def test_kl_term_micro_benchmark_reports_every_term(tmp_path):
         assert terms == ["stock TRL k3 (inline)", "none", "clip", "sigmoid", "length_normalized"]
         for cells in cells_per_term:
             _positive(cells[1]), _positive(cells[3]), _positive(cells[5])
+
+
+def test_soak_reports_every_method(tmp_path):
+    output = tmp_path / "soak.md"
+    run_python(
+        os.path.join(BENCHMARKS, "soak.py"),
+        *("--steps", "3", "--warmup", "1", "--methods", "none,dynamic", "--max-growth", "inf"),
+        *("--output", str(output)),
+    )
+    rows = _rows(output.read_text())
+    rows.pop("method")  # the header
+    assert list(rows) == ["stock (beta=0)", "none", "dynamic"]
+    for (cells,) in rows.values():
+        assert cells[1] == "3"  # steps
+        assert cells[2] == "0"  # non-finite values
+        _positive(cells[4]), _positive(cells[5])  # memory after warm-up and at the end
+        assert cells[8] == "yes"
+    assert float(rows["stock (beta=0)"][0][3]) == 0.0 and float(rows["none"][0][3]) == 0.1  # final β
