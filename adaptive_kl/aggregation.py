@@ -16,6 +16,12 @@ TOKEN_SUM_LOSS_TYPES = ("dapo", "cispo", "vespo")
 LOSS_TYPES = (*SEQUENCE_MEAN_LOSS_TYPES, "bnpo", "dr_grpo", *TOKEN_SUM_LOSS_TYPES, "luspo")
 
 
+def token_counts(mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Σ m (over `dim`, or all), in at least float32: a bfloat16/float16 sum rounds counts above 256/2048."""
+    dtype = torch.float64 if mask.dtype == torch.float64 else torch.float32
+    return mask.sum(dtype=dtype) if dim is None else mask.sum(dim, dtype=dtype)
+
+
 def sequence_sums(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Σ_t m_it·x_it, shape `(B,)`."""
     return (values * mask).sum(-1)
@@ -23,7 +29,7 @@ def sequence_sums(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def sequence_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Σ_t m_it·x_it / max(L_i, 1), shape `(B,)`. Fully masked rows contribute 0."""
-    return sequence_sums(values, mask) / mask.sum(-1).clamp(min=1.0)
+    return sequence_sums(values, mask) / token_counts(mask, -1).clamp(min=1.0)
 
 
 def aggregate_like_host(
@@ -61,7 +67,7 @@ def aggregate_like_host(
     if loss_type in SEQUENCE_MEAN_LOSS_TYPES:
         return sequence_means(values, mask).mean() / accumulation_steps
     if loss_type == "bnpo":
-        return (values * mask).sum() / mask.sum().clamp(min=1.0) / accumulation_steps
+        return (values * mask).sum() / token_counts(mask).clamp(min=1.0) / accumulation_steps
     if loss_type == "dr_grpo":
         if max_completion_length is None:
             raise ValueError("loss_type='dr_grpo' needs max_completion_length.")

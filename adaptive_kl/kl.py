@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .aggregation import token_counts
+
 
 ESTIMATORS = ("k1", "k2", "k3")
 
@@ -121,7 +123,8 @@ def importance_ratio(
     """
     log_ratio = per_token_logps - old_per_token_logps
     if level == "token":
-        return torch.exp(log_ratio)
+        return torch.exp(clamp_log_ratio(log_ratio))
     if level == "sequence":
-        return torch.exp(((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1))
+        mean_log_ratio = (log_ratio * mask).sum(-1) / token_counts(mask, -1).clamp(min=1.0)
+        return torch.exp(clamp_log_ratio(mean_log_ratio).unsqueeze(-1))
     raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {level!r}.")

@@ -100,13 +100,15 @@ def pearson_from_moments(n: float, sx: float, sy: float, sxx: float, syy: float,
         return float("nan")
     if n < 2:
         return 0.0
-    var_x = sxx / n - (sx / n) ** 2
-    var_y = syy / n - (sy / n) ** 2
+    mean_x, mean_y = sx / n, sy / n
+    var_x = sxx / n - mean_x * mean_x  # not ** 2: that raises OverflowError instead of giving inf
+    var_y = syy / n - mean_y * mean_y
     # Relative tolerance: a variance at rounding-error level of the second moment is no spread.
     if var_x <= 1e-12 * max(sxx / n, 1e-300) or var_y <= 1e-12 * max(syy / n, 1e-300):
         return 0.0
-    cov = sxy / n - (sx / n) * (sy / n)
-    return max(-1.0, min(1.0, cov / (var_x * var_y) ** 0.5))
+    cov = sxy / n - mean_x * mean_y
+    # One square root per variance: their product underflows or overflows for data at extreme scales.
+    return max(-1.0, min(1.0, cov / math.sqrt(var_x) / math.sqrt(var_y)))
 
 
 def kl_metrics(stats: torch.Tensor, *, beta: float, beta_scale: float) -> dict[str, float]:
