@@ -51,16 +51,26 @@ def _run(command: list[str], out_dir: str) -> None:
     assert os.listdir(out_dir), "the worker wrote nothing"
 
 
+def _launch_two_processes(script: str, args: list[str], out_dir: str) -> None:
+    """`accelerate launch` on 2 processes; once more on another port if the free port was taken meanwhile."""
+    for attempt in range(2):
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+        launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        launch += ["--main_process_port", str(_free_port())]
+        try:
+            return _run([*launch, script, *args], out_dir)
+        except AssertionError as error:
+            if attempt or "address already in use" not in str(error).lower():
+                raise
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
     """{config: {"one": record, "two": [record of process 0, record of process 1]}}, records as the worker wrote."""
     one, two = (str(tmp_path_factory.mktemp(name)) for name in ("one-process", "two-processes"))
     script = os.path.join(HERE, "multiprocess_worker.py")
     _run([sys.executable, script, tiny_model_dir, one, str(2 * PER_DEVICE_BATCH)], one)
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    launch += ["--main_process_port", str(_free_port())]
-    _run([*launch, script, tiny_model_dir, two, str(PER_DEVICE_BATCH)], two)
+    _launch_two_processes(script, [tiny_model_dir, two, str(PER_DEVICE_BATCH)], two)
 
     def load(directory, name, rank):
         with open(os.path.join(directory, f"{name}-rank{rank}.json")) as f:
@@ -162,4 +172,3 @@ def test_two_processes_match_one_process(runs, name):
             assert h2[key] == pytest.approx(h1[key], rel=1e-5, abs=1e-7), (h1["step"], key)
     assert torch.equal(rank0["params"], rank1["params"])  # DDP keeps the replicas identical
     assert (rank0["params"] - one["params"]).abs().max().item() < 1e-6
-    assert (one["params"] - runs[name]["one"]["params"]).abs().max() == 0  # (sanity of the loading)
