@@ -93,8 +93,8 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
             warnings.warn(
                 "The PEFT model carries a trained adapter, and the reference policy is the base model with the adapter "
                 "disabled: the KL term pulls the policy back towards the base model, not towards the adapter you "
-                "start from. To regularize towards the adapter, merge it into the base model (merge_and_unload), "
-                "save that, and train it with a new peft_config.",
+                "start from. To regularize towards the adapter, upgrade to peft>=0.20 (TRL then copies it as the "
+                "reference), or merge it into the base model (merge_and_unload), save that and pass a new peft_config.",
                 UserWarning,
                 stacklevel=2,
             )
