@@ -20,13 +20,12 @@ import json
 import math
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import multiprocess_worker as worker
+from tiny import run_python
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,21 +43,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(command: list[str], out_dir: str) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
-    result = subprocess.run(command, cwd=HERE, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-6000:]
-    assert os.listdir(out_dir), "the worker wrote nothing"
-
-
-def _launch_two_processes(script: str, args: list[str], out_dir: str) -> None:
+def _launch_two_processes(script: str, args: list[str]) -> None:
     """`accelerate launch` on 2 processes; once more on another port if the free port was taken meanwhile."""
     for attempt in range(2):
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-        launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-        launch += ["--main_process_port", str(_free_port())]
+        launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+        launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
         try:
-            return _run([*launch, script, *args], out_dir)
+            return run_python(*launch, script, *args, OMP_NUM_THREADS="1")
         except AssertionError as error:
             if attempt or "address already in use" not in str(error).lower():
                 raise
@@ -69,8 +60,9 @@ def runs(tiny_model_dir, tmp_path_factory):
     """{config: {"one": record, "two": [record of process 0, record of process 1]}}, records as the worker wrote."""
     one, two = (str(tmp_path_factory.mktemp(name)) for name in ("one-process", "two-processes"))
     script = os.path.join(HERE, "multiprocess_worker.py")
-    _run([sys.executable, script, tiny_model_dir, one, str(2 * PER_DEVICE_BATCH)], one)
-    _launch_two_processes(script, [tiny_model_dir, two, str(PER_DEVICE_BATCH)], two)
+    run_python(script, tiny_model_dir, one, str(2 * PER_DEVICE_BATCH), OMP_NUM_THREADS="1")
+    _launch_two_processes(script, [tiny_model_dir, two, str(PER_DEVICE_BATCH)])
+    assert os.listdir(one) and os.listdir(two), "a worker wrote nothing"
 
     def load(directory, name, rank):
         with open(os.path.join(directory, f"{name}-rank{rank}.json")) as f:

@@ -111,10 +111,15 @@ def loss_and_grads(trainer, inputs, *, train: bool = True, accumulation_steps: i
     return loss.detach(), grads
 
 
-def run_python(*args: str) -> subprocess.CompletedProcess:
-    """Runs `python *args` offline as a user would (a script or `-m module`), and asserts that it succeeded."""
+def run_python(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """Runs `python *args` offline as a user would (a script or `-m module`), with `env` added to the environment,
+    and asserts that it succeeded."""
     result = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
