@@ -40,8 +40,9 @@ def aggregate_like_host(
     accumulation_steps: float = 1.0,
     max_completion_length: int | None = None,
     token_normalizer: torch.Tensor | float | None = None,
+    sample_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Aggregates a per-token term exactly as TRL aggregates its per-token loss for ``loss_type``.
+    """Aggregates a per-token term exactly as the host aggregates its per-token loss for ``loss_type``.
 
     Args:
         values (`torch.Tensor` of shape `(B, T)`): per-token term (e.g. the adapted KL f(k)).
@@ -51,7 +52,10 @@ def aggregate_like_host(
             steps in training, 1 in evaluation). Not used by the token-sum types, whose normalizer includes it.
         max_completion_length (`int`): the `dr_grpo` constant.
         token_normalizer (`torch.Tensor` or `float`): for `dapo`/`cispo`/`vespo`, the token count the host divides
-            the token sum by (global tokens of the generation batch rescaled to one accumulation window).
+            the token sum by (global tokens of the generation batch rescaled to one accumulation window); with
+            `sample_weight`, what the weighted sum is divided by.
+        sample_weight (`torch.Tensor` of shape `(B,)`, *optional*): Unsloth's per-completion weights (its zero-variance
+            exclusion and prompt-level aggregation), which replace the loss-type normalizer.
 
     Returns:
         `torch.Tensor`: scalar.
@@ -63,7 +67,10 @@ def aggregate_like_host(
     | dr_grpo | Σ m·x / (B · max_completion_length) / accumulation_steps |
     | dapo, cispo, vespo | Σ m·x / token_normalizer |
     | luspo | mean_i(Σ_t m·x) / accumulation_steps |
+    | any, with `sample_weight` w | Σ m·x·w_i / token_normalizer |
     """
+    if sample_weight is not None:
+        return (values * mask * sample_weight.to(values.dtype).unsqueeze(-1)).sum() / token_normalizer
     if loss_type in SEQUENCE_MEAN_LOSS_TYPES:
         return sequence_means(values, mask).mean() / accumulation_steps
     if loss_type == "bnpo":

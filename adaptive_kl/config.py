@@ -1,4 +1,8 @@
-"""`AdaptiveKLGRPOConfig`: `trl.GRPOConfig` plus the fields that select the KL adaptation."""
+"""`AdaptiveKLGRPOConfig`: `trl.GRPOConfig` plus the fields that select the KL adaptation.
+
+The parent is whatever `trl.GRPOConfig` is when this module is first imported: TRL's own, or Unsloth's after
+`import unsloth`, whose `__init__` (and defaults) the subclass keeps.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ from .compat import check_trl_version
 
 check_trl_version()  # before TRL is imported: fail with what to install rather than misbehave
 
+import trl  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from .aggregation import LOSS_TYPES  # noqa: E402
 from .controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS  # noqa: E402
 from .kl import ESTIMATORS  # noqa: E402
+from .unsloth_backend import check_import_order, is_unsloth_class, keep_host_init  # noqa: E402
 
 
 KL_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
@@ -161,6 +167,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        check_import_order(GRPOConfig, trl.GRPOConfig, "GRPOConfig")
         self._validate_adaptive_kl()
         super().__post_init__()
         # Needs the process count, known once TrainingArguments has set up the distributed state.
@@ -260,3 +267,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
                 UserWarning,
                 stacklevel=4,  # the caller of AdaptiveKLGRPOConfig(...)
             )
+
+
+if is_unsloth_class(GRPOConfig):  # `import unsloth` came first: keep Unsloth's __init__ and its defaults
+    keep_host_init(AdaptiveKLGRPOConfig)

@@ -27,9 +27,11 @@ def adapted_kl_term(
     accumulation_steps: float = 1.0,
     max_completion_length: int | None = None,
     token_normalizer: torch.Tensor | float | None = None,
+    sample_weight: torch.Tensor | None = None,
     use_bias_correction: bool = False,
     old_per_token_logps: torch.Tensor | None = None,
     importance_sampling_level: str = "token",
+    kl_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Agg(f(k)) for one micro-batch, and the statistics of `adaptive_kl.metrics.kl_statistics`.
 
@@ -40,12 +42,13 @@ def adapted_kl_term(
         estimator, transform, clip_threshold, target: the per-token estimate k and transform f (see `adaptive_kl.kl`).
         length_normalized (`bool`): mean of per-sequence means whatever the loss type, instead of the host's
             aggregation.
-        loss_type, accumulation_steps, max_completion_length, token_normalizer: the host's aggregation (see
-            `adaptive_kl.aggregation.aggregate_like_host`).
+        loss_type, accumulation_steps, max_completion_length, token_normalizer, sample_weight: the host's aggregation
+            (see `adaptive_kl.aggregation.aggregate_like_host`).
         use_bias_correction (`bool`): multiply k by the importance ratio π_θ/π_old (TRL's `use_bias_correction_kl`).
         old_per_token_logps (`torch.Tensor` of shape `(B, T)`, *optional*): log π_old; `None` means on-policy (the
             detached current log-probabilities).
         importance_sampling_level (`str`): `"token"` or `"sequence"` ratio for the bias correction.
+        kl_bound (`float`, *optional*): bound |k| ≤ kl_bound on the (bias-corrected) estimate, as Unsloth's loss has.
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: the scalar term (differentiable through `per_token_logps`) and the
@@ -59,6 +62,9 @@ def adapted_kl_term(
         ratio = importance_ratio(per_token_logps, old, mask, importance_sampling_level)
         kl = kl * ratio
         host_kl = None if host_kl is None else host_kl * ratio.detach()
+    if kl_bound is not None:
+        kl = kl.clamp(-kl_bound, kl_bound)
+        host_kl = None if host_kl is None else host_kl.clamp(-kl_bound, kl_bound)
     adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
     if length_normalized:
         term = length_normalized_mean(adapted, mask, accumulation_steps=accumulation_steps)
@@ -70,6 +76,7 @@ def adapted_kl_term(
             accumulation_steps=accumulation_steps,
             max_completion_length=max_completion_length,
             token_normalizer=token_normalizer,
+            sample_weight=sample_weight,
         )
     stats = kl_statistics(
         kl, adapted, mask, clip_threshold=clip_threshold if transform == "clip" else None, host_kl=host_kl

@@ -3,6 +3,9 @@
 The host computes its own loss with β = 0 (the policy term, untouched), and this class adds
 `β_t · Agg(f(k))` computed from the log-probabilities the host already computed for that loss: no copy of the
 host's loss, no extra forward pass. The reference model is loaded as usual because `args.beta > 0`.
+
+The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
+Unsloth's generated trainer, whose loss is reached through `adaptive_kl.unsloth_backend`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import warnings
 from contextlib import contextmanager
 
 import torch
+import trl
 from peft import PeftModel
 from trl import GRPOTrainer
 
@@ -21,6 +25,13 @@ from .controller import BetaController
 from .metrics import STAT_INDEX, kl_metrics
 from .state import AdaptiveKLStateCallback
 from .term import adapted_kl_term
+from .unsloth_backend import (
+    capturing_efficient_grpo,
+    check_import_order,
+    install_capture_shim,
+    unsloth_host_module,
+    unsloth_kl_term_inputs,
+)
 
 
 # The host's methods this trainer hooks into: if one is gone, the KL term would silently never be computed.
@@ -79,6 +90,7 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
     _tag_names = [*GRPOTrainer._tag_names, "adaptive-kl"]
 
     def __init__(self, model, reward_funcs, args: AdaptiveKLGRPOConfig | None = None, *more, **kwargs):
+        check_import_order(GRPOTrainer, trl.GRPOTrainer, "GRPOTrainer")
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = AdaptiveKLGRPOConfig(f"{name.split('/')[-1]}-GRPO")
@@ -88,6 +100,9 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
                 "GRPOConfig argument: replace GRPOConfig(...) by AdaptiveKLGRPOConfig(...)."
             )
         check_host_loss_path(GRPOTrainer, args)
+        self._unsloth_module = unsloth_host_module(GRPOTrainer)
+        if self._unsloth_module is not None:
+            install_capture_shim(self._unsloth_module)
         super().__init__(model, reward_funcs, args, *more, **kwargs)
         if args.beta > 0 and reference_is_base_despite_trained_adapter(self.model):
             warnings.warn(
@@ -149,7 +164,11 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         """Runs the host's loss with β = 0 and captures the policy log-probabilities it computes."""
         host_beta, self.beta, self._capture = self.beta, 0.0, {}
         try:
-            yield self._capture
+            if self._unsloth_module is None:
+                yield self._capture
+            else:
+                with capturing_efficient_grpo(self._capture) as capture:
+                    yield capture
         finally:
             self.beta, self._capture = host_beta, None
 
@@ -162,18 +181,26 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         step = self.state.global_step + 1  # the optimizer step in progress (the next one, in evaluation)
         with self._host_loss_without_kl() as captured:
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        beta, scale = self.beta_controller.beta(step), self.beta_controller.scale(step)
+        kl_term, stats = self._adapted_kl_term(self._host_kl_inputs(captured, inputs, mode))
+        self._record(stats, mode, step, beta, scale)
+        return loss + beta * kl_term  # Unsloth's backward ignores its incoming gradient: add, never scale its loss
+
+    def _host_kl_inputs(self, captured, inputs, mode) -> dict:
+        """The log-probabilities, mask and aggregation of the host's loss that the KL term must share."""
+        if self._unsloth_module is not None:
+            if "efficient_grpo" not in captured:
+                raise RuntimeError(
+                    "AdaptiveKLGRPOTrainer could not capture the arguments of Unsloth's GRPO loss: the installed "
+                    "Unsloth's compute_loss no longer calls UnslothEfficientGRPO.apply."
+                )
+            return unsloth_kl_term_inputs(captured["efficient_grpo"])
         if "per_token_logps" not in captured:
             raise RuntimeError(
                 "AdaptiveKLGRPOTrainer could not capture the policy log-probabilities of the host loss: the installed "
                 "GRPOTrainer.compute_loss no longer calls _get_per_token_logps_and_entropies."
             )
-        beta, scale = self.beta_controller.beta(step), self.beta_controller.scale(step)
-        kl_term, stats = self._adapted_kl_term(captured["per_token_logps"], inputs, mode)
-        self._record(stats, mode, step, beta, scale)
-        return loss + beta * kl_term
-
-    def _adapted_kl_term(self, per_token_logps, inputs, mode):
-        """Agg(f(k)) for one micro-batch, with the host's normalizers, and its statistics summed over processes."""
+        per_token_logps = captured["per_token_logps"]
         args = self.args
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
@@ -184,22 +211,29 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
             token_normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
                 token_normalizer = token_normalizer * accumulation_steps / args.steps_per_generation
-        term, stats = adapted_kl_term(
-            per_token_logps,
-            inputs["ref_per_token_logps"],
-            mask.to(per_token_logps.dtype),
-            estimator=args.kl_estimator,
-            transform=self._kl_transform,
-            clip_threshold=args.kl_clip_threshold,
-            target=args.kl_target,
-            length_normalized="length_normalized" in self._kl_methods,
+        return dict(
+            per_token_logps=per_token_logps,
+            ref_per_token_logps=inputs["ref_per_token_logps"],
+            mask=mask.to(per_token_logps.dtype),
+            old_per_token_logps=inputs.get("old_per_token_logps"),
             loss_type=self.loss_type,
             accumulation_steps=accumulation_steps,
             max_completion_length=self.max_completion_length,
             token_normalizer=token_normalizer,
             use_bias_correction=args.use_bias_correction_kl,
-            old_per_token_logps=inputs.get("old_per_token_logps"),
             importance_sampling_level=self.importance_sampling_level,
+        )
+
+    def _adapted_kl_term(self, host_inputs: dict):
+        """Agg(f(k)) for one micro-batch, with the host's normalizers, and its statistics summed over processes."""
+        args = self.args
+        term, stats = adapted_kl_term(
+            **host_inputs,
+            estimator=args.kl_estimator,
+            transform=self._kl_transform,
+            clip_threshold=args.kl_clip_threshold,
+            target=args.kl_target,
+            length_normalized="length_normalized" in self._kl_methods,
         )
         return term, self.accelerator.reduce(stats, reduction="sum")
 

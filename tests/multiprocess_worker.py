@@ -84,15 +84,15 @@ class Recorder:
 class RecordingTrainer(AdaptiveKLGRPOTrainer):
     recorder: Recorder
 
-    def _adapted_kl_term(self, per_token_logps, inputs, mode):
+    def _adapted_kl_term(self, host_inputs):
         # The local sums, from the estimator's own formula in float64 (independent of adaptive_kl.kl).
-        r = (per_token_logps.detach() - inputs["ref_per_token_logps"]).double()
+        r = (host_inputs["per_token_logps"].detach() - host_inputs["ref_per_token_logps"]).double()
         k = {"k1": r, "k2": 0.5 * r**2, "k3": torch.exp(-r) + r - 1}[self.args.kl_estimator]
-        mask = inputs["completion_mask"].double()
+        mask = host_inputs["mask"].double()
         sums = self.recorder.kl.setdefault(self.state.global_step + 1, [0.0, 0.0])
         sums[0] += mask.sum().item()
         sums[1] += (k * mask).sum().item()
-        return super()._adapted_kl_term(per_token_logps, inputs, mode)
+        return super()._adapted_kl_term(host_inputs)
 
 
 class StepEnd(TrainerCallback):

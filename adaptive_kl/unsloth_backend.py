@@ -1,0 +1,293 @@
+"""Unsloth backend: the adaptive KL term inside Unsloth's memory-efficient GRPO loss.
+
+`import unsloth` regenerates TRL's trainer as `UnslothGRPOTrainer` in a generated module and rebinds `trl.GRPOTrainer`
+and `trl.GRPOConfig` to it. Its loss always runs through `UnslothEfficientGRPO.apply(...)`, where the KL term is part of
+a compiled function that receives β as a Python float (each distinct β would compile a new graph). On that host:
+
+- `install_capture_shim` rebinds `UnslothEfficientGRPO` in the generated module's globals (where the loss looks it up)
+  to a proxy that, only while `capturing_efficient_grpo()` is open, records the call's arguments and passes β = 0;
+- the trainer then adds β_t·Agg(f(k)) computed by `adaptive_kl.term.adapted_kl_term` from the captured log-probabilities,
+  with the aggregation Unsloth's loss uses (`unsloth_kl_term_inputs`). No extra forward pass, no full-vocabulary logits.
+
+Unsloth's backward ignores the incoming gradient (it is computed in the forward), so the term is only ever *added* to
+the host loss. `check_unsloth_source` refuses a generated module whose code no longer has the shape this relies on.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import MISSING, fields
+from types import ModuleType
+
+import torch
+
+from .aggregation import TOKEN_SUM_LOSS_TYPES
+
+
+# The Unsloth releases whose generated GRPO trainer this module was written against and tested with.
+TESTED_UNSLOTH = "unsloth / unsloth_zoo 2026.10.9"
+
+# `UnslothEfficientGRPO.forward`'s parameters after `ctx`: the shim reads the positional call by these names.
+APPLY_PARAMETERS = (
+    "_new_logps",
+    "_old_logps",
+    "_ref_logps",
+    "_sampling_per_token_logps",
+    "lm_head",
+    "_input_ids",
+    "_mask",
+    "_advantages",
+    "beta",
+    "scaler",
+    "n_chunks",
+    "extra_kwargs",
+    "upstream_scale",
+)
+BETA_POSITION = APPLY_PARAMETERS.index("beta")
+
+# Unsloth's loss bounds its per-token KL estimate (after the bias correction) to [-10, 10]; TRL's does not.
+UNSLOTH_KL_BOUND = 10.0
+
+# Code the shim and `unsloth_kl_term_inputs` rely on, as (function, fragment, what it means); whitespace-insensitive.
+REQUIRED_SOURCE = (
+    ("grpo_accumulated_loss", "UnslothEfficientGRPO.apply(", "the loss goes through UnslothEfficientGRPO.apply"),
+    ("grpo_compute_loss", "loss_i = loss_i + beta * kl_i", "β enters only as beta * kl_i in the per-token loss"),
+    ("grpo_compute_loss", "kl_i = torch.clamp(kl_i, min = -10.0, max = 10.0)", "the KL estimate is bounded to ±10"),
+    ("grpo_compute_loss", "loss = ((loss_i * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()", "grpo/sapo"),
+    ("grpo_compute_loss", "loss = (loss_i * mask).sum() / mask.sum().clamp(min=1.0)", "bnpo's local token count"),
+    ("grpo_compute_loss", "loss = (loss_i * mask).sum() / (loss_i.size(0) * max_completion_length)", "dr_grpo"),
+    ("grpo_compute_loss", "normalizer = normalizer * current_gradient_accumulation_steps / steps_per_generation",
+     "the token-sum normalizer rescaled to one accumulation window"),  # fmt: skip
+    ("grpo_compute_loss", "loss = (loss_i * mask * sample_weight.to(loss_i.dtype).unsqueeze(-1)).sum() / normalizer",
+     "per-completion sample weights"),  # fmt: skip
+)
+
+
+class UnsupportedUnslothError(RuntimeError):
+    """The installed Unsloth generates a GRPO trainer whose code this backend does not know."""
+
+
+def _unsupported(problem: str) -> UnsupportedUnslothError:
+    return UnsupportedUnslothError(
+        f"The installed Unsloth's GRPO trainer no longer matches what adaptive-kl's Unsloth backend hooks into "
+        f"({problem}). It was written against {TESTED_UNSLOTH}: pip install 'unsloth==2026.10.9' "
+        "'unsloth_zoo==2026.10.9' (or use plain TRL: do not import unsloth)."
+    )
+
+
+# --- which host ------------------------------------------------------------------------------------------------------
+
+
+def is_unsloth_class(cls: type) -> bool:
+    """Whether `cls` is, or derives from, a class Unsloth generated (`UnslothGRPOTrainer`, `UnslothGRPOConfig`)."""
+    return any(
+        klass.__name__.startswith("Unsloth") or "_unsloth_patched_rl_config" in vars(klass) for klass in cls.__mro__
+    )
+
+
+def unsloth_host_module(trainer_cls: type) -> ModuleType | None:
+    """The generated module of the Unsloth GRPO trainer `trainer_cls` derives from, or `None` on plain TRL."""
+    for klass in trainer_cls.__mro__:
+        module = sys.modules.get(klass.__module__)
+        if module is not None and hasattr(module, "UnslothEfficientGRPO") and hasattr(module, "grpo_accumulated_loss"):
+            return module
+    return None
+
+
+def check_import_order(ours: type, current: type, name: str) -> None:
+    """Refuses a class of ours built on TRL's `name` when Unsloth has since replaced `trl.<name>`.
+
+    Args:
+        ours (`type`): the TRL class our class derives from (bound when our module was first imported).
+        current (`type`): `trl.<name>` now.
+        name (`str`): `"GRPOTrainer"` or `"GRPOConfig"`, for the message.
+
+    Raises:
+        ImportError: saying to import Unsloth first.
+    """
+    if current is not ours and is_unsloth_class(current) and not is_unsloth_class(ours):
+        raise ImportError(
+            f"adaptive_kl's classes were built on TRL's own {name}, but Unsloth has since replaced trl.{name}: "
+            "`import unsloth` ran after adaptive_kl's trainer or config was first used, so training would bypass "
+            "Unsloth's kernels and loss. Put `import unsloth` at the very top of your script or notebook (before trl, "
+            "transformers and adaptive_kl) and restart the Python process or kernel."
+        )
+
+
+# --- the configuration keeps Unsloth's __init__ ------------------------------------------------------------------------
+
+
+def keep_host_init(config_cls: type) -> None:
+    """Makes the dataclass `config_cls` run its parent's own `__init__` (Unsloth's) instead of a generated one.
+
+    `@dataclass` gives a subclass an `__init__` over every field, which would skip `UnslothGRPOConfig.__init__` and its
+    defaults (optimizer, learning rate, loss type, chunking). The replacement sets the fields `config_cls` declares
+    itself, then calls the parent's `__init__` with everything else; that ends in `__post_init__`, which validates both.
+    """
+    host = config_cls.__mro__[1]
+    host_init = host.__init__
+    host_fields = {f.name for f in fields(host)}
+    own_fields = [f for f in fields(config_cls) if f.name not in host_fields]
+
+    def __init__(self, *args, **kwargs):
+        for f in own_fields:
+            default = f.default_factory() if f.default is MISSING else f.default
+            setattr(self, f.name, kwargs.pop(f.name, default))
+        host_init(self, *args, **kwargs)
+
+    host_signature = inspect.signature(host_init)
+    own_parameters = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for f in own_fields
+    ]
+    parameters = list(host_signature.parameters.values())
+    variadic = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
+    parameters = [p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    parameters = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is inspect.Parameter.VAR_POSITIONAL else p
+        for p in parameters
+        if p.kind is not inspect.Parameter.VAR_POSITIONAL
+    ]
+    __init__.__signature__ = host_signature.replace(parameters=[*parameters, *own_parameters, *variadic])
+    __init__.__qualname__ = f"{config_cls.__qualname__}.__init__"
+    __init__.__doc__ = host_init.__doc__
+    config_cls.__init__ = __init__
+
+
+# --- the capture shim -------------------------------------------------------------------------------------------------
+
+
+_CAPTURE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("adaptive_kl_unsloth_capture", default=None)
+
+
+class CapturingEfficientGRPO:
+    """Stands in for `UnslothEfficientGRPO` in the generated module.
+
+    `apply` is Unsloth's own, except while `capturing_efficient_grpo()` is open: then it records its arguments
+    (by `APPLY_PARAMETERS` name) in the open capture and passes β = 0, so Unsloth computes the policy loss alone and
+    compiles one graph whatever β does. Every other attribute is the original's.
+    """
+
+    def __init__(self, original):
+        self.original = original
+
+    def apply(self, *args):
+        capture = _CAPTURE.get()
+        if capture is None:
+            return self.original.apply(*args)
+        if "efficient_grpo" in capture:
+            raise _unsupported("UnslothEfficientGRPO.apply ran twice in one loss")
+        capture["efficient_grpo"] = dict(zip(APPLY_PARAMETERS, args))
+        args = (*args[:BETA_POSITION], 0.0, *args[BETA_POSITION + 1 :])
+        return self.original.apply(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.original, name)
+
+
+def check_unsloth_source(module: ModuleType) -> None:
+    """The source-shape guard: raises `UnsupportedUnslothError` unless the generated module has the code we rely on."""
+    original = module.UnslothEfficientGRPO
+    original = getattr(original, "original", original) if isinstance(original, CapturingEfficientGRPO) else original
+    try:
+        parameters = tuple(inspect.signature(original.forward).parameters)
+    except (TypeError, ValueError, AttributeError):
+        raise _unsupported("UnslothEfficientGRPO.forward has no readable signature") from None
+    if parameters != ("ctx", *APPLY_PARAMETERS):
+        raise _unsupported(f"UnslothEfficientGRPO.forward takes {parameters[1:]}, expected {APPLY_PARAMETERS}")
+    sources = {}
+    for function, fragment, meaning in REQUIRED_SOURCE:
+        if function not in sources:
+            try:
+                sources[function] = re.sub(r"\s+", "", inspect.getsource(getattr(module, function)))
+            except (TypeError, OSError, AttributeError):
+                raise _unsupported(f"the source of {function} cannot be read") from None
+        if re.sub(r"\s+", "", fragment) not in sources[function]:
+            raise _unsupported(f"{function} no longer has `{fragment}` ({meaning})")
+    if sources["grpo_accumulated_loss"].count("UnslothEfficientGRPO.apply(") != 1:
+        raise _unsupported("grpo_accumulated_loss calls UnslothEfficientGRPO.apply more than once")
+
+
+def install_capture_shim(module: ModuleType) -> CapturingEfficientGRPO:
+    """Checks the generated module, then rebinds its `UnslothEfficientGRPO` to the capturing proxy (once)."""
+    check_unsloth_source(module)
+    if not isinstance(module.UnslothEfficientGRPO, CapturingEfficientGRPO):
+        module.UnslothEfficientGRPO = CapturingEfficientGRPO(module.UnslothEfficientGRPO)
+    return module.UnslothEfficientGRPO
+
+
+@contextmanager
+def capturing_efficient_grpo(capture: dict):
+    """While open, the shim records the arguments of `UnslothEfficientGRPO.apply` in `capture["efficient_grpo"]`."""
+    token = _CAPTURE.set(capture)
+    try:
+        yield capture
+    finally:
+        _CAPTURE.reset(token)
+
+
+# --- what the KL term needs, read off the captured call ------------------------------------------------------------------
+
+
+def unsloth_kl_term_inputs(call: dict) -> dict:
+    """The tensors and aggregation of `adapted_kl_term` for one captured `UnslothEfficientGRPO.apply` call.
+
+    The aggregation is Unsloth's, which this path must mirror to add a term its loss would have contained:
+
+    | case | aggregate of x |
+    |---|---|
+    | `sample_weight` given | Σ m·x·w_i · P · S / G (replaces every loss-type normalizer) |
+    | grpo, sapo, bnpo (local tokens), dr_grpo, luspo | as TRL, divided by G |
+    | dapo, cispo, vespo | Σ m·x / (max(N, 1) / P · G / S) |
+
+    with m the mask Unsloth rebuilt from the token ids, P the processes, G the current accumulation steps (1 in
+    evaluation), S `steps_per_generation` (absent in evaluation) and N `num_items_in_batch`. Masked columns of the
+    log-probabilities are set to 0 first, as Unsloth does, so that whatever they hold never reaches the term.
+
+    Raises:
+        ValueError: Unsloth's rollout rejection (`UNSLOTH_GRPO_ROLLOUT_RS`) is on: it drops tokens from the KL term by a
+            rule this backend does not reproduce.
+    """
+    options = call.get("extra_kwargs") or {}
+    if options.get("rollout_rs") is not None:
+        raise ValueError(
+            "UNSLOTH_GRPO_ROLLOUT_RS (Unsloth's rollout rejection) is not supported with AdaptiveKLGRPOTrainer: unset it."
+        )
+    mask = call["_mask"]
+    keep = mask.to(torch.bool)
+    new_logps = torch.where(keep, call["_new_logps"], 0.0)
+    ref_logps = torch.where(keep, call["_ref_logps"], 0.0)
+    old_logps = call["_old_logps"]
+    old_logps = None if old_logps is None else torch.where(keep, old_logps, 0.0)
+
+    loss_type = options.get("loss_type", "grpo")
+    accumulation_steps = options.get("current_gradient_accumulation_steps", 1)
+    processes = options.get("num_processes", 1)
+    steps_per_generation = options.get("steps_per_generation")
+    window = accumulation_steps / steps_per_generation if steps_per_generation else 1.0
+    sample_weight = options.get("sample_weight")
+    token_normalizer = None
+    if sample_weight is not None:
+        token_normalizer = window / processes
+    elif loss_type in TOKEN_SUM_LOSS_TYPES:
+        items = options["num_items_in_batch"]
+        items = items.clamp(min=1.0) if torch.is_tensor(items) else max(float(items), 1.0)
+        token_normalizer = items / processes * window
+    return dict(
+        per_token_logps=new_logps,
+        ref_per_token_logps=ref_logps,
+        mask=mask.to(new_logps.dtype),
+        old_per_token_logps=old_logps,
+        loss_type=loss_type,
+        accumulation_steps=accumulation_steps,
+        max_completion_length=options.get("max_completion_length"),
+        token_normalizer=token_normalizer,
+        sample_weight=sample_weight,
+        use_bias_correction=options.get("use_bias_correction_kl", False),
+        importance_sampling_level=options.get("importance_sampling_level", "token"),
+        kl_bound=UNSLOTH_KL_BOUND,
+    )

@@ -1,0 +1,57 @@
+"""The Unsloth backend against the real Unsloth GRPO trainer, generated on the CPU (see `tests/unsloth_worker.py`).
+
+Each check runs in its own process, because Unsloth must be imported before TRL and patches TRL for the whole process.
+CI installs unsloth/unsloth_zoo in its TRL 1.15 environment (the newest TRL Unsloth accepts); elsewhere these tests
+skip, saying so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from tiny import run_python
+
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("unsloth") is None or importlib.util.find_spec("unsloth_zoo") is None,
+    reason="unsloth is not installed (CI installs it in its TRL 1.15 environment: see .ci/run)",
+)
+
+WORKER = os.path.join(os.path.dirname(__file__), "unsloth_worker.py")
+
+
+def run_check(check: str, model_dir: str, tmp_path) -> None:
+    # Unsloth writes its generated trainers under UNSLOTH_COMPILE_LOCATION (default: ./unsloth_compiled_cache).
+    result = run_python(WORKER, check, model_dir, UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_compiled_cache"))
+    assert f"OK {check}" in result.stdout, result.stdout[-2000:] + result.stderr[-4000:]
+
+
+def test_wrong_import_order_raises_a_clear_error(tiny_model_dir, tmp_path):
+    """Our classes first used on TRL's own, then `import unsloth`: building either says to import Unsloth first."""
+    run_check("import_order", tiny_model_dir, tmp_path)
+
+
+def test_config_keeps_unsloth_init_and_defaults(tiny_model_dir, tmp_path):
+    """Every non-KL field equals Unsloth's config's (its own defaults: adamw_8bit, dapo, 5e-5, chunking), through
+    the constructor and HfArgumentParser; KL fields validate; dataclasses.replace works."""
+    run_check("config", tiny_model_dir, tmp_path)
+
+
+def test_shim_captures_only_inside_our_loss(tiny_model_dir, tmp_path):
+    """The shim is installed once; outside our loss Unsloth gets its β unchanged; inside, β = 0 and the captured
+    mask and reference log-probs are the micro-batch's; the capture is closed afterwards."""
+    run_check("capture", tiny_model_dir, tmp_path)
+
+
+def test_method_none_matches_unsloth_beta_loss(tiny_model_dir, tmp_path):
+    """Loss and every parameter gradient equal Unsloth's own β loss, per loss type (train and eval), with bias
+    correction, and where k3 exceeds Unsloth's bound of 10."""
+    run_check("parity", tiny_model_dir, tmp_path)
+
+
+def test_training_through_unsloth_compiled_loss(tiny_model_dir, tmp_path):
+    """3 steps each of dynamic+clip and the adaptive controller: β follows the rule, `kl` is ours, nothing is NaN."""
+    run_check("train", tiny_model_dir, tmp_path)

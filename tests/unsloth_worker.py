@@ -1,0 +1,248 @@
+"""Checks of the Unsloth backend, each run in a fresh process: `python tests/unsloth_worker.py CHECK MODEL_DIR`.
+
+Unsloth must be imported before TRL, and patches TRL for the whole process, so these checks cannot share the test
+session's process. On a CPU, `UNSLOTH_ALLOW_CPU=1` lets `import unsloth` succeed without patching TRL, and
+`_patch_trl_rl_trainers("grpo_trainer")` then generates Unsloth's real GRPO trainer module (its compiled loss runs on
+inductor's CPU backend). A check raises on failure and prints `OK <check>` on success.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+os.environ["UNSLOTH_ALLOW_CPU"] = "1"
+sys.path.insert(0, os.path.dirname(__file__))
+
+CHECK, MODEL_DIR = sys.argv[1], sys.argv[2]
+
+
+def patch_trl_with_unsloth():
+    import unsloth  # noqa: F401
+    from unsloth.models.rl import _patch_trl_rl_trainers
+
+    _patch_trl_rl_trainers("grpo_trainer")
+    import trl
+
+    assert trl.GRPOTrainer.__name__ == "UnslothGRPOTrainer", trl.GRPOTrainer
+
+
+if CHECK == "import_order":
+    # The wrong order: our classes are first used on TRL's own, then Unsloth patches TRL.
+    from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
+
+    patch_trl_with_unsloth()
+    for build in (lambda: AdaptiveKLGRPOConfig(output_dir="out", beta=0.1), lambda: AdaptiveKLGRPOTrainer(None, [])):
+        try:
+            build()
+        except ImportError as error:
+            assert "import unsloth" in str(error) and "GRPO" in str(error), error
+        else:
+            raise AssertionError("no ImportError for the wrong import order")
+    print("OK import_order")
+    sys.exit(0)
+
+patch_trl_with_unsloth()
+
+import dataclasses  # noqa: E402
+import types  # noqa: E402
+
+import torch  # noqa: E402
+import trl  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser  # noqa: E402
+
+from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer  # noqa: E402
+from adaptive_kl.aggregation import LOSS_TYPES  # noqa: E402
+from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed  # noqa: E402
+from adaptive_kl.unsloth_backend import CapturingEfficientGRPO, capturing_efficient_grpo, install_capture_shim  # noqa: E402
+from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, prompt_dataset  # noqa: E402
+
+
+install_cpu_scorer_if_needed()
+assert issubclass(AdaptiveKLGRPOTrainer, trl.GRPOTrainer) and issubclass(AdaptiveKLGRPOConfig, trl.GRPOConfig)
+
+BETA = 0.3
+# Unsloth's defaults differ from TRL's (e.g. optim and loss_type): the tests set what they compare explicitly.
+UNSLOTH_KWARGS = {**TRAIN_KWARGS, "optim": "adamw_torch", "bf16": False, "loss_type": "grpo"}
+
+
+def unsloth_model():
+    """The tiny model with the two methods Unsloth's trainer calls on a `FastLanguageModel` (GPU-only to load)."""
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR)
+    model.for_training = types.MethodType(lambda self, **kwargs: self.train(), model)
+    model.for_inference = types.MethodType(lambda self, **kwargs: self.eval(), model)
+    return model
+
+
+def make(trainer_cls, config_cls, **kwargs):
+    args = config_cls(**{**UNSLOTH_KWARGS, "output_dir": f"{MODEL_DIR}/out-{trainer_cls.__name__}", **kwargs})
+    return trainer_cls(
+        model=unsloth_model(),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=prompt_dataset(),
+        processing_class=AutoTokenizer.from_pretrained(MODEL_DIR),
+    )
+
+
+def unsloth_inputs(trainer, seed=0, drift=0.0):
+    """`tiny.fabricated_inputs` as generation leaves them for Unsloth: pad ids after each completion's end (Unsloth
+    rebuilds the completion mask from the token ids). `drift` moves two tokens' reference log-prob far enough that
+    k3 > 10 there, where Unsloth bounds the estimate."""
+    inputs = fabricated_inputs(trainer, seed)
+    pad = trainer.processing_class.pad_token_id
+    inputs["completion_ids"] = inputs["completion_ids"].masked_fill(inputs["completion_mask"] == 0, pad)
+    if drift:
+        inputs["ref_per_token_logps"][0, :2] += drift
+    return inputs
+
+
+def assert_close(ours, stock, policy_only, what, rtol=1e-6):
+    scale = max(stock.norm().item(), policy_only.norm().item())
+    assert (ours - stock).norm().item() <= rtol * scale, f"{what}: {ours} vs {stock}"
+
+
+def check_config():
+    """Unsloth's __init__ and defaults survive in our config; the KL fields are validated and round-trip."""
+    unsloth_config = trl.GRPOConfig(output_dir="out")
+    ours = AdaptiveKLGRPOConfig(output_dir="out")
+    kl_fields = {f.name for f in dataclasses.fields(AdaptiveKLGRPOConfig)} - {
+        f.name for f in dataclasses.fields(trl.GRPOConfig)
+    }
+    expected = {k: v for k, v in unsloth_config.to_dict().items() if k not in kl_fields}
+    assert {k: v for k, v in ours.to_dict().items() if k not in kl_fields} == expected
+    # Unsloth's own defaults, which a generated dataclass __init__ would have replaced by TRL's:
+    assert (ours.optim, ours.loss_type, ours.learning_rate, ours.unsloth_num_chunks) == ("adamw_8bit", "dapo", 5e-5, -1)
+    assert ours.kl_adaptation_method == "none" and ours.kl_estimator == "k3"
+
+    config = AdaptiveKLGRPOConfig(output_dir="out", beta=0.1, loss_type="grpo", kl_adaptation_method="dynamic+clip")
+    assert (config.beta, config.kl_methods, config.loss_type) == (0.1, ("dynamic", "clip"), "grpo")
+    changed = dataclasses.replace(config, steps_per_generation=None, kl_target=0.3)  # TRL refuses both set, as stock
+    assert (changed.kl_target, changed.kl_methods, changed.optim) == (0.3, ("dynamic", "clip"), config.optim)
+    # Flags: the KL fields parse, and every other field is what the parser gives Unsloth's own config.
+    argv = ["--output_dir", "out", "--beta", "0.1", "--use_cpu", "true", "--bf16", "false"]
+    (parsed,) = HfArgumentParser(AdaptiveKLGRPOConfig).parse_args_into_dataclasses(
+        [*argv, "--kl_adaptation_method", "sigmoid", "--kl_target", "0.2"]
+    )
+    (parsed_stock,) = HfArgumentParser(trl.GRPOConfig).parse_args_into_dataclasses(argv)
+    assert (parsed.kl_methods, parsed.kl_target) == (("sigmoid",), 0.2)
+    assert {k: v for k, v in parsed.to_dict().items() if k not in kl_fields} == parsed_stock.to_dict()
+    for bad, field in [({"kl_estimator": "k4"}, "kl_estimator"), ({"kl_adaptation_method": "clip+sigmoid"}, "clip")]:
+        try:
+            AdaptiveKLGRPOConfig(output_dir="out", beta=0.1, **bad)
+        except ValueError as error:
+            assert field in str(error), error
+        else:
+            raise AssertionError(f"{bad} accepted")
+    try:  # Unsloth's default beta is 0 for dapo: an adaptive method must ask for a positive one
+        AdaptiveKLGRPOConfig(output_dir="out", kl_adaptation_method="clip")
+    except ValueError as error:
+        assert "beta must be > 0" in str(error), error
+    else:
+        raise AssertionError("beta = 0 accepted with an adaptive method")
+
+
+def check_capture():
+    """The shim records apply's arguments only inside our loss, gives Unsloth β = 0 there, and installs once."""
+    stock = make(trl.GRPOTrainer, trl.GRPOConfig, beta=BETA)
+    ours = make(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, beta=BETA)
+    module = sys.modules[trl.GRPOTrainer.__module__]
+    shim = module.UnslothEfficientGRPO
+    assert isinstance(shim, CapturingEfficientGRPO) and install_capture_shim(module) is shim
+    assert module.UnslothEfficientGRPO is shim and not isinstance(shim.original, CapturingEfficientGRPO)
+
+    seen = []
+    original_apply = shim.original.apply
+
+    def spy(*args):
+        seen.append(args)
+        return original_apply(*args)
+
+    shim.original.apply = spy
+    inputs = unsloth_inputs(stock)
+    loss_and_grads(stock, inputs)
+    assert seen[-1][8] == BETA  # outside our loss the shim passes everything through
+    captured = {}
+    host_kl_inputs = ours._host_kl_inputs
+
+    def probe(capture, *args):
+        captured.update(capture["efficient_grpo"])
+        return host_kl_inputs(capture, *args)
+
+    ours._host_kl_inputs = probe
+    loss_and_grads(ours, inputs)
+    assert seen[-1][8] == 0.0 and len(seen) == 2
+    assert torch.equal(captured["_mask"].bool(), inputs["completion_mask"].bool())
+    assert torch.equal(captured["_ref_logps"], inputs["ref_per_token_logps"])
+    assert captured["_new_logps"].requires_grad
+    assert captured["extra_kwargs"]["loss_type"] == "grpo"
+    assert ours._capture is None and ours.beta == BETA
+    # The shim itself gives Unsloth β = 0 inside a capture, whatever β it is called with.
+    args = list(seen[-1])
+    args[8] = 0.7
+    with capturing_efficient_grpo({}) as capture:
+        shim.apply(*args)
+    assert seen[-1][8] == 0.0 and capture["efficient_grpo"]["beta"] == 0.7
+    shim.original.apply = original_apply
+
+
+def check_parity():
+    """Method "none" equals Unsloth's own β loss, in loss and every parameter gradient, per loss type; also where
+    k3 > 10 (Unsloth's bound) and in evaluation."""
+    stock = make(trl.GRPOTrainer, trl.GRPOConfig, beta=BETA)
+    ours = make(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, beta=BETA)
+    cases = [(loss_type, "sequence" if loss_type == "luspo" else "token", False, 0.0) for loss_type in LOSS_TYPES]
+    cases += [("grpo", "token", True, 0.0), ("dapo", "sequence", True, 0.0), ("grpo", "token", False, 12.0)]
+    for loss_type, level, bias, drift in cases:
+        for trainer in (stock, ours):
+            trainer.loss_type = trainer.args.loss_type = loss_type
+            trainer.importance_sampling_level = trainer.args.importance_sampling_level = level
+            trainer.args.use_bias_correction_kl = bias
+        inputs = unsloth_inputs(stock, seed=len(loss_type), drift=drift)
+        what = f"{loss_type}/{level}/bias={bias}/drift={drift}"
+        stock_loss, stock_grads = loss_and_grads(stock, inputs)
+        our_loss, our_grads = loss_and_grads(ours, inputs)
+        stock.beta = 0.0
+        policy_loss, policy_grads = loss_and_grads(stock, inputs)
+        eval_policy = loss_and_grads(stock, inputs, train=False)[0]
+        stock.beta = BETA
+        assert_close(our_loss, stock_loss, policy_loss, f"{what} loss")
+        assert stock_grads.keys() == our_grads.keys() and stock_grads
+        for name in stock_grads:
+            assert_close(our_grads[name], stock_grads[name], policy_grads[name], f"{what} {name}")
+        # The comparison sees the KL term: without it the loss is measurably different.
+        assert abs(stock_loss - policy_loss) > 1e-3 * abs(stock_loss), what
+        stock_eval, our_eval = (loss_and_grads(t, inputs, train=False)[0] for t in (stock, ours))
+        assert_close(our_eval, stock_eval, eval_policy, f"{what} eval loss")
+
+
+def check_train():
+    """Training through Unsloth's compiled loss: β follows the rule, our KL metrics are logged, nothing is NaN."""
+    for method, extra in [("dynamic+clip", {"reward_threshold": 0.0}), ("none", {"kl_controller": "adaptive"})]:
+        trainer = make(
+            AdaptiveKLGRPOTrainer,
+            AdaptiveKLGRPOConfig,
+            beta=0.04,
+            max_steps=3,
+            kl_adaptation_method=method,
+            **extra,
+        )
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "adaptive_kl/raw_kl" in h]
+        assert len(logs) == 3, trainer.state.log_history
+        for log in logs:
+            assert log["kl"] == log["adaptive_kl/raw_kl"] > 0  # ours, not the 0 Unsloth logs at β = 0
+            assert all(v == v for v in log.values()), log
+        betas = [log["adaptive_kl/current_beta"] for log in logs]
+        if method == "dynamic+clip":  # every step's reward ≥ threshold 0: β × 0.9 per step
+            assert max(abs(b - 0.04 * 0.9**i) for i, b in enumerate(betas)) < 1e-12, betas
+        else:
+            assert betas[0] == 0.04 and betas[1] != betas[0], betas
+        assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+if __name__ == "__main__":
+    {"config": check_config, "capture": check_capture, "parity": check_parity, "train": check_train}[CHECK]()
+    print(f"OK {CHECK}")
