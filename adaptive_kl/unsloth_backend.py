@@ -28,8 +28,9 @@ import torch
 from .aggregation import TOKEN_SUM_LOSS_TYPES
 
 
-# The Unsloth releases whose generated GRPO trainer this module was written against and tested with.
-TESTED_UNSLOTH = "unsloth / unsloth_zoo 2026.10.9"
+# The Unsloth releases whose generated GRPO trainer this module was written against (tested: 2026.10.9), for both
+# unsloth and unsloth_zoo; = the `unsloth` extra of pyproject.toml. The source-shape guard, not this range, decides.
+SUPPORTED_UNSLOTH = ">=2026.10.9,<2026.11"
 
 # `UnslothEfficientGRPO.forward`'s parameters after `ctx`: the shim reads the positional call by these names.
 APPLY_PARAMETERS = (
@@ -74,8 +75,8 @@ class UnsupportedUnslothError(RuntimeError):
 def _unsupported(problem: str) -> UnsupportedUnslothError:
     return UnsupportedUnslothError(
         f"The installed Unsloth's GRPO trainer no longer matches what adaptive-kl's Unsloth backend hooks into "
-        f"({problem}). It was written against {TESTED_UNSLOTH}: pip install 'unsloth==2026.10.9' "
-        "'unsloth_zoo==2026.10.9' (or use plain TRL: do not import unsloth)."
+        f"({problem}). It supports unsloth and unsloth_zoo{SUPPORTED_UNSLOTH} (tested: 2026.10.9): "
+        "pip install 'adaptive-kl[unsloth]', or train on plain TRL (do not import unsloth)."
     )
 
 
