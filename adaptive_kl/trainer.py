@@ -161,7 +161,8 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
 
     @contextmanager
     def _host_loss_without_kl(self):
-        """Runs the host's loss with β = 0 and captures the policy log-probabilities it computes."""
+        """Runs the host's loss with β = 0 and captures the policy log-probabilities it computes (on Unsloth, the
+        arguments of its efficient loss, which the shim also runs with β = 0)."""
         host_beta, self.beta, self._capture = self.beta, 0.0, {}
         try:
             if self._unsloth_module is None:

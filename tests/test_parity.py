@@ -11,16 +11,15 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.aggregation import LOSS_TYPES
+from tiny import assert_close_to_stock as assert_close
 from tiny import fabricated_inputs, loss_and_grads, make_trainer
 
 
 BETA = 0.3
-RTOL = 1e-6
 # TRL refuses these pairings at init; every other (loss_type, level) pair is offered.
 REQUIRED_LEVEL = {"luspo": "sequence", "vespo": "token"}
 CASES = [
@@ -51,11 +50,6 @@ def configure(trainers, loss_type, level, bias):
         trainer.loss_type = loss_type
         trainer.importance_sampling_level = level
         trainer.args.use_bias_correction_kl = bias
-
-
-def assert_close(ours: torch.Tensor, stock: torch.Tensor, policy_only: torch.Tensor, what: str):
-    scale = max(stock.norm().item(), policy_only.norm().item())
-    assert (ours - stock).norm().item() <= RTOL * scale, f"{what}: {ours} vs {stock}"
 
 
 def policy_only(stock, inputs, **kwargs):

@@ -111,6 +111,13 @@ def loss_and_grads(trainer, inputs, *, train: bool = True, accumulation_steps: i
     return loss.detach(), grads
 
 
+def assert_close_to_stock(ours, stock, policy_only, what: str, rtol: float = 1e-6) -> None:
+    """|ours − stock| ≤ rtol · max(|stock|, |policy_only|): "relative" to the magnitude of the terms summed, since the
+    host adds β·k before aggregating and we after, and the two summation orders differ by rounding."""
+    scale = max(stock.norm().item(), policy_only.norm().item())
+    assert (ours - stock).norm().item() <= rtol * scale, f"{what}: {ours} vs {stock}"
+
+
 def run_python(*args: str, **env: str) -> subprocess.CompletedProcess:
     """Runs `python *args` offline as a user would (a script or `-m module`), with `env` added to the environment,
     and asserts that it succeeded."""

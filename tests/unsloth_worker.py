@@ -43,9 +43,14 @@ if CHECK == "import_order":
     print("OK import_order")
     sys.exit(0)
 
+import adaptive_kl  # noqa: E402, F401  (the package alone, before Unsloth: its classes are built on first use)
+
+
 patch_trl_with_unsloth()
 
+import copy  # noqa: E402
 import dataclasses  # noqa: E402
+import pickle  # noqa: E402
 import types  # noqa: E402
 
 import torch  # noqa: E402
@@ -57,6 +62,7 @@ from adaptive_kl.aggregation import LOSS_TYPES  # noqa: E402
 from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed  # noqa: E402
 from adaptive_kl.unsloth_backend import CapturingEfficientGRPO, capturing_efficient_grpo, install_capture_shim  # noqa: E402
 from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, prompt_dataset  # noqa: E402
+from tiny import assert_close_to_stock as assert_close  # noqa: E402
 
 
 install_cpu_scorer_if_needed()
@@ -98,11 +104,6 @@ def unsloth_inputs(trainer, seed=0, drift=0.0):
     return inputs
 
 
-def assert_close(ours, stock, policy_only, what, rtol=1e-6):
-    scale = max(stock.norm().item(), policy_only.norm().item())
-    assert (ours - stock).norm().item() <= rtol * scale, f"{what}: {ours} vs {stock}"
-
-
 def check_config():
     """Unsloth's __init__ and defaults survive in our config; the KL fields are validated and round-trip."""
     unsloth_config = trl.GRPOConfig(output_dir="out")
@@ -118,6 +119,8 @@ def check_config():
 
     config = AdaptiveKLGRPOConfig(output_dir="out", beta=0.1, loss_type="grpo", kl_adaptation_method="dynamic+clip")
     assert (config.beta, config.kl_methods, config.loss_type) == (0.1, ("dynamic", "clip"), "grpo")
+    for copied in (pickle.loads(pickle.dumps(config)), copy.deepcopy(config)):  # training_args.bin is a pickle
+        assert type(copied) is AdaptiveKLGRPOConfig and copied.to_dict() == config.to_dict()
     changed = dataclasses.replace(config, steps_per_generation=None, kl_target=0.3)  # TRL refuses both set, as stock
     assert (changed.kl_target, changed.kl_methods, changed.optim) == (0.3, ("dynamic", "clip"), config.optim)
     # Flags: the KL fields parse, and every other field is what the parser gives Unsloth's own config.
