@@ -24,8 +24,16 @@ WORKER = os.path.join(os.path.dirname(__file__), "unsloth_worker.py")
 
 
 def run_check(check: str, model_dir: str, tmp_path) -> None:
-    # Unsloth writes its generated trainers under UNSLOTH_COMPILE_LOCATION (default: ./unsloth_compiled_cache).
-    result = run_python(WORKER, check, model_dir, UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_compiled_cache"))
+    # Unsloth writes its generated trainers under UNSLOTH_COMPILE_LOCATION (default: ./unsloth_compiled_cache), and
+    # inductor its compiled code under TORCHINDUCTOR_CACHE_DIR (default: shared by every process of the machine): both
+    # private to the check, so that nothing compiled by another run, in another environment, is reused.
+    result = run_python(
+        WORKER,
+        check,
+        model_dir,
+        UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_compiled_cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+    )
     assert f"OK {check}" in result.stdout, result.stdout[-2000:] + result.stderr[-4000:]
 
 
