@@ -141,19 +141,16 @@ def keep_host_init(config_cls: type) -> None:
         host_init(self, *args, **kwargs)
 
     host_signature = inspect.signature(host_init)
+    host_parameters = host_signature.parameters.values()
+    named = [p for p in host_parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    variadic = [p for p in host_parameters if p.kind is p.VAR_KEYWORD]
     own_parameters = [
         inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        if f.default is not MISSING
+        else inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.type)
         for f in own_fields
     ]
-    parameters = list(host_signature.parameters.values())
-    variadic = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
-    parameters = [p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    parameters = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is inspect.Parameter.VAR_POSITIONAL else p
-        for p in parameters
-        if p.kind is not inspect.Parameter.VAR_POSITIONAL
-    ]
-    __init__.__signature__ = host_signature.replace(parameters=[*parameters, *own_parameters, *variadic])
+    __init__.__signature__ = host_signature.replace(parameters=[*named, *own_parameters, *variadic])
     __init__.__qualname__ = f"{config_cls.__qualname__}.__init__"
     __init__.__doc__ = host_init.__doc__
     config_cls.__init__ = __init__
