@@ -33,6 +33,9 @@ def run_check(check: str, model_dir: str, tmp_path) -> None:
         model_dir,
         UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_compiled_cache"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+        # torch turns its custom-op aliasing warning into an error when `CI` is set, and on a CPU inductor's own
+        # `alloc_from_pool`, in Unsloth's compiled causal mask, trips it: keep it the warning users get.
+        TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING="0",
     )
     assert f"OK {check}" in result.stdout, result.stdout[-2000:] + result.stderr[-4000:]
 
