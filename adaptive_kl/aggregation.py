@@ -22,6 +22,26 @@ def token_counts(mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return mask.sum(dtype=dtype) if dim is None else mask.sum(dim, dtype=dtype)
 
 
+def token_sum_normalizer(
+    num_items: torch.Tensor | float,
+    num_processes: int,
+    accumulation_steps: float = 1.0,
+    steps_per_generation: int | None = None,
+) -> torch.Tensor | float:
+    """What the token-sum loss types (dapo, cispo, vespo) divide Σ m·x by: max(N, 1) / P · G / S.
+
+    Args:
+        num_items (`torch.Tensor` or number): N, the completion tokens of the whole generation batch (all processes).
+        num_processes (`int`): P.
+        accumulation_steps (`float`): G, the current gradient-accumulation steps.
+        steps_per_generation (`int`, *optional*): S. The generation batch spans S micro-batches, so G / S rescales N to
+            one accumulation window; `None` in evaluation, where the batch is neither split nor accumulated.
+    """
+    items = num_items.clamp(min=1.0) if torch.is_tensor(num_items) else max(float(num_items), 1.0)
+    normalizer = items / num_processes
+    return normalizer * accumulation_steps / steps_per_generation if steps_per_generation else normalizer
+
+
 def sequence_sums(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Σ_t m_it·x_it, shape `(B,)`."""
     return (values * mask).sum(-1)

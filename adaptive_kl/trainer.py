@@ -18,7 +18,7 @@ import trl
 from peft import PeftModel
 from trl import GRPOTrainer
 
-from .aggregation import TOKEN_SUM_LOSS_TYPES
+from .aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 from .compat import SUPPORTED_TRL
 from .config import AdaptiveKLGRPOConfig
 from .controller import BetaController
@@ -209,9 +209,12 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         accumulation_steps = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         token_normalizer = None
         if self.loss_type in TOKEN_SUM_LOSS_TYPES:
-            token_normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                token_normalizer = token_normalizer * accumulation_steps / args.steps_per_generation
+            token_normalizer = token_sum_normalizer(
+                inputs["num_items_in_batch"],
+                self.accelerator.num_processes,
+                accumulation_steps,
+                args.steps_per_generation if mode == "train" else None,
+            )
         return dict(
             per_token_logps=per_token_logps,
             ref_per_token_logps=inputs["ref_per_token_logps"],

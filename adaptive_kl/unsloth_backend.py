@@ -25,7 +25,7 @@ from types import ModuleType
 
 import torch
 
-from .aggregation import TOKEN_SUM_LOSS_TYPES
+from .aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 
 
 # The Unsloth releases whose generated GRPO trainer this module was written against (tested: 2026.10.9), for both
@@ -190,7 +190,8 @@ class CapturingEfficientGRPO:
 def check_unsloth_source(module: ModuleType) -> None:
     """The source-shape guard: raises `UnsupportedUnslothError` unless the generated module has the code we rely on."""
     original = module.UnslothEfficientGRPO
-    original = getattr(original, "original", original) if isinstance(original, CapturingEfficientGRPO) else original
+    if isinstance(original, CapturingEfficientGRPO):
+        original = original.original
     try:
         parameters = tuple(inspect.signature(original.forward).parameters)
     except (TypeError, ValueError, AttributeError):
@@ -211,9 +212,10 @@ def check_unsloth_source(module: ModuleType) -> None:
 
 
 def install_capture_shim(module: ModuleType) -> CapturingEfficientGRPO:
-    """Checks the generated module, then rebinds its `UnslothEfficientGRPO` to the capturing proxy (once)."""
-    check_unsloth_source(module)
+    """Rebinds the generated module's `UnslothEfficientGRPO` to the capturing proxy, once, after checking the module
+    (a module that already has the proxy passed that check)."""
     if not isinstance(module.UnslothEfficientGRPO, CapturingEfficientGRPO):
+        check_unsloth_source(module)
         module.UnslothEfficientGRPO = CapturingEfficientGRPO(module.UnslothEfficientGRPO)
     return module.UnslothEfficientGRPO
 
@@ -264,17 +266,13 @@ def unsloth_kl_term_inputs(call: dict) -> dict:
 
     loss_type = options.get("loss_type", "grpo")
     accumulation_steps = options.get("current_gradient_accumulation_steps", 1)
-    processes = options.get("num_processes", 1)
-    steps_per_generation = options.get("steps_per_generation")
-    window = accumulation_steps / steps_per_generation if steps_per_generation else 1.0
+    normalizer_args = (options.get("num_processes", 1), accumulation_steps, options.get("steps_per_generation"))
     sample_weight = options.get("sample_weight")
     token_normalizer = None
-    if sample_weight is not None:
-        token_normalizer = window / processes
+    if sample_weight is not None:  # Unsloth divides the weighted sum by the token-sum normalizer of N = 1
+        token_normalizer = token_sum_normalizer(1.0, *normalizer_args)
     elif loss_type in TOKEN_SUM_LOSS_TYPES:
-        items = options["num_items_in_batch"]
-        items = items.clamp(min=1.0) if torch.is_tensor(items) else max(float(items), 1.0)
-        token_normalizer = items / processes * window
+        token_normalizer = token_sum_normalizer(options["num_items_in_batch"], *normalizer_args)
     return dict(
         per_token_logps=new_logps,
         ref_per_token_logps=ref_logps,
