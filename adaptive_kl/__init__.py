@@ -16,6 +16,11 @@ _EXPORTS = {
     "BetaController": "controller",
     "AdaptiveKLStateCallback": "state",
     "AdaptiveKLGRPOTrainer": "trainer",
+    "BinomialKLConfig": "binomial_trainer",
+    "BinomialKLTrainer": "binomial_trainer",
+    "KLHealthCallback": "callbacks",
+    "RetentionCallback": "callbacks",
+    "HashedNgramEmbedder": "diversity",
 }
 
 __all__ = sorted(_EXPORTS)

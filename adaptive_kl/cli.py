@@ -4,10 +4,13 @@
     adaptive-kl demo --quick                          # a smoke run, < 90 s
     adaptive-kl compare --kl_scaling none,linear,sqrt,log
     adaptive-kl compare --kl_adaptation_method clip,sigmoid --set beta=0.1 --set kl_target=0.05
+    adaptive-kl compare --beta 0,0.001,0.01,0.1                                    # the tutorial's β ablation
+    adaptive-kl compare --kl_placement loss,reward --kl_estimator k1,k3 --set diversity_metrics=true
+    adaptive-kl compare --trainer grpo,binomial_kl                                 # GRPO vs the binomial-KL (SPO) loss
     adaptive-kl demo --model Qwen/Qwen2.5-0.5B-Instruct --unsloth --task gsm8k     # a real model on a GPU
 
-Every `AdaptiveKLGRPOConfig` field can be varied in `compare` as `--<field> v1,v2,...` (several give their product)
-or fixed for all variants with `--set field=value`. Results go to `--out`: summary.md, metrics.csv and PNG plots.
+Every `AdaptiveKLGRPOConfig` (or, with `--trainer binomial_kl`, `BinomialKLConfig`) field can be varied in `compare`
+as `--<field> v1,v2,...` (several give their product) or fixed for all variants with `--set field=value`. Results go to `--out`: summary.md, metrics.csv and PNG plots.
 """
 
 from __future__ import annotations

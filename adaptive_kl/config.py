@@ -6,7 +6,6 @@ The parent is whatever `trl.GRPOConfig` is when this module is first imported: T
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -21,7 +20,9 @@ from trl import GRPOConfig  # noqa: E402
 from .aggregation import LOSS_TYPES  # noqa: E402
 from .controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS  # noqa: E402
 from .kl import ESTIMATORS  # noqa: E402
+from .placement import KL_PLACEMENTS  # noqa: E402
 from .unsloth_backend import check_import_order, is_unsloth_class, keep_host_init  # noqa: E402
+from .validation import is_finite_number, is_int, require  # noqa: E402
 
 
 KL_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
@@ -51,19 +52,6 @@ def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
     if sum(m in KL_TRANSFORMS for m in methods) > 1:
         raise ValueError(f"kl_adaptation_method can use at most one of clip/sigmoid, got {value!r}.")
     return methods
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # YAML's `true` must not pass as 1
-
-
-def _is_finite_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -100,6 +88,13 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             Target mean per-token KL of the target-KL controllers.
         kl_horizon (`int`, *optional*, defaults to `10000`):
             Horizon (in sequences) of the `"adaptive"` controller.
+        kl_placement (`str`, *optional*, defaults to `"loss"`):
+            `"loss"`: β_t·Agg(f(k)) is added to the loss. `"reward"`: the detached sequence penalty β_t·Σ_t f(k) is
+            subtracted from each completion's reward before the group advantages, and the loss has no KL term (use
+            `kl_estimator="k1"` there).
+        diversity_metrics (`bool`, *optional*, defaults to `False`):
+            Log `diversity/*` metrics of each generation batch (unique completions, distinct-n, embedding
+            similarity within groups, token entropy).
     """
 
     kl_adaptation_method: str = field(
@@ -165,6 +160,21 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         default=10000,
         metadata={"help": "Horizon, in sequences, of the 'adaptive' controller. Must be > 0."},
     )
+    kl_placement: str = field(
+        default="loss",
+        metadata={
+            "help": "Where the KL goes: 'loss' (beta * Agg(f(k)) added to the loss) or 'reward' (the detached "
+            "sequence penalty beta * sum_t f(k) subtracted from each reward before the group advantages; use "
+            "kl_estimator='k1' there)."
+        },
+    )
+    diversity_metrics: bool = field(
+        default=False,
+        metadata={
+            "help": "Log diversity/* metrics of each generation batch: unique completions per group, distinct-1/2, "
+            "mean pairwise embedding similarity within groups, token entropy."
+        },
+    )
 
     def __post_init__(self):
         check_import_order(GRPOConfig, trl.GRPOConfig, "GRPOConfig")
@@ -172,7 +182,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         super().__post_init__()
         # Needs the process count, known once TrainingArguments has set up the distributed state.
         sequences_per_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
-        _require(
+        require(
             self.kl_controller != "adaptive" or ADAPTIVE_ERROR_CLIP * sequences_per_step < self.kl_horizon,
             f"kl_horizon must exceed {ADAPTIVE_ERROR_CLIP} x the sequences per optimizer step ({sequences_per_step}) with "
             f"kl_controller='adaptive', got {self.kl_horizon}: a larger step would make beta negative.",
@@ -191,76 +201,89 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
     @property
     def uses_adaptive_kl(self) -> bool:
         """Whether any KL field differs from stock TRL's behaviour."""
-        return bool(self.kl_methods) or (self.kl_scaling, self.kl_estimator, self.kl_controller) != (
-            "none",
-            "k3",
-            "fixed",
-        )
+        chosen = (self.kl_scaling, self.kl_estimator, self.kl_controller, self.kl_placement)
+        return bool(self.kl_methods) or chosen != ("none", "k3", "fixed", "loss")
 
     def _validate_adaptive_kl(self) -> None:
         methods = parse_kl_adaptation_method(self.kl_adaptation_method)
-        _require(
+        require(
             self.kl_scaling in KL_SCALINGS, f"kl_scaling must be one of {KL_SCALINGS}, got {self.kl_scaling!r}."
         )
-        _require(
+        require(
             self.kl_estimator in ESTIMATORS, f"kl_estimator must be one of {ESTIMATORS}, got {self.kl_estimator!r}."
         )
-        _require(
+        require(
+            self.kl_placement in KL_PLACEMENTS,
+            f"kl_placement must be one of {KL_PLACEMENTS}, got {self.kl_placement!r}.",
+        )
+        require(
+            isinstance(self.diversity_metrics, bool),
+            f"diversity_metrics must be True or False, got {self.diversity_metrics!r}.",
+        )
+        require(
             self.kl_controller in KL_CONTROLLERS,
             f"kl_controller must be one of {KL_CONTROLLERS}, got {self.kl_controller!r}.",
         )
-        _require(
-            _is_finite_number(self.kl_clip_threshold) and self.kl_clip_threshold > 0,
+        require(
+            is_finite_number(self.kl_clip_threshold) and self.kl_clip_threshold > 0,
             f"kl_clip_threshold must be a finite number > 0, got {self.kl_clip_threshold!r}.",
         )
-        _require(
-            _is_finite_number(self.kl_target) and self.kl_target >= 0,
+        require(
+            is_finite_number(self.kl_target) and self.kl_target >= 0,
             f"kl_target must be a finite number >= 0, got {self.kl_target!r}.",
         )
-        _require(
-            _is_finite_number(self.dynamic_beta_decay) and 0 < self.dynamic_beta_decay <= 1,
+        require(
+            is_finite_number(self.dynamic_beta_decay) and 0 < self.dynamic_beta_decay <= 1,
             f"dynamic_beta_decay must be in (0, 1], got {self.dynamic_beta_decay!r}.",
         )
-        _require(
-            _is_finite_number(self.reward_threshold),
+        require(
+            is_finite_number(self.reward_threshold),
             f"reward_threshold must be a finite number, got {self.reward_threshold!r}.",
         )
-        _require(
-            _is_finite_number(self.beta) and self.beta >= 0, f"beta must be a finite number >= 0, got {self.beta!r}."
+        require(
+            is_finite_number(self.beta) and self.beta >= 0, f"beta must be a finite number >= 0, got {self.beta!r}."
         )
-        _require(
-            _is_finite_number(self.beta_min) and 0 <= self.beta_min <= self.beta,
+        require(
+            is_finite_number(self.beta_min) and 0 <= self.beta_min <= self.beta,
             f"beta_min must be a finite number in [0, beta={self.beta}], got {self.beta_min!r}.",
         )
-        _require(
-            _is_int(self.beta_schedule_steps) and self.beta_schedule_steps >= 1,
+        require(
+            is_int(self.beta_schedule_steps) and self.beta_schedule_steps >= 1,
             f"beta_schedule_steps must be an integer >= 1, got {self.beta_schedule_steps!r}.",
         )
-        _require(
-            _is_finite_number(self.target_kl) and self.target_kl > 0,
+        require(
+            is_finite_number(self.target_kl) and self.target_kl > 0,
             f"target_kl must be a finite number > 0, got {self.target_kl!r}.",
         )
-        _require(
-            _is_int(self.kl_horizon) and self.kl_horizon > 0,
+        require(
+            is_int(self.kl_horizon) and self.kl_horizon > 0,
             f"kl_horizon must be an integer > 0, got {self.kl_horizon!r}.",
         )
-        _require(
+        require(
             not ("dynamic" in methods and self.kl_controller != "fixed"),
             f"kl_adaptation_method='dynamic' and kl_controller={self.kl_controller!r} both steer beta; use one of "
             "them (kl_controller='fixed' with 'dynamic').",
         )
-        _require(
+        require(
             self.beta > 0 or not self.uses_adaptive_kl,
             f"beta must be > 0 when any KL adaptation is set (kl_adaptation_method={self.kl_adaptation_method!r}, "
             f"kl_scaling={self.kl_scaling!r}, kl_estimator={self.kl_estimator!r}, "
-            f"kl_controller={self.kl_controller!r}): TRL loads no reference model at beta=0.",
+            f"kl_controller={self.kl_controller!r}, kl_placement={self.kl_placement!r}): TRL loads no reference "
+            "model at beta=0.",
         )
-        _require(
+        if self.kl_placement == "reward":
+            require(
+                self.multi_objective_aggregation == "sum_then_normalize",
+                "kl_placement='reward' subtracts the KL penalty from the total reward before the group normalization, "
+                "which needs multi_objective_aggregation='sum_then_normalize' (got "
+                f"{self.multi_objective_aggregation!r}, which normalizes each reward function separately).",
+            )
+        require(
             self.beta == 0 or self.loss_type in LOSS_TYPES,
             f"loss_type must be one of {LOSS_TYPES} when beta > 0 (the KL term mirrors its aggregation), "
             f"got {self.loss_type!r}.",
         )
-        if self.kl_estimator == "k1" and self.beta > 0:
+        if self.kl_estimator == "k1" and self.beta > 0 and self.kl_placement == "loss":
             warnings.warn(
                 "kl_estimator='k1' in the loss has zero expected gradient: it measures KL but does not regularize "
                 "towards the reference. Use 'k2' or 'k3' in the loss.",

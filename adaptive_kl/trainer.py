@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import torch
 import trl
+from accelerate.utils import gather_object
 from peft import PeftModel
 from trl import GRPOTrainer
 
@@ -22,7 +23,9 @@ from .aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 from .compat import SUPPORTED_TRL
 from .config import AdaptiveKLGRPOConfig
 from .controller import BetaController
+from .diversity import diversity_metrics
 from .metrics import STAT_INDEX, kl_metrics
+from .placement import group_advantages, sequence_kl_penalty, total_rewards
 from .state import AdaptiveKLStateCallback
 from .term import adapted_kl_term
 from .unsloth_backend import (
@@ -34,8 +37,27 @@ from .unsloth_backend import (
 )
 
 
+# Multimodal inputs of `_generate_and_score_completions`'s output that a policy forward needs.
+MULTIMODAL_INPUTS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
 # The host's methods this trainer hooks into: if one is gone, the KL term would silently never be computed.
-HOST_HOOKS = ("_compute_loss", "_get_per_token_logps_and_entropies", "_calculate_rewards")
+HOST_HOOKS = (
+    "_compute_loss",
+    "_get_per_token_logps_and_entropies",
+    "_calculate_rewards",
+    "_generate_and_score_completions",
+)
 
 
 def check_host_loss_path(host: type, args: AdaptiveKLGRPOConfig) -> None:
@@ -89,7 +111,9 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
 
     _tag_names = [*GRPOTrainer._tag_names, "adaptive-kl"]
 
-    def __init__(self, model, reward_funcs, args: AdaptiveKLGRPOConfig | None = None, *more, **kwargs):
+    def __init__(
+        self, model, reward_funcs, args: AdaptiveKLGRPOConfig | None = None, *more, diversity_embedder=None, **kwargs
+    ):
         check_import_order(GRPOTrainer, trl.GRPOTrainer, "GRPOTrainer")
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
@@ -102,6 +126,11 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         check_host_loss_path(GRPOTrainer, args)
         self._unsloth_module = unsloth_host_module(GRPOTrainer)
         if self._unsloth_module is not None:
+            if args.kl_placement == "reward":
+                raise ValueError(
+                    "kl_placement='reward' is not supported on Unsloth's GRPOTrainer: its rollout scoring is its own "
+                    "code, which this package does not hook. Use kl_placement='loss', or plain TRL."
+                )
             install_capture_shim(self._unsloth_module)
         super().__init__(model, reward_funcs, args, *more, **kwargs)
         if args.beta > 0 and reference_is_base_despite_trained_adapter(self.model):
@@ -118,6 +147,8 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         self._kl_transform = args.kl_transform
         self._capture: dict | None = None  # set while the host's loss runs
         self._generation_mean_reward = float("nan")
+        self._generation_rewards: torch.Tensor | None = None  # total rewards of the batch being scored, all processes
+        self.diversity_embedder = diversity_embedder
         self._step_stats: torch.Tensor | None = None  # summed statistics of the optimizer step in progress
         self._log_stats: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
         self._last_beta: dict[str, tuple[float, float]] = {}
@@ -133,13 +164,20 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards = total_rewards(rewards_per_func, self.reward_weights)  # gathered over processes, as TRL logs them
+        self._generation_rewards = rewards
         if self.model.training:
-            # The total reward TRL logs as `reward`: gathered over processes, NaN rows (all functions None) excluded.
-            weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
-            rewards = (rewards_per_func * weights).nansum(dim=1)
-            rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
             self._generation_mean_reward = torch.nanmean(rewards).item()
         return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        if self.args.kl_placement == "reward":
+            self._penalize_rewards(output, mode)
+        if self.args.diversity_metrics:
+            self._log_diversity(output, mode)
+        return output
 
     def _load_callback_state(self):
         super()._load_callback_state()
@@ -173,6 +211,67 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         finally:
             self.beta, self._capture = host_beta, None
 
+    # --- KL in the reward -------------------------------------------------------------------------------------------
+
+    def _sampling_policy_logps(self, output: dict, mode: str) -> torch.Tensor:
+        """log π at the sampled tokens under the policy that sampled them: TRL's `old_per_token_logps` when it computed
+        them, else one no-grad forward of the policy (on-policy, `num_iterations == 1`, where TRL skips it)."""
+        if output.get("old_per_token_logps") is not None:
+            return output["old_per_token_logps"]
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        multimodal = {key: output[key] for key in MULTIMODAL_INPUTS if key in output}
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, output["completion_ids"].size(1), batch_size, **multimodal
+            )
+        return logps
+
+    def _penalize_rewards(self, output: dict, mode: str) -> None:
+        """Replaces the advantages by those of the rewards minus the detached KL penalty β_t·Σ_t f(k)."""
+        args = self.args
+        step = self.state.global_step + 1
+        mask = output["completion_mask"]
+        if "tool_mask" in output:  # tool outputs were not sampled from the policy
+            mask = mask * output["tool_mask"]
+        penalty = sequence_kl_penalty(
+            self._sampling_policy_logps(output, mode),
+            output["ref_per_token_logps"],
+            mask,
+            beta=self.beta_controller.beta(step),
+            estimator=args.kl_estimator,
+            transform=self._kl_transform,
+            clip_threshold=args.kl_clip_threshold,
+            target=args.kl_target,
+            length_normalized="length_normalized" in self._kl_methods,
+        )
+        penalties = self.accelerator.gather(penalty)  # in the global order of the rewards
+        rewards = self._generation_rewards.to(penalties.dtype)
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        advantages = group_advantages(rewards - penalties, num_generations, self.scale_rewards)
+        local = len(output["completion_ids"])
+        start = self.accelerator.process_index * local
+        output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
+        # The completions table TRL logs shows the advantages the loss uses.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(advantages), len(logged))):
+            logged.pop()
+        logged.extend(advantages.tolist())
+        self._metrics[mode]["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
+
+    # --- diversity --------------------------------------------------------------------------------------------------
+
+    def _log_diversity(self, output: dict, mode: str) -> None:
+        """`diversity/*` of the generation batch, over every process's completions (groups may span processes)."""
+        ids = [row[mask.bool()].tolist() for row, mask in zip(output["completion_ids"], output["completion_mask"])]
+        ids = gather_object(ids)
+        texts = self.processing_class.batch_decode(ids, skip_special_tokens=True)
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        metrics = diversity_metrics(ids, texts, num_generations, embedder=self.diversity_embedder)
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+
     # --- loss --------------------------------------------------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -183,7 +282,14 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         with self._host_loss_without_kl() as captured:
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         beta, scale = self.beta_controller.beta(step), self.beta_controller.scale(step)
-        kl_term, stats = self._adapted_kl_term(self._host_kl_inputs(captured, inputs, mode))
+        host_inputs = self._host_kl_inputs(captured, inputs, mode)
+        if self.args.kl_placement == "reward":
+            # The KL is in the advantages: measured here, without a graph, for the metrics and controllers only.
+            with torch.no_grad():
+                _, stats = self._adapted_kl_term({**host_inputs, "use_bias_correction": False})
+            self._record(stats, mode, step, beta, scale)
+            return loss
+        kl_term, stats = self._adapted_kl_term(host_inputs)
         self._record(stats, mode, step, beta, scale)
         return loss + beta * kl_term  # Unsloth's backward ignores its incoming gradient: add, never scale its loss
 
@@ -261,6 +367,8 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
+        if self.args.diversity_metrics and self._metrics[mode].get("entropy"):
+            self._metrics[mode]["diversity/entropy"] = list(self._metrics[mode]["entropy"])  # TRL's, on the panel
         stats = self._log_stats.get(mode)
         if stats is not None:
             beta, scale = self._last_beta[mode]

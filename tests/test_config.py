@@ -24,6 +24,8 @@ NEW_FIELD_DEFAULTS = {
     "kl_controller": "fixed",
     "target_kl": 0.05,
     "kl_horizon": 10000,
+    "kl_placement": "loss",
+    "diversity_metrics": False,
 }
 
 

@@ -46,6 +46,8 @@ DOCUMENTED_KL_FIELDS = (
     "kl_controller",
     "target_kl",
     "kl_horizon",
+    "kl_placement",
+    "diversity_metrics",
 )
 CHECKED = (*KL_FIELDS, "beta")
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.name in CHECKED}
@@ -64,6 +66,8 @@ DYNAMIC_SET = dict(
     kl_controller="fixed",  # the only controller 'dynamic' accepts
     target_kl=0.02,
     kl_horizon=5000,
+    kl_placement="reward",
+    diversity_metrics=True,
 )
 CONTROLLER_SET = dict(
     beta=0.15,
@@ -79,6 +83,8 @@ CONTROLLER_SET = dict(
     kl_controller="adaptive",
     target_kl=0.03,
     kl_horizon=20000,
+    kl_placement="reward",
+    diversity_metrics=True,
 )
 FIELD_SETS = pytest.mark.parametrize("values", [DYNAMIC_SET, CONTROLLER_SET], ids=["dynamic", "controller"])
 
@@ -97,6 +103,7 @@ BAD = [
     ("kl_controller", "pid"),
     ("target_kl", 0.0),
     ("kl_horizon", 0),
+    ("kl_placement", "advantage"),
     ("beta", -0.1),
 ]
 BAD_VALUES = pytest.mark.parametrize("name,bad", BAD, ids=[name for name, _ in BAD])
@@ -146,7 +153,7 @@ def test_kl_fields_are_read_off_the_dataclass_and_documented():
     assert KL_FIELDS and KL_FIELDS == DOCUMENTED_KL_FIELDS
     params = AdaptiveKLGRPOConfig.__doc__.split("Parameters:")[1]
     assert tuple(re.findall(r"^\s+(\w+) \(`", params, re.M)) == KL_FIELDS
-    assert {name for name, _ in BAD} == set(CHECKED)
+    assert {name for name, _ in BAD} == set(CHECKED) - {"diversity_metrics"}  # a bool has no out-of-range value
 
 
 def test_field_sets_give_every_field_a_non_default_value(tmp_path):
@@ -247,7 +254,8 @@ def test_help_lists_every_kl_field(capsys):
     squeezed = "".join(text.split())  # argparse re-wraps the help text (and may break after hyphens)
     for f in dataclasses.fields(AdaptiveKLGRPOConfig):
         if f.name in KL_FIELDS:
-            assert f"--{f.name} {f.name.upper()}" in text, f.name
+            metavar = f"[{f.name.upper()}]" if f.type in (bool, "bool") else f.name.upper()  # a bool flag's value is optional
+            assert f"--{f.name} {metavar}" in text, f.name
             assert "".join(f.metadata["help"].split()) in squeezed, f.name
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from adaptive_kl.cli import main
-from adaptive_kl.demo.report import CSV_COLUMNS, SUMMARY_HEADER, step_rows, summarize, summary_table
-from adaptive_kl.demo.runner import DemoSettings, VariantRun, base_config
+from adaptive_kl.demo.report import CSV_COLUMNS, SUMMARY_HEADER, diversity_table, step_rows, summarize, summary_table
+from adaptive_kl.demo.runner import TRAINER_DEFAULTS, DemoSettings, VariantRun
 from adaptive_kl.demo.variants import DEMO_METHODS, parse_field_value, variant_grid
 from tiny import run_python
 
@@ -231,7 +231,7 @@ def test_quick_demo_csv(quick_demo):
         assert all(r["reward"] != "" and 0 <= float(r["reward"]) <= 2 for r in trained)
         assert all(float(r["adaptive_kl/raw_kl"]) >= 0 for r in trained)
     clip_betas = [float(r["adaptive_kl/current_beta"]) for r in rows if r["variant"] == "clip" and r["step"] != "0"]
-    assert clip_betas == [base_config(DemoSettings())["beta"]] * 6  # a fixed β stays fixed
+    assert clip_betas == [TRAINER_DEFAULTS["grpo"]["beta"]] * 6  # a fixed β stays fixed
 
 
 def test_quick_demo_plots(quick_demo):
@@ -271,3 +271,49 @@ def test_a_seed_variant_also_draws_its_data_with_that_seed(tmp_path):
     assert (args.seed, args.data_seed) == (3, 3)
     args = make_config(Variant("beta=0.2", {"beta": 0.2}), DemoSettings(seed=5), str(tmp_path))
     assert (args.seed, args.data_seed, args.beta) == (5, 5, 0.2)
+
+
+# --- the seed studies' variants: β sweep, trainer choice, retention and diversity in the report ----------------------
+
+
+def test_a_beta_sweep_builds_valid_configs_down_to_zero(tmp_path):
+    """`compare --beta 0,0.001,0.01,0.1`: the dynamic floor beta_min follows β down (it may not exceed it)."""
+    from adaptive_kl.demo.runner import make_config
+
+    for variant in variant_grid({"beta": ["0", "0.001", "0.01", "0.1"]}):
+        args = make_config(variant, DemoSettings(), str(tmp_path))
+        assert args.beta == variant.overrides["beta"] and args.beta_min == min(0.004, args.beta)
+
+
+def test_the_trainer_field_picks_the_config_class(tmp_path):
+    from adaptive_kl import AdaptiveKLGRPOConfig, BinomialKLConfig
+    from adaptive_kl.demo.runner import make_config
+
+    grpo, binomial = variant_grid({"trainer": ["grpo", "binomial_kl"]})
+    assert type(make_config(grpo, DemoSettings(), str(tmp_path))) is AdaptiveKLGRPOConfig
+    args = make_config(binomial, DemoSettings(), str(tmp_path))
+    assert type(args) is BinomialKLConfig and args.beta == 0.0 and args.correct_reward_threshold == 1.5
+    with pytest.raises(ValueError, match="kl_scaling is not a field of BinomialKLConfig"):
+        make_config(binomial, DemoSettings(fixed={"kl_scaling": "sqrt"}), str(tmp_path))
+    with pytest.raises(ValueError, match="expected one of"):
+        parse_field_value("trainer", "spo")
+
+
+def test_compare_rejects_a_field_of_the_other_trainer(capsys, tmp_path):
+    assert main(["compare", "--trainer", "grpo,binomial_kl", "--set", "diversity_metrics=true", "--out",
+                 str(tmp_path)]) == 2  # fmt: skip
+    assert "diversity_metrics is not a field of BinomialKLConfig" in capsys.readouterr().err
+
+
+def test_summary_of_retention_warnings_and_diversity():
+    run = fabricated_run()
+    run.retention = [{"step": 0, "retention/loglik": -0.5}, {"step": 2, "retention/loglik": -0.75}]
+    run.kl_warnings = [{"step": 2, "side": "above", "value": 0.3}]
+    for h, unique in zip(run.history, (0.5, 0.25)):
+        h["diversity/unique_fraction"] = unique
+    s = summarize(run)
+    assert (s["final_retention"], s["delta_retention"], s["kl_warnings"]) == (-0.75, -0.25, 1.0)
+    assert s["late_reward"] == 1.5  # the last quarter of two steps is the last step
+    table = diversity_table([run, fabricated_run("sigmoid")]).splitlines()
+    assert table[2].startswith("| clip | 0.250 | n/a") and table[3].startswith("| sigmoid | n/a")
+    assert diversity_table([fabricated_run()]) == ""  # no run logged diversity/*

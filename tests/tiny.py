@@ -41,9 +41,17 @@ TRAIN_KWARGS = dict(
 
 
 def make_trainer(
-    cls, config_cls, model_dir, reward_funcs=(length_reward,), peft_config=None, eval_dataset=None, **kwargs
+    cls,
+    config_cls,
+    model_dir,
+    reward_funcs=(length_reward,),
+    peft_config=None,
+    eval_dataset=None,
+    trainer_kwargs=None,
+    **kwargs,
 ):
-    """A trainer on the tiny model; `kwargs` go to the config (over `TRAIN_KWARGS`)."""
+    """A trainer on the tiny model; `kwargs` go to the config (over `TRAIN_KWARGS`), `trainer_kwargs` to the
+    trainer."""
     kwargs.setdefault("output_dir", f"{model_dir}/out-{cls.__name__}")
     args = config_cls(**{**TRAIN_KWARGS, **kwargs})
     return cls(
@@ -54,6 +62,7 @@ def make_trainer(
         eval_dataset=eval_dataset,
         peft_config=peft_config,
         processing_class=AutoTokenizer.from_pretrained(model_dir),
+        **(trainer_kwargs or {}),
     )
 
 

@@ -57,7 +57,7 @@ import torch  # noqa: E402
 import trl  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser  # noqa: E402
 
-from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer  # noqa: E402
+from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, BinomialKLConfig  # noqa: E402
 from adaptive_kl.aggregation import LOSS_TYPES  # noqa: E402
 from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed  # noqa: E402
 from adaptive_kl.unsloth_backend import CapturingEfficientGRPO, capturing_efficient_grpo, install_capture_shim  # noqa: E402
@@ -144,6 +144,19 @@ def check_config():
         assert "beta must be > 0" in str(error), error
     else:
         raise AssertionError("beta = 0 accepted with an adaptive method")
+    # The KL in the reward hooks TRL's rollout scoring, which Unsloth replaces: refused when the trainer is built.
+    try:
+        make(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, beta=0.1, kl_placement="reward", kl_estimator="k1")
+    except ValueError as error:
+        assert "kl_placement='reward' is not supported on Unsloth" in str(error), error
+    else:
+        raise AssertionError("kl_placement='reward' accepted on Unsloth's trainer")
+    try:
+        BinomialKLConfig(output_dir="out")
+    except NotImplementedError as error:
+        assert "Unsloth" in str(error), error
+    else:
+        raise AssertionError("BinomialKLConfig accepted on Unsloth's GRPOConfig")
 
 
 def check_capture():

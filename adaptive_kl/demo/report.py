@@ -36,6 +36,18 @@ SUMMARY_HEADER = (
     "final β",
     "mean completion length",
     "wall time (s)",
+    "reward (last quarter)",
+    "retention loglik (final)",
+    "Δ retention",
+    "KL-band warnings",
+)
+# The diversity table, written when a run logged `diversity/*` (`diversity_metrics=True`): means over the last quarter.
+DIVERSITY_COLUMNS = (
+    ("unique fraction", "diversity/unique_fraction"),
+    ("distinct-1", "diversity/distinct_1"),
+    ("distinct-2", "diversity/distinct_2"),
+    ("embedding similarity", "diversity/embedding_similarity"),
+    ("token entropy", "diversity/entropy"),
 )
 
 
@@ -44,11 +56,20 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def _late_mean(run: VariantRun, metric: str) -> float:
+    """Mean of a logged metric over the last quarter of the run's steps (at least one step)."""
+    values = [h[metric] for h in run.history if metric in h]
+    return _mean(values[-max(1, len(values) // 4) :])
+
+
 def summarize(run: VariantRun) -> dict[str, float]:
     """The summary row of one run: final validation accuracy, its change from step 0 and from the best evaluation
-    (≤ 0: how much was lost since the best point), mean raw/adapted KL and completion length over steps, final β."""
+    (≤ 0: how much was lost since the best point), mean raw/adapted KL and completion length over steps, final β,
+    the reward of the last quarter of steps, the final retention log-likelihood and its change from step 0, and how
+    many times the KL left its band."""
     accuracies = [e["val_accuracy"] for e in run.evaluations]
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
+    retention = [e["retention/loglik"] for e in run.retention]
     final = accuracies[-1] if accuracies else math.nan
     return {
         "final_accuracy": final,
@@ -59,6 +80,10 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),  # β = 0 logs no adaptive_kl/*
         "mean_completion_length": _mean(h.get("completions/mean_length") for h in run.history),
         "wall_time": run.wall_time,
+        "late_reward": _late_mean(run, "reward"),
+        "final_retention": retention[-1] if retention else math.nan,
+        "delta_retention": retention[-1] - retention[0] if retention else math.nan,
+        "kl_warnings": float(len(run.kl_warnings)),
     }
 
 
@@ -67,9 +92,21 @@ def summary_table(runs: list[VariantRun]) -> str:
     lines = ["| " + " | ".join(SUMMARY_HEADER) + " |", "|" + "---|" * len(SUMMARY_HEADER)]
     for run in runs:
         s = summarize(run)
-        formats = (".3f", "+.3f", "+.3f", ".4f", ".4f", ".4g", ".1f", ".0f")
+        formats = (".3f", "+.3f", "+.3f", ".4f", ".4f", ".4g", ".1f", ".0f", ".3f", ".4f", "+.4f", ".0f")
         cells = [run.name] + ["n/a" if math.isnan(v) else format(v, f) for v, f in zip(s.values(), formats, strict=True)]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def diversity_table(runs: list[VariantRun]) -> str:
+    """A markdown table of the `diversity/*` metrics (last-quarter means), or "" when no run logged them."""
+    if not any(key in h for run in runs for h in run.history for _, key in DIVERSITY_COLUMNS[:-1]):
+        return ""
+    header = ["variant", *(name for name, _ in DIVERSITY_COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in runs:
+        values = [_late_mean(run, key) for _, key in DIVERSITY_COLUMNS]
+        lines.append("| " + " | ".join([run.name] + ["n/a" if math.isnan(v) else f"{v:.3f}" for v in values]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -103,6 +140,8 @@ PANELS = (
     ("kl", "adaptive_kl/raw_kl", "per-token KL: raw (solid) vs adapted (dashed)"),
     ("beta", "adaptive_kl/current_beta", "β"),
     ("completion_length", "completions/mean_length", "mean completion length (tokens)"),
+    ("retention", "retention/loglik", "retention: log-likelihood of held-out solutions"),
+    ("diversity", "diversity/unique_fraction", "unique completions per group"),
 )
 
 
@@ -121,9 +160,10 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     def draw(ax, panel, metric, title):
         for i, run in enumerate(runs):
             color = f"C{i % 10}"
-            if panel == "validation_accuracy":
-                ax.plot([e["step"] for e in run.evaluations], [e[metric] for e in run.evaluations], "o-", color=color,
-                        label=run.name, markersize=3)  # fmt: skip
+            if panel in ("validation_accuracy", "retention"):  # evaluated every eval_every steps, step 0 included
+                points = run.evaluations if panel == "validation_accuracy" else run.retention
+                ax.plot([e["step"] for e in points], [e[metric] for e in points], "o-", color=color, label=run.name,
+                        markersize=3)  # fmt: skip
                 continue
             series = [(h["step"], h[metric]) for h in run.history if metric in h]
             if not series:
@@ -139,10 +179,10 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
         ax.grid(alpha=0.3)
 
     paths = []
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
     for ax, (panel, metric, title) in zip(axes.flat, PANELS):
         draw(ax, panel, metric, title)
-    legend = axes.flat[-1]  # the sixth cell holds the legend
+    legend = axes.flat[-1]  # the last cell holds the legend
     legend.axis("off")
     legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center", title="variant")
     fig.tight_layout()
@@ -152,7 +192,8 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     for panel, metric, title in PANELS:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         draw(ax, panel, metric, title)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a metric no run logged leaves an empty panel
+            ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(os.path.join(directory, f"{panel}.png"))
         fig.savefig(paths[-1], dpi=110)
@@ -167,6 +208,9 @@ def write_report(runs: list[VariantRun], directory: str, title: str = "adaptive-
     with open(summary, "w") as f:
         f.write(f"# {title}\n\n{notes}\n\n" if notes else f"# {title}\n\n")
         f.write(summary_table(runs))
+        diversity = diversity_table(runs)
+        if diversity:
+            f.write(f"\nDiversity (means over the last quarter of steps):\n\n{diversity}")
     metrics = os.path.join(directory, "metrics.csv")
     write_csv(runs, metrics)
     return {"summary": summary, "csv": metrics, "plots": write_plots(runs, directory)}

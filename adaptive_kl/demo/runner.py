@@ -1,13 +1,16 @@
 """Runs variants of `AdaptiveKLGRPOTrainer` on one task with the same seed and budget, and records what they did.
 
-Each run logs every step (TRL's metrics and `adaptive_kl/*`) and evaluates greedy validation accuracy at step 0 and
-every `eval_every` steps. On the embedded default everything runs on a CPU in minutes; with `model` set to a hub id
+Each run logs every step (TRL's metrics and `adaptive_kl/*`), evaluates greedy validation accuracy at step 0 and
+every `eval_every` steps, and, where the task has reference solutions, their log-likelihood (`retention/*`) on the
+same schedule; a `KLHealthCallback` warns when the mean KL leaves the 0.01–0.2 band. A variant's `trainer` override
+picks the trainer: `"grpo"` (`AdaptiveKLGRPOTrainer`, the default) or `"binomial_kl"` (`BinomialKLTrainer`). On the embedded default everything runs on a CPU in minutes; with `model` set to a hub id
 or local path (and optionally `unsloth`), the same code trains a real model on a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -16,12 +19,11 @@ import torch
 from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from ..config import AdaptiveKLGRPOConfig
+from ..callbacks import KLHealthCallback, RetentionCallback
 from ..cpu_scorer import install_cpu_scorer_if_needed
 from ..embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
 from ..task import TASK_REWARDS, evaluate_accuracy, load_gsm8k
-from ..trainer import AdaptiveKLGRPOTrainer
-from .variants import Variant
+from .variants import TRAINER_CLASSES, Variant
 
 
 # Instruction given to real (chat) models, which have never seen the embedded task's answer format.
@@ -59,7 +61,6 @@ def base_config(settings: DemoSettings) -> dict:
     on_gpu = torch.cuda.is_available()
     common = dict(
         max_steps=settings.steps,
-        beta=0.1,
         seed=settings.seed,
         data_seed=settings.seed,
         logging_steps=1,
@@ -68,10 +69,6 @@ def base_config(settings: DemoSettings) -> dict:
         disable_tqdm=True,
         lr_scheduler_type="constant",
         warmup_steps=0,
-        # dynamic: β decays once the mean task reward (format + accuracy, at most 2) reaches this level.
-        reward_threshold=1.4,
-        dynamic_beta_decay=0.95,
-        beta_min=0.004,
     )
     if settings.embedded:
         return dict(
@@ -101,14 +98,50 @@ def base_config(settings: DemoSettings) -> dict:
     )
 
 
-def make_config(variant: Variant, settings: DemoSettings, output_dir: str) -> AdaptiveKLGRPOConfig:
-    """The variant's config: `base_config`, then `settings.fixed`, then the variant's overrides (invalid ones raise).
+# Fields of each trainer's config on top of `base_config`.
+TRAINER_DEFAULTS = {
+    "grpo": dict(
+        beta=0.1,
+        # dynamic: β decays once the mean task reward (format + accuracy, at most 2) reaches this level.
+        reward_threshold=1.4,
+        dynamic_beta_decay=0.95,
+    ),
+    # The study trains on correct completions only: the task reward is 2 exactly when the answer is right.
+    "binomial_kl": dict(correct_reward_threshold=1.5),
+}
+DYNAMIC_BETA_MIN = 0.004
+
+
+def variant_trainer(variant: Variant, settings: DemoSettings) -> str:
+    """The trainer a variant runs: its `trainer` override, else `--set trainer=...`, else `"grpo"`."""
+    return variant.overrides.get("trainer", settings.fixed.get("trainer", "grpo"))
+
+
+def trainer_classes(name: str) -> tuple[type, type]:
+    """`(config class, trainer class)` of a trainer name of `TRAINER_CLASSES`."""
+    module, config_name, trainer_name = TRAINER_CLASSES[name]
+    module = importlib.import_module(module, __package__)
+    return getattr(module, config_name), getattr(module, trainer_name)
+
+
+def make_config(variant: Variant, settings: DemoSettings, output_dir: str):
+    """The variant's config: `base_config` and its trainer's defaults, then `settings.fixed`, then the variant's
+    overrides (invalid ones raise, as do fields its trainer's config does not have).
 
     A variant that sets `seed` also draws its data with it, unless it sets `data_seed` too."""
-    fields = {**base_config(settings), **settings.fixed, **variant.overrides}
+    trainer = variant_trainer(variant, settings)
+    config_cls, _ = trainer_classes(trainer)
+    chosen = {k: v for k, v in {**settings.fixed, **variant.overrides}.items() if k != "trainer"}
+    fields = {**base_config(settings), **TRAINER_DEFAULTS[trainer], **chosen}
     if "seed" in variant.overrides and "data_seed" not in variant.overrides:
         fields["data_seed"] = variant.overrides["seed"]
-    return AdaptiveKLGRPOConfig(output_dir=output_dir, **fields)
+    if trainer == "grpo" and "beta_min" not in chosen:
+        fields["beta_min"] = min(DYNAMIC_BETA_MIN, fields["beta"])  # a floor for `dynamic`, never above β
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    foreign = sorted(set(chosen) - known)
+    if foreign:
+        raise ValueError(f"{', '.join(foreign)} is not a field of {config_cls.__name__} (trainer={trainer!r})")
+    return config_cls(output_dir=output_dir, **fields)
 
 
 def task_datasets(settings: DemoSettings, n_train: int, seed: int):
@@ -189,6 +222,15 @@ class VariantRun:
     history: list[dict]
     evaluations: list[dict]
     wall_time: float
+    retention: list[dict] = field(default_factory=list)  # `retention/*` at step 0 and every `eval_every` steps
+    kl_warnings: list[dict] = field(default_factory=list)  # the KL-band episodes `KLHealthCallback` warned about
+
+
+def retention_dataset(validation):
+    """The held-out reference solutions as `prompt`/`completion`, or `None` when the task has none (GSM8K)."""
+    if "solution" not in validation.column_names:
+        return None
+    return validation.select_columns(["prompt", "solution"]).rename_column("solution", "completion")
 
 
 def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRun:
@@ -200,16 +242,23 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     train, validation = task_datasets(settings, prompts_needed // args.num_generations + 1, args.seed)
     max_new_tokens = EMBEDDED_TASK["max_new_tokens"] if settings.embedded else args.max_completion_length
     validation_callback = ValidationCallback(tokenizer, validation, settings.eval_every, max_new_tokens)
+    kl_health = KLHealthCallback()
     start = time.perf_counter()
-    trainer = AdaptiveKLGRPOTrainer(
+    _, trainer_cls = trainer_classes(variant_trainer(variant, settings))
+    trainer = trainer_cls(
         model=model,
         processing_class=tokenizer,
         reward_funcs=list(TASK_REWARDS),
         args=args,
         train_dataset=train,
-        callbacks=[validation_callback, VariantProgressCallback(bar, variant.name)],
+        callbacks=[validation_callback, kl_health, VariantProgressCallback(bar, variant.name)],
     )
     trainer.remove_callback(PrinterCallback)  # the shared progress bar replaces per-step log dicts on stdout
+    held_out = retention_dataset(validation)
+    retention = None
+    if held_out is not None:
+        retention = RetentionCallback(trainer, held_out, eval_steps=settings.eval_every, batch_size=64)
+        trainer.add_callback(retention)
     trainer.train()
     history = [entry for entry in trainer.state.log_history if "reward" in entry and "step" in entry]
     return VariantRun(
@@ -218,6 +267,8 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         history,
         validation_callback.evaluations,
         time.perf_counter() - start,
+        retention=retention.history if retention is not None else [],
+        kl_warnings=kl_health.episodes,
     )
 
 

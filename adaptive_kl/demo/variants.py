@@ -14,11 +14,18 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from ..binomial_trainer import BinomialKLConfig
 from ..config import AdaptiveKLGRPOConfig
 
 
 # The five methods of the demo, in the order the tables and plots list them.
 DEMO_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
+
+# `trainer` (a variant field that is not a config field) → (module, config class, trainer class).
+TRAINER_CLASSES = {
+    "grpo": ("..trainer", "AdaptiveKLGRPOConfig", "AdaptiveKLGRPOTrainer"),
+    "binomial_kl": ("..binomial_trainer", "BinomialKLConfig", "BinomialKLTrainer"),
+}
 
 
 @dataclass(frozen=True)
@@ -30,8 +37,12 @@ class Variant:
 
 
 def _config_field_types() -> dict[str, object]:
-    hints = typing.get_type_hints(AdaptiveKLGRPOConfig)
-    return {f.name: hints.get(f.name, str) for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.init}
+    """Every field a variant can set: those of both trainers' configs, and `trainer` itself."""
+    types_ = {"trainer": typing.Literal[tuple(TRAINER_CLASSES)]}
+    for config_cls in (AdaptiveKLGRPOConfig, BinomialKLConfig):
+        hints = typing.get_type_hints(config_cls)
+        types_.update({f.name: hints.get(f.name, str) for f in dataclasses.fields(config_cls) if f.init})
+    return types_
 
 
 def _convert(text: str, annotation) -> object:
@@ -85,7 +96,7 @@ def parse_field_value(name: str, text: str) -> object:
     if name not in types_:
         close = difflib.get_close_matches(name, types_, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"Unknown AdaptiveKLGRPOConfig field {name!r}.{hint}")
+        raise ValueError(f"Unknown AdaptiveKLGRPOConfig/BinomialKLConfig field {name!r}.{hint}")
     try:
         return _convert(text, types_[name])
     except ValueError as error:

@@ -1,0 +1,352 @@
+"""Training-health callbacks: a KL target-band monitor and a retention ("SFT eval") evaluation next to the reward.
+
+The rule of thumb they implement: keep the mean per-token KL to the reference inside a target band (0.01–0.2 by
+default). Above it the policy drifts too far from the reference; below it, after the first steps, the policy hardly
+moves (it is not learning). Independently, a falling score on held-out reference data (log-likelihood of reference
+completions, or accuracy on a held-out task) shows forgetting, which the training reward alone does not.
+
+```python
+trainer = AdaptiveKLGRPOTrainer(..., callbacks=[KLHealthCallback()])
+trainer.add_callback(RetentionCallback(trainer, sft_eval, eval_steps=50))  # columns "prompt", "completion"
+trainer.train()
+```
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import math
+
+import torch
+from transformers import TrainerCallback
+from transformers.utils import logging
+
+from .task.evaluation import generate_greedy
+from .validation import is_finite_number, is_positive_int
+
+
+logger = logging.get_logger(__name__)
+
+RETENTION_METRICS = ("loglik", "accuracy")
+
+
+class KLHealthCallback(TrainerCallback):
+    """Warns when the logged mean KL leaves the target band `[low, high]`, once per episode.
+
+    The value judged is the running mean of the last `window` finite values logged after the grace period: per-step
+    KL is noisy, and a run whose KL hovers at a bound would otherwise start a new episode every few steps. An episode is a maximal run of
+    consecutive judged values on the same side of the band: `"above"` (> `high`),
+    `"below"` (< `low`) or `"nan"` (a NaN KL, or `None`, which is how TRL logs a metric whose values were all NaN).
+    The warning fires when an episode starts; a value inside the band (bounds included) re-arms the callback, and a
+    value on another side starts a new episode at once. Every reported episode is appended to `self.episodes` as
+    `{"step", "side", "value"}`.
+
+    Below-band values logged at optimizer steps `1 … grace_steps` are exempt (they count as inside the band): the KL
+    is exactly 0 at the first step of every run, since the policy starts as the reference. Above-band and NaN values
+    are reported from the first step.
+
+    Only training logs are read: logs without `key` are ignored, and so are evaluation logs (any key starting with
+    `eval_`) unless `key` itself names an evaluation metric (e.g. `"eval_kl"`).
+
+    Args:
+        low, high: the target band, finite, `0 <= low < high`.
+        key: the logged metric to monitor (`"kl"`: TRL's mean per-token KL, which `AdaptiveKLGRPOTrainer` logs as
+            well; `"adaptive_kl/raw_kl"` for the raw k3 KL of the adaptive trainer).
+        grace_steps: number of initial optimizer steps whose below-band values are not reported (int >= 0).
+        window: number of logged values in the running mean (int >= 1; 1 judges each value alone).
+
+    Raises:
+        ValueError: naming the argument, for a band that is not finite and ordered, an empty `key` or a negative
+            `grace_steps`.
+    """
+
+    def __init__(
+        self, low: float = 0.01, high: float = 0.2, key: str = "kl", grace_steps: int = 10, window: int = 10
+    ):
+        if not is_finite_number(low) or low < 0:
+            raise ValueError(f"low must be a finite number >= 0, got {low!r}.")
+        if not is_finite_number(high) or high <= low:
+            raise ValueError(f"high must be a finite number > low ({low!r}), got {high!r}.")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key must be the name of a logged metric (a non-empty string), got {key!r}.")
+        if not isinstance(grace_steps, int) or isinstance(grace_steps, bool) or grace_steps < 0:
+            raise ValueError(f"grace_steps must be an int >= 0, got {grace_steps!r}.")
+        if not is_positive_int(window):
+            raise ValueError(f"window must be an int >= 1, got {window!r}.")
+        self.low, self.high, self.key, self.grace_steps = float(low), float(high), key, grace_steps
+        self._recent: collections.deque[float] = collections.deque(maxlen=window)
+        self.episodes: list[dict] = []
+        self._side: str | None = None  # side of the current episode; None: armed (last value inside the band)
+
+    def _classify(self, value: float, step: int) -> str | None:
+        if math.isnan(value):
+            return "nan"
+        if value > self.high:
+            return "above"
+        if value < self.low and step > self.grace_steps:
+            return "below"
+        return None
+
+    def _message(self, side: str, value: float, step: int) -> str:
+        where = f"Mean KL `{self.key}` = {value:.4g} (last {len(self._recent)} logs) at step {step}"
+        band = f"the target band [{self.low:g}, {self.high:g}]"
+        if side == "above":
+            return (
+                f"{where} is above {band}: the policy is drifting too far from the reference. Raise beta, or let a "
+                'target-KL controller hold it (kl_controller="adaptive" with target_kl inside the band); a lower '
+                "learning rate also helps. Watch the retention metrics for forgetting."
+            )
+        if side == "below":
+            return (
+                f"{where} is below {band} after {self.grace_steps} grace steps: the policy barely moves from the "
+                "reference and may not be learning. Lower beta (or beta_min), or raise the learning rate; check that "
+                "rewards vary within groups (frac_reward_zero_std)."
+            )
+        return (
+            f"Mean KL `{self.key}` is NaN at step {step}: the KL estimate is invalid (overflowing log-ratios, an "
+            "empty completion mask, or a diverged policy). Check the loss and grad_norm, lower the learning rate, and "
+            "use bf16/fp32 rather than fp16."
+        )
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or self.key not in logs:
+            return
+        if not self.key.startswith("eval_") and any(str(k).startswith("eval_") for k in logs):
+            return
+        value = logs[self.key]
+        if value is None:
+            value = float("nan")
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            return  # not a number: nothing to judge
+        step = state.global_step
+        if not math.isnan(value) and step > self.grace_steps:
+            # The grace period's values (near 0 from step 1) stay out of the mean, which would otherwise report a
+            # below-band episode as soon as it ends; during it each value is judged alone (above-band and NaN only).
+            self._recent.append(value)
+            value = sum(self._recent) / len(self._recent)
+        side = self._classify(value, step)
+        if side is not None and side != self._side:
+            self.episodes.append({"step": step, "side": side, "value": value})
+            logger.warning(self._message(side, value, step))
+        self._side = side
+
+
+class RetentionCallback(TrainerCallback):
+    """Evaluates retention on a held-out set every `eval_steps` optimizer steps, logged with that step's reward.
+
+    Metrics (`prefix` = `"retention"` by default):
+
+    - `metric="loglik"`: `dataset` has string columns `prompt` and `completion` (reference completions). Logs
+      `{prefix}/loglik`, the mean per-token log-likelihood of the completion tokens given the prompt under the
+      current policy (token-weighted over the whole set), and `{prefix}/seq_loglik`, the mean over examples of each
+      completion's summed log-likelihood. The prompt is tokenized as `GRPOTrainer` tokenizes plain-text prompts for
+      generation (the tokenizer's defaults, so a BOS is prepended exactly where the tokenizer adds one); the
+      completion is tokenized separately without special tokens and its ids are appended, so the completion boundary
+      is exact and nothing is inserted between the two. No EOS is appended: only the completion text is scored.
+      Sequences are right-padded by the callback itself, so the tokenizer's `padding_side` is neither used nor
+      changed and padding cannot shift positions. Rows whose prompt or completion tokenize to nothing are rejected.
+    - `metric="accuracy"`: `dataset` has a string column `prompt` plus whatever columns `score_fn` needs. Greedy
+      completions (`max_new_tokens` new tokens, left-padded batches) are scored by
+      `score_fn(completions=[str], prompts=[str], **other_columns) -> list[float]`, the signature of a TRL reward
+      function (e.g. `adaptive_kl.task.accuracy_reward`); scores of `None` are left out, as TRL does with rewards.
+      Logs `{prefix}/accuracy`, the mean score.
+
+    Schedule: once at `on_train_begin` (the baseline, stored in `self.history` only) and at `on_step_end` when
+    `global_step % eval_steps == 0` or at the last step. Each result is appended to `self.history` as
+    `{"step", <metric names>: value}` and to the trainer's metric store `trainer._metrics["train"]`, which
+    `GRPOTrainer.log` averages into the next training log entry, right after `on_step_end` of a logging step: every
+    `report_to` backend receives it in the same entry as that step's `reward`. When `logging_steps` does not divide
+    `eval_steps`, the value appears in the next logged entry instead (averaged with any other evaluation made before
+    it; a last one that no regular log follows goes into the end-of-training summary entry).
+
+    Evaluation runs without gradients, in eval mode (restored afterwards) and under the trainer's mixed-precision
+    autocast, on `trainer.accelerator.unwrap_model(trainer.model)` with `trainer.processing_class` as tokenizer.
+    Under several processes the set is sharded (row `i` to process `i % num_processes`); every process runs the same
+    number of batches (short shards are padded with zero-weight copies of a row, so collective model calls line up)
+    and the sums are reduced with `trainer.accelerator.reduce`, so every process logs the same global value. Models
+    whose parameters are sharded across processes (FSDP, DeepSpeed ZeRO-3) are not supported. The dataset is held in
+    memory (and, for "loglik", pre-tokenized) from construction on; the history is not saved in checkpoints.
+
+    Raises:
+        ValueError: naming the argument, for `eval_steps`/`batch_size` < 1, an unknown `metric`, missing or non-string
+            columns, an empty dataset, a missing `score_fn` or `max_new_tokens` for "accuracy", a column a required
+            parameter of `score_fn` names but the dataset lacks, or a trainer without TRL's metric store.
+    """
+
+    def __init__(
+        self,
+        trainer,
+        dataset,
+        eval_steps: int = 50,
+        metric: str = "loglik",
+        batch_size: int = 32,
+        max_new_tokens: int | None = None,
+        score_fn=None,
+        prefix: str = "retention",
+    ):
+        if not is_positive_int(eval_steps):
+            raise ValueError(f"eval_steps must be an int >= 1, got {eval_steps!r}.")
+        if metric not in RETENTION_METRICS:
+            raise ValueError(f"metric must be one of {RETENTION_METRICS}, got {metric!r}.")
+        if not is_positive_int(batch_size):
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}.")
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"prefix must be a non-empty string, got {prefix!r}.")
+        if not isinstance(getattr(trainer, "_metrics", None), dict) or "train" not in trainer._metrics:
+            raise ValueError(
+                "trainer must be a TRL trainer with a metric store `_metrics` (GRPOTrainer, AdaptiveKLGRPOTrainer), "
+                f"got {type(trainer).__name__}."
+            )
+        columns = list(getattr(dataset, "column_names", None) or (dataset if isinstance(dataset, dict) else []))
+        required = ("prompt", "completion") if metric == "loglik" else ("prompt",)
+        missing = [c for c in required if c not in columns]
+        if missing:
+            raise ValueError(f"dataset must have columns {required} for metric={metric!r}; missing {missing}.")
+        data = {c: list(dataset[c]) for c in columns}
+        if not data["prompt"]:
+            raise ValueError("dataset is empty.")
+        for c in required:
+            if not all(isinstance(x, str) for x in data[c]):
+                raise ValueError(f"dataset column {c!r} must hold plain strings (render chat prompts first).")
+        if metric == "accuracy":
+            if not callable(score_fn):
+                raise ValueError(f"score_fn must be a callable for metric='accuracy', got {score_fn!r}.")
+            if not is_positive_int(max_new_tokens):
+                raise ValueError(f"max_new_tokens must be an int >= 1 for metric='accuracy', got {max_new_tokens!r}.")
+            needed = [c for c in _required_parameters(score_fn) if c not in ("completions", "prompts")]
+            if [c for c in needed if c not in columns]:
+                raise ValueError(
+                    f"dataset lacks column(s) {[c for c in needed if c not in columns]} that score_fn "
+                    f"{getattr(score_fn, '__name__', score_fn)!r} requires; it has {columns}."
+                )
+        self.trainer, self.metric, self.eval_steps, self.batch_size = trainer, metric, eval_steps, batch_size
+        self.max_new_tokens, self.score_fn, self.prefix = max_new_tokens, score_fn, prefix
+        self.data = data
+        self.history: list[dict] = []
+        self._last_step: int | None = None
+        if metric == "loglik":
+            self._tokenized = [
+                self._tokenize(i, p, c) for i, (p, c) in enumerate(zip(data["prompt"], data["completion"]))
+            ]
+
+    @property
+    def tokenizer(self):
+        return self.trainer.processing_class
+
+    def _tokenize(self, index: int, prompt: str, completion: str) -> tuple[list[int], list[int]]:
+        prompt_ids = list(self.tokenizer(prompt)["input_ids"])
+        completion_ids = list(self.tokenizer(completion, add_special_tokens=False)["input_ids"])
+        if not prompt_ids or not completion_ids:
+            empty = "prompt" if not prompt_ids else "completion"
+            raise ValueError(f"dataset row {index}: the {empty} tokenizes to no tokens, so it cannot be scored.")
+        return prompt_ids, completion_ids
+
+    # ----------------------------------------------------------------------------------------------------- schedule
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._evaluate(state.global_step, log=False)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
+            self._evaluate(state.global_step, log=True)
+
+    def _evaluate(self, step: int, log: bool) -> None:
+        if self._last_step == step:
+            return
+        self._last_step = step
+        scores = self.evaluate()
+        self.history.append({"step": step, **scores})
+        if log:
+            for name, value in scores.items():
+                self.trainer._metrics["train"][name].append(value)
+
+    # --------------------------------------------------------------------------------------------------- evaluation
+
+    def _shard(self) -> tuple[list[int], list[int]]:
+        """(this process's rows, padded to the largest shard with row 0; weights, 0 for the padding)."""
+        accelerator = self.trainer.accelerator
+        n, processes = len(self.data["prompt"]), accelerator.num_processes
+        rows = list(range(accelerator.process_index, n, processes))
+        size = -(-n // processes)
+        return rows + [0] * (size - len(rows)), [1] * len(rows) + [0] * (size - len(rows))
+
+    def _reduce(self, sums: list[float]) -> list[float]:
+        accelerator = self.trainer.accelerator
+        if accelerator.num_processes == 1:
+            return sums
+        dtype = torch.float64 if accelerator.device.type in ("cpu", "cuda") else torch.float32
+        total = accelerator.reduce(torch.tensor(sums, dtype=dtype, device=accelerator.device), "sum")
+        return total.tolist()
+
+    def evaluate(self) -> dict[str, float]:
+        """Runs the evaluation now on the current policy and returns `{metric name: value}` (records nothing)."""
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), self.trainer.accelerator.autocast():
+                return self._loglik(model) if self.metric == "loglik" else self._accuracy(model)
+        finally:
+            model.train(was_training)
+
+    def _loglik(self, model) -> dict[str, float]:
+        rows, weights = self._shard()
+        pad_id = self.tokenizer.pad_token_id
+        pad_id = pad_id if pad_id is not None else (self.tokenizer.eos_token_id or 0)
+        device = next(model.parameters()).device
+        token_sum = tokens = seq_sum = sequences = 0.0
+        for start in range(0, len(rows), self.batch_size):
+            batch = [self._tokenized[i] for i in rows[start : start + self.batch_size]]
+            batch_weights = weights[start : start + self.batch_size]
+            width = max(len(p) + len(c) for p, c in batch)
+            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, (p, c) in enumerate(batch):  # right padding: positions of real tokens start at 0
+                input_ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+                attention_mask[i, : len(p) + len(c)] = 1
+            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+            row_sums = []
+            for i, (p, c) in enumerate(batch):
+                # logits at position t predict token t + 1: completion tokens p..p+c-1 are predicted at p-1..p+c-2
+                logps = logits[i, len(p) - 1 : len(p) + len(c) - 1].float().log_softmax(-1)
+                row_sums.append(logps.gather(-1, input_ids[i, len(p) : len(p) + len(c), None]).sum())
+            row_sums = torch.stack(row_sums).double().tolist()
+            for (_, c), w, s in zip(batch, batch_weights, row_sums, strict=True):
+                token_sum += w * s
+                tokens += w * len(c)
+                seq_sum += w * s
+                sequences += w
+        token_sum, tokens, seq_sum, sequences = self._reduce([token_sum, tokens, seq_sum, sequences])
+        return {f"{self.prefix}/loglik": token_sum / tokens, f"{self.prefix}/seq_loglik": seq_sum / sequences}
+
+    def _accuracy(self, model) -> dict[str, float]:
+        rows, weights = self._shard()
+        prompts = [self.data["prompt"][i] for i in rows]
+        # Padding rows are generated too (every process makes the same generate calls), then dropped.
+        completions = generate_greedy(model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size)
+        real = [i for i, w in zip(rows, weights, strict=True) if w]
+        completions = completions[: len(real)]
+        total = count = 0.0
+        if real:
+            other = {c: [self.data[c][i] for i in real] for c in self.data if c != "prompt"}
+            scores = self.score_fn(completions=completions, prompts=prompts[: len(real)], **other)
+            if len(scores) != len(real):
+                raise ValueError(f"score_fn returned {len(scores)} scores for {len(real)} completions.")
+            valid = [float(s) for s in scores if s is not None and not math.isnan(float(s))]
+            total, count = sum(valid), float(len(valid))
+        total, count = self._reduce([total, count])
+        return {f"{self.prefix}/accuracy": total / count if count else float("nan")}
+
+
+def _required_parameters(fn) -> list[str]:
+    """Names of the parameters of `fn` that have no default (keyword-passable ones only); [] when unknown."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in kinds and p.default is inspect.Parameter.empty]

@@ -1,0 +1,109 @@
+"""KL in the reward (`kl_placement="reward"`): the sequence penalty and the group advantages it enters.
+
+The detached penalty P_i = β_t · Σ_t m_it f(k_it) (or β_t · K̄_i with `length_normalized`) is subtracted from
+completion i's total reward before the group normalization, the PPO/REINFORCE convention; the loss then carries no
+KL term. With k1 the penalty is the sampled sequence's log-ratio log π(y)/π_ref(y), an unbiased estimate of the
+sequence-level reverse KL, so the policy gradient of the penalized reward is the gradient of the KL-regularized
+objective E[R] − β·KL(π‖π_ref).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregation import sequence_means, sequence_sums
+from .kl import kl_estimate, transform_kl
+
+
+KL_PLACEMENTS = ("loss", "reward")
+SCALE_REWARDS = ("group", "batch", "none")
+# Added to the standard deviation before dividing (as TRL does), so a group with equal rewards gets zero advantages.
+STD_EPSILON = 1e-4
+
+
+def sequence_kl_penalty(
+    per_token_logps: torch.Tensor,
+    ref_per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    beta: float,
+    estimator: str = "k1",
+    transform: str | None = None,
+    clip_threshold: float = 1.0,
+    target: float = 0.1,
+    length_normalized: bool = False,
+) -> torch.Tensor:
+    """P_i = β · Σ_t m_it f(k_it), or β · Σ_t m_it f(k_it) / L_i when `length_normalized`; detached.
+
+    Args:
+        per_token_logps (`torch.Tensor` of shape `(B, T)`): log π at the sampled tokens, under the policy that sampled
+            them.
+        ref_per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_ref.
+        mask (`torch.Tensor` of shape `(B, T)`): completion mask (tool-output tokens excluded).
+        beta (`float`): β_t.
+        estimator, transform, clip_threshold, target: the per-token estimate k and transform f (see `adaptive_kl.kl`).
+        length_normalized (`bool`): the per-sequence mean instead of the sum.
+
+    Returns:
+        `torch.Tensor` of shape `(B,)` in float32 or wider.
+    """
+    with torch.no_grad():
+        kl = kl_estimate(per_token_logps - ref_per_token_logps, estimator)
+        adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
+        mask = mask.to(adapted.dtype)
+        per_sequence = sequence_means(adapted, mask) if length_normalized else sequence_sums(adapted, mask)
+        return beta * per_sequence
+
+
+def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
+    """The total reward TRL logs as `reward`: Σ_k w_k·r_k over the reward functions that scored the completion, NaN
+    where none did.
+
+    Args:
+        rewards_per_func (`torch.Tensor` of shape `(N, K)`): rewards per completion and function, NaN where a function
+            returned None.
+        reward_weights (`torch.Tensor` of shape `(K,)`).
+
+    Returns:
+        `torch.Tensor` of shape `(N,)`.
+    """
+    rewards = (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
+
+
+def _nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sample standard deviation (n − 1) over non-NaN entries; NaN with fewer than two."""
+    count = (~values.isnan()).sum(dim=dim, keepdim=dim is not None)
+    mean = values.nanmean(dim=dim, keepdim=dim is not None)
+    squares = (values - mean).square().nansum(dim=dim, keepdim=dim is not None)
+    return torch.where(count > 1, squares / (count - 1).clamp(min=1), torch.full_like(squares, float("nan"))).sqrt()
+
+
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group") -> torch.Tensor:
+    """GRPO advantages of total rewards: minus the group mean, divided by the group's (or batch's) std + 1e-4.
+
+    NaN rewards (completions no reward function scored) are left out of every mean and std and get advantage 0.
+    With one completion per group the std is taken as 0 (the advantage is then 0).
+
+    Args:
+        rewards (`torch.Tensor` of shape `(N,)`): total rewards of the generation batch over all processes, groups of
+            `num_generations` consecutive completions.
+        num_generations (`int`): G.
+        scale_rewards (`str`): `"group"`, `"batch"` or `"none"`.
+
+    Returns:
+        `torch.Tensor` of shape `(N,)`.
+    """
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}.")
+    grouped = rewards.view(-1, num_generations)
+    advantages = (grouped - grouped.nanmean(dim=1, keepdim=True)).view(-1)
+    if scale_rewards != "none":
+        if scale_rewards == "batch":
+            std = _nan_std(rewards) if rewards.numel() > 1 else rewards.new_zeros(())
+        else:
+            std = _nan_std(grouped, dim=1) if num_generations > 1 else grouped.new_zeros(grouped.size(0), 1)
+            std = std.expand_as(grouped).reshape(-1)
+        advantages = advantages / (std + STD_EPSILON)
+    return torch.nan_to_num(advantages, nan=0.0)
