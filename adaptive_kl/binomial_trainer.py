@@ -125,8 +125,9 @@ class BinomialKLConfig(GRPOConfig):
         )
         threshold = self.correct_reward_threshold
         require(
-            is_finite_number(threshold),
-            f"correct_reward_threshold must be a finite number, got {threshold!r}.",
+            is_finite_number(threshold) and threshold >= 0,
+            f"correct_reward_threshold must be a finite number >= 0, got {threshold!r}: the loss is weighted by the "
+            "reward, so a correct sequence with a negative reward would be pushed away from its target.",
         )
         require(
             isinstance(self.binomial_kl_detach_target, bool),
@@ -194,6 +195,11 @@ class BinomialKLTrainer(GRPOTrainer):
         # This process's rows, sliced as TRL slices its advantages.
         start = self.accelerator.process_index * len(inputs)
         output["advantages"] = self._spo_rewards[start : start + len(inputs)]  # (B,), raw reward (NaN: unscorable)
+        # The completions table TRL logs shows the advantages the loss uses.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(self._spo_rewards), len(logged))):
+            logged.pop()
+        logged.extend(self._spo_rewards.tolist())
         self._spo_rewards = None
         return output
 
@@ -293,6 +299,12 @@ class BinomialKLTrainer(GRPOTrainer):
         buffer = getattr(self, "_buffered_inputs", None) if mode == "train" else None
         slot = next((i for i, batch in enumerate(buffer or ()) if batch is inputs), None)
         if slot is None:
+            if any(batch is not None for batch in buffer or ()):
+                # Normalizing by this micro-batch alone would scale the step's gradient by up to the accumulation.
+                raise RuntimeError(
+                    "BinomialKLTrainer could not find this micro-batch in GRPOTrainer's generation buffer, so it cannot "
+                    f"count the correct sequences of the optimizer step (supported: trl{SUPPORTED_TRL})."
+                )
             return correct.sum()
         accumulation = self._accumulation_steps()
         first = slot - slot % accumulation

@@ -52,7 +52,7 @@ class KLHealthCallback(TrainerCallback):
     Args:
         low, high: the target band, finite, `0 <= low < high`.
         key: the logged metric to monitor (`"kl"`: TRL's mean per-token KL, which `AdaptiveKLGRPOTrainer` logs as
-            well; `"adaptive_kl/raw_kl"` for the raw k3 KL of the adaptive trainer).
+            well; `"adaptive_kl/raw_kl"` for the chosen `kl_estimator`'s mean, which can be negative with k1).
         grace_steps: number of initial optimizer steps whose below-band values are not reported (int >= 0).
         window: number of logged values in the running mean (int >= 1; 1 judges each value alone).
 
@@ -130,7 +130,8 @@ class KLHealthCallback(TrainerCallback):
         side = self._classify(value, step)
         if side is not None and side != self._side:
             self.episodes.append({"step": step, "side": side, "value": value})
-            logger.warning(self._message(side, value, step))
+            if getattr(state, "is_world_process_zero", True):  # every process sees the same (reduced) KL
+                logger.warning(self._message(side, value, step))
         self._side = side
 
 
@@ -160,7 +161,9 @@ class RetentionCallback(TrainerCallback):
     `GRPOTrainer.log` averages into the next training log entry, right after `on_step_end` of a logging step: every
     `report_to` backend receives it in the same entry as that step's `reward`. When `logging_steps` does not divide
     `eval_steps`, the value appears in the next logged entry instead (averaged with any other evaluation made before
-    it; a last one that no regular log follows goes into the end-of-training summary entry).
+    it; a last one that no regular log follows goes into the end-of-training summary entry, unless an evaluation ran
+    just before it, which leaves the model in eval mode so that TRL's `log` reads its eval metrics: then that value
+    is in `self.history` only).
 
     Evaluation runs without gradients, in eval mode (restored afterwards) and under the trainer's mixed-precision
     autocast, on `trainer.accelerator.unwrap_model(trainer.model)` with `trainer.processing_class` as tokenizer.

@@ -171,7 +171,13 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
+        self._generation_rewards = None
         output = super()._generate_and_score_completions(inputs)
+        if self._generation_rewards is None and self.args.kl_placement == "reward":
+            raise RuntimeError(
+                "AdaptiveKLGRPOTrainer could not capture the rewards to penalize: the installed GRPOTrainer no longer "
+                f"calls _calculate_rewards from _generate_and_score_completions (supported: trl{SUPPORTED_TRL})."
+            )
         mode = "train" if self.model.training else "eval"
         if self.args.kl_placement == "reward":
             self._penalize_rewards(output, mode)
@@ -264,7 +270,12 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
 
     def _log_diversity(self, output: dict, mode: str) -> None:
         """`diversity/*` of the generation batch, over every process's completions (groups may span processes)."""
-        ids = [row[mask.bool()].tolist() for row, mask in zip(output["completion_ids"], output["completion_mask"])]
+        pad = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") else None
+        ids = []
+        for row, mask in zip(output["completion_ids"], output["completion_mask"].bool()):
+            if not mask.any() and pad is not None:  # masked whole by mask_truncated_completions: the tokens, unpadded
+                mask = row != pad
+            ids.append(row[mask].tolist())
         ids = gather_object(ids)
         texts = self.processing_class.batch_decode(ids, skip_special_tokens=True)
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval

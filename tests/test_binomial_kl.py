@@ -310,7 +310,11 @@ def test_micro_batches_share_the_step_normalizer(tiny_model_dir):
         reference = naive_step_objective(trainer, [first, second])
     assert trainer._metrics["train"]["binomial_kl/num_correct"] == [4.0, 4.0]
     assert sum(ours).item() == pytest.approx(reference.item(), rel=1e-5)
-    # A batch outside the buffer is a whole step by itself (here 1 correct sequence).
+    # In training, a batch outside a filled buffer cannot be normalized by its step: refused, not scaled wrongly.
+    with pytest.raises(RuntimeError, match="generation buffer"):
+        trainer.compute_loss(trainer.model, dict(second))
+    # Without a buffer (a batch passed to compute_loss directly) it is a whole step by itself (1 correct sequence).
+    trainer._buffered_inputs = [None, None]
     with torch.no_grad():
         alone = trainer.compute_loss(trainer.model, dict(second))
         assert alone.item() == pytest.approx(naive_step_objective(trainer, [second]).item(), rel=1e-5)
@@ -375,6 +379,7 @@ def test_loss_graph_saves_one_logits_tensor(tiny_model_dir):
     [
         ({"binomial_kl_target": "min"}, "binomial_kl_target"),
         ({"correct_reward_threshold": float("nan")}, "correct_reward_threshold"),
+        ({"correct_reward_threshold": -1.0}, "correct_reward_threshold"),
         ({"correct_reward_threshold": "0"}, "correct_reward_threshold"),
         ({"binomial_kl_detach_target": 1}, "binomial_kl_detach_target"),
         ({"beta": 0.04}, "beta"),

@@ -47,3 +47,21 @@ def test_no_diversity_metrics_by_default(tiny_model_dir, tmp_path):
                            output_dir=str(tmp_path / "out"))  # fmt: skip
     trainer.train()
     assert not any(k.startswith("diversity/") for h in trainer.state.log_history for k in h)
+
+
+def test_truncated_completions_masked_whole_are_measured_on_their_tokens(tiny_model_dir, tmp_path):
+    """`mask_truncated_completions` zeroes a truncated row's mask; its diversity still counts its tokens, not ""."""
+    embedder = RecordingEmbedder()
+    trainer = make_trainer(
+        AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=0.1, diversity_metrics=True, max_steps=1,
+        mask_truncated_completions=True, generation_kwargs={"min_new_tokens": 8}, output_dir=str(tmp_path / "out"),
+        trainer_kwargs={"diversity_embedder": embedder},
+    )  # fmt: skip
+    recorder = GenerationRecorder(trainer)
+    trainer.train()
+    out = recorder.batches[0]["output"]
+    assert not out["completion_mask"].any()  # every completion ran to max_completion_length: all masked
+    assert all(len(text) > 0 for text in embedder.calls[0])
+    (entry,) = [h for h in trainer.state.log_history if "diversity/unique_fraction" in h]
+    ids = [row.tolist() for row in out["completion_ids"]]
+    assert entry["diversity/unique_fraction"] == pytest.approx(unique_fraction(ids, trainer.num_generations))

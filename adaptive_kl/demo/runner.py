@@ -283,7 +283,7 @@ def check_variants(variants: list[Variant], settings: DemoSettings) -> None:
     for variant in variants:
         try:
             make_config(variant, settings, variant_output_dir(variant, settings))
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError, NotImplementedError) as error:
             raise ValueError(f"variant {variant.name!r}: {error}") from None
 
 
