@@ -44,7 +44,7 @@ from .binomial_kl import (
     token_log_probs_from_logits,
 )
 from .compat import SUPPORTED_TRL
-from .placement import total_rewards
+from .placement import replace_logged_advantages, total_rewards
 from .unsloth_backend import check_import_order, is_unsloth_class
 from .validation import is_finite_number, require
 
@@ -195,11 +195,7 @@ class BinomialKLTrainer(GRPOTrainer):
         # This process's rows, sliced as TRL slices its advantages.
         start = self.accelerator.process_index * len(inputs)
         output["advantages"] = self._spo_rewards[start : start + len(inputs)]  # (B,), raw reward (NaN: unscorable)
-        # The completions table TRL logs shows the advantages the loss uses.
-        logged = self._logs["advantages"]
-        for _ in range(min(len(self._spo_rewards), len(logged))):
-            logged.pop()
-        logged.extend(self._spo_rewards.tolist())
+        replace_logged_advantages(self._logs["advantages"], self._spo_rewards)
         self._spo_rewards = None
         return output
 

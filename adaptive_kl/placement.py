@@ -72,6 +72,14 @@ def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) 
     return rewards
 
 
+def replace_logged_advantages(logged, advantages: torch.Tensor) -> None:
+    """Replaces the last `len(advantages)` entries of TRL's `_logs["advantages"]` (a bounded deque that TRL just
+    extended with its own advantages), so that the completions table shows the advantages the loss uses."""
+    for _ in range(min(len(advantages), len(logged))):
+        logged.pop()
+    logged.extend(advantages.tolist())
+
+
 def _nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sample standard deviation (n − 1) over non-NaN entries; NaN with fewer than two."""
     count = (~values.isnan()).sum(dim=dim, keepdim=dim is not None)

@@ -25,7 +25,7 @@ from .config import AdaptiveKLGRPOConfig
 from .controller import BetaController
 from .diversity import diversity_metrics
 from .metrics import STAT_INDEX, kl_metrics
-from .placement import group_advantages, sequence_kl_penalty, total_rewards
+from .placement import group_advantages, replace_logged_advantages, sequence_kl_penalty, total_rewards
 from .state import AdaptiveKLStateCallback
 from .term import adapted_kl_term
 from .unsloth_backend import (
@@ -259,11 +259,7 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         local = len(output["completion_ids"])
         start = self.accelerator.process_index * local
         output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
-        # The completions table TRL logs shows the advantages the loss uses.
-        logged = self._logs["advantages"]
-        for _ in range(min(len(advantages), len(logged))):
-            logged.pop()
-        logged.extend(advantages.tolist())
+        replace_logged_advantages(self._logs["advantages"], advantages)
         self._metrics[mode]["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
 
     # --- diversity --------------------------------------------------------------------------------------------------

@@ -130,6 +130,8 @@ def test_reward_placement_advantages_equal_an_independent_computation(tiny_model
         unpenalized = independent_advantages(rewards.tolist(), trainer.num_generations, scale)
         moved |= max(abs(a - b) for a, b in zip(expected, unpenalized)) > 1e-3
     assert moved, "the penalty never changed an advantage: the test would not see a missing penalty"
+    last = recorder.batches[-1]["output"]["advantages"].tolist()  # one process: the whole batch
+    assert list(trainer._logs["advantages"])[-len(last) :] == pytest.approx(last)  # the completions table's column
     penalties = [
         h["adaptive_kl/reward_penalty"] for h in trainer.state.log_history if "adaptive_kl/reward_penalty" in h
     ]
