@@ -286,7 +286,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         if self.kl_estimator == "k1" and self.beta > 0 and self.kl_placement == "loss":
             warnings.warn(
                 "kl_estimator='k1' in the loss has zero expected gradient: it measures KL but does not regularize "
-                "towards the reference. Use 'k2' or 'k3' in the loss.",
+                "towards the reference. Use 'k2' or 'k3' in the loss, or kl_placement='reward' for k1.",
                 UserWarning,
                 stacklevel=4,  # the caller of AdaptiveKLGRPOConfig(...)
             )
