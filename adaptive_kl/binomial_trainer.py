@@ -43,7 +43,7 @@ from .binomial_kl import (
     spo_advantages,
     token_log_probs_from_logits,
 )
-from .compat import SUPPORTED_TRL
+from .compat import MULTIMODAL_INPUTS, SUPPORTED_TRL, completion_loss_mask
 from .placement import replace_logged_advantages, total_rewards
 from .unsloth_backend import check_import_order, is_unsloth_class
 from .validation import is_finite_number, require
@@ -59,11 +59,6 @@ _INERT_HOST_OPTIONS = {
     "entropy_coef": 0.0,
     "use_adaptive_entropy": False,
 }
-
-# Multimodal inputs are sliced per row chunk in TRL's own forward; this trainer does not reimplement that.
-_MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "spatial_shapes",
-                    "token_type_ids", "mm_token_type_ids", "image_position_ids", "num_images")  # fmt: skip
-
 
 @dataclass
 class BinomialKLConfig(GRPOConfig):
@@ -204,7 +199,7 @@ class BinomialKLTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         args = self.args
-        mask = self._loss_mask(inputs)
+        mask = completion_loss_mask(inputs)
         log_probs = self._token_log_probs(model, inputs, mode)
         per_token_kl, active = binomial_kl_per_token(
             log_probs, args.binomial_kl_target, detach_target=args.binomial_kl_detach_target
@@ -249,14 +244,10 @@ class BinomialKLTrainer(GRPOTrainer):
         # Set by Trainer.train (smaller for a last partial step); the configured value before training starts.
         return getattr(self, "current_gradient_accumulation_steps", None) or self.args.gradient_accumulation_steps
 
-    @staticmethod
-    def _loss_mask(inputs) -> torch.Tensor:
-        mask = inputs["completion_mask"]
-        return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
-
     def _token_log_probs(self, model, inputs, mode: str) -> BinomialLogProbs:
         """The four `(B, T)` log-probabilities of the policy at the sampling temperature, forward in row chunks."""
-        if any(inputs.get(key) is not None for key in _MULTIMODAL_KEYS):
+        # Multimodal inputs are sliced per row chunk in TRL's own forward; this trainer does not reimplement that.
+        if any(inputs.get(key) is not None for key in MULTIMODAL_INPUTS):
             raise NotImplementedError("BinomialKLTrainer supports text-only models; multimodal inputs were given.")
         completion_ids = inputs["completion_ids"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
@@ -306,7 +297,7 @@ class BinomialKLTrainer(GRPOTrainer):
         first = slot - slot % accumulation
         threshold = self.args.correct_reward_threshold
         return sum(
-            spo_advantages(batch["advantages"], self._loss_mask(batch), threshold)[1].sum()
+            spo_advantages(batch["advantages"], completion_loss_mask(batch), threshold)[1].sum()
             for batch in buffer[first : first + accumulation]
         )
 

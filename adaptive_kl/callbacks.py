@@ -300,7 +300,7 @@ class RetentionCallback(TrainerCallback):
         pad_id = self.tokenizer.pad_token_id
         pad_id = pad_id if pad_id is not None else (self.tokenizer.eos_token_id or 0)
         device = next(model.parameters()).device
-        token_sum = tokens = seq_sum = sequences = 0.0
+        total = tokens = sequences = 0.0  # Σ log-likelihood, completion tokens, sequences
         for start in range(0, len(rows), self.batch_size):
             batch = [self._tokenized[i] for i in rows[start : start + self.batch_size]]
             batch_weights = weights[start : start + self.batch_size]
@@ -319,12 +319,12 @@ class RetentionCallback(TrainerCallback):
                 row_sums.append(logps.gather(-1, input_ids[i, len(p) : len(p) + len(c), None]).sum())
             row_sums = torch.stack(row_sums).double().tolist()
             for (_, c), w, s in zip(batch, batch_weights, row_sums, strict=True):
-                token_sum += w * s
+                total += w * s
                 tokens += w * len(c)
-                seq_sum += w * s
                 sequences += w
-        token_sum, tokens, seq_sum, sequences = self._reduce([token_sum, tokens, seq_sum, sequences])
-        return {f"{self.prefix}/loglik": token_sum / tokens, f"{self.prefix}/seq_loglik": seq_sum / sequences}
+        total, tokens, sequences = self._reduce([total, tokens, sequences])
+        # The same sum, per token and per sequence.
+        return {f"{self.prefix}/loglik": total / tokens, f"{self.prefix}/seq_loglik": total / sequences}
 
     def _accuracy(self, model) -> dict[str, float]:
         rows, weights = self._shard()

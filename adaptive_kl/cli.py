@@ -10,7 +10,8 @@
     adaptive-kl demo --model Qwen/Qwen2.5-0.5B-Instruct --unsloth --task gsm8k     # a real model on a GPU
 
 Every `AdaptiveKLGRPOConfig` (or, with `--trainer binomial_kl`, `BinomialKLConfig`) field can be varied in `compare`
-as `--<field> v1,v2,...` (several give their product) or fixed for all variants with `--set field=value`. Results go to `--out`: summary.md, metrics.csv and PNG plots.
+as `--<field> v1,v2,...` (several give their product) or fixed for all variants with `--set field=value`.
+Results go to `--out`: summary.md, metrics.csv and PNG plots.
 """
 
 from __future__ import annotations

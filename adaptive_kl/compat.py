@@ -1,4 +1,4 @@
-"""The TRL versions this package supports, checked before TRL is imported.
+"""The TRL versions this package supports, checked before TRL is imported, and the layout of TRL's GRPO batches.
 
 The trainer overrides hooks of `GRPOTrainer` (`_get_per_token_logps_and_entropies`, `_calculate_rewards`) and
 mirrors its loss normalizers, which TRL changes between minor releases. Outside the tested range it fails at import
@@ -41,3 +41,25 @@ def check_trl_version(version: str | None = None) -> None:
         warnings.warn(f"{message} Continuing because {ALLOW_UNSUPPORTED_ENV}=1.", UserWarning, stacklevel=2)
         return
     raise ImportError(f"{message} To try this version anyway, set {ALLOW_UNSUPPORTED_ENV}=1.")
+
+
+# Multimodal inputs of a batch from `GRPOTrainer._generate_and_score_completions` that a policy forward needs.
+MULTIMODAL_INPUTS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def completion_loss_mask(batch: dict):
+    """The completion tokens a loss or a KL may count: `completion_mask`, times `tool_mask` when the batch has one
+    (tool outputs in a completion were not sampled from the policy)."""
+    mask = batch["completion_mask"]
+    return mask * batch["tool_mask"] if "tool_mask" in batch else mask

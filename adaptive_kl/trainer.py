@@ -20,7 +20,7 @@ from peft import PeftModel
 from trl import GRPOTrainer
 
 from .aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
-from .compat import SUPPORTED_TRL
+from .compat import MULTIMODAL_INPUTS, SUPPORTED_TRL, completion_loss_mask
 from .config import AdaptiveKLGRPOConfig
 from .controller import BetaController
 from .diversity import diversity_metrics
@@ -36,20 +36,6 @@ from .unsloth_backend import (
     unsloth_kl_term_inputs,
 )
 
-
-# Multimodal inputs of `_generate_and_score_completions`'s output that a policy forward needs.
-MULTIMODAL_INPUTS = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
-)
 
 # The host's methods this trainer hooks into: if one is gone, the KL term would silently never be computed.
 HOST_HOOKS = (
@@ -238,13 +224,10 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         """Replaces the advantages by those of the rewards minus the detached KL penalty β_t·Σ_t f(k)."""
         args = self.args
         step = self.state.global_step + 1
-        mask = output["completion_mask"]
-        if "tool_mask" in output:  # tool outputs were not sampled from the policy
-            mask = mask * output["tool_mask"]
         penalty = sequence_kl_penalty(
             self._sampling_policy_logps(output, mode),
             output["ref_per_token_logps"],
-            mask,
+            completion_loss_mask(output),
             beta=self.beta_controller.beta(step),
             estimator=args.kl_estimator,
             transform=self._kl_transform,
@@ -316,9 +299,7 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
             )
         per_token_logps = captured["per_token_logps"]
         args = self.args
-        mask = inputs["completion_mask"]
-        if "tool_mask" in inputs:
-            mask = mask * inputs["tool_mask"]
+        mask = completion_loss_mask(inputs)
         accumulation_steps = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         token_normalizer = None
         if self.loss_type in TOKEN_SUM_LOSS_TYPES:
