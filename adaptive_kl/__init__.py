@@ -1,7 +1,17 @@
 """adaptive-kl: adaptive KL regularization for TRL's GRPO trainer.
 
-The public names are imported on first use, so that `import adaptive_kl.cli` (the `adaptive-kl` command) does not
-import TRL: with `--unsloth`, Unsloth must be imported before TRL.
+The package is layered; each layer imports only from those above it in this list:
+
+- `adaptive_kl.kl`: the formula sheet (estimators, transforms, aggregation, the KL term, metrics, β rules), torch only;
+- `adaptive_kl.trainers`: the config, the trainer, checkpoint state, the TRL hook layer, the Unsloth backend and the
+  callbacks;
+- `adaptive_kl.experimental`: algorithm variants (`experimental.binomial`);
+- `adaptive_kl.demo`: the `adaptive-kl` command, the embedded task and policy; library code never imports it.
+
+`adaptive_kl.testing` holds scaffolding for tests, examples and benchmarks (tiny offline models, a CPU scorer).
+
+The public names are imported on first use, so that `import adaptive_kl` (and the `adaptive-kl` command) does not
+import TRL: with Unsloth, `import unsloth` must come before TRL.
 """
 
 import importlib
@@ -11,19 +21,20 @@ __version__ = "0.1.0"
 
 # Public name → module that defines it.
 _EXPORTS = {
-    "AdaptiveKLGRPOConfig": "config",
-    "parse_kl_adaptation_method": "config",
-    "BetaController": "controller",
-    "AdaptiveKLStateCallback": "state",
-    "AdaptiveKLGRPOTrainer": "trainer",
-    "BinomialKLConfig": "binomial_trainer",
-    "BinomialKLTrainer": "binomial_trainer",
-    "KLHealthCallback": "callbacks",
-    "RetentionCallback": "callbacks",
-    "HashedNgramEmbedder": "diversity",
+    "AdaptiveKLGRPOConfig": "trainers.config",
+    "parse_kl_adaptation_method": "trainers.config",
+    "AdaptiveKLGRPOTrainer": "trainers.grpo",
+    "AdaptiveKLStateCallback": "trainers.state",
+    "KLHealthCallback": "trainers.callbacks",
+    "RetentionCallback": "trainers.callbacks",
+    "BetaController": "kl.controller",
+    "HashedNgramEmbedder": "kl.diversity",
+    # Experimental: documented under `adaptive_kl.experimental.binomial`, kept here so that existing imports work.
+    "BinomialKLConfig": "experimental.binomial",
+    "BinomialKLTrainer": "experimental.binomial",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(name for name, module in _EXPORTS.items() if not module.startswith("experimental"))
 
 
 def __getattr__(name: str):

@@ -3,7 +3,7 @@
     python benchmarks/diversity_cost.py                              # 64 × 24 (embedded demo) and 256 × 256
     python benchmarks/diversity_cost.py --step-time-ms 56.8,- --output benchmarks/results/cpu-diversity-cost.md
 
-Times `adaptive_kl.diversity.diversity_metrics` with the default `HashedNgramEmbedder` on synthetic generation
+Times `adaptive_kl.kl.diversity.diversity_metrics` with the default `HashedNgramEmbedder` on synthetic generation
 batches of N completions of T tokens in groups of G, and each of its parts alone. Completions of a group are
 variations of one base completion (a fraction `--overlap` of the tokens kept), and tokens decode to words of 1 to
 6 letters, as a BPE vocabulary does. Medians of `torch.utils.benchmark`; prints, and with `--output` writes, a
@@ -21,8 +21,8 @@ from torch.utils import benchmark
 
 from machine import report
 
-from adaptive_kl.diversity import HashedNgramEmbedder, diversity_metrics, distinct_n, mean_pairwise_cosine
-from adaptive_kl.diversity import unique_fraction
+from adaptive_kl.kl.diversity import HashedNgramEmbedder, diversity_metrics, distinct_n, mean_pairwise_cosine
+from adaptive_kl.kl.diversity import unique_fraction
 
 
 def synthetic_batch(

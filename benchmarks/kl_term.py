@@ -3,7 +3,7 @@
     python benchmarks/kl_term.py                          # CPU: the 30M model, 8 sequences of 32 to 1024 tokens
     python benchmarks/kl_term.py --shape qwen2.5-0.5b --bf16 --lengths 256,1024   # GPU
 
-Times forward + backward of `adaptive_kl.term.adapted_kl_term` (the function the trainer calls: estimate,
+Times forward + backward of `adaptive_kl.kl.term.adapted_kl_term` (the function the trainer calls: estimate,
 transform, aggregation and the metric statistics) for each method, next to the k3 term that stock TRL computes
 inline, and next to forward + backward of the model computing per-token log-probabilities of the same (B, T)
 tokens. Medians of `torch.utils.benchmark`; prints, and with `--output` writes, a markdown table.
@@ -19,8 +19,8 @@ from torch.utils import benchmark
 
 from machine import report
 
-from adaptive_kl.term import adapted_kl_term
-from adaptive_kl.tiny_model import MODEL_SHAPES, build_model, build_tokenizer
+from adaptive_kl.kl.term import adapted_kl_term
+from adaptive_kl.testing.tiny_model import MODEL_SHAPES, build_model, build_tokenizer
 
 
 # Term settings of each method (dynamic and kl_scaling only change the Python float β: same term as "none").

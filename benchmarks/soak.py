@@ -3,7 +3,7 @@
     python benchmarks/soak.py                                    # 300 steps of each method; exit status 1 on failure
     python benchmarks/soak.py --steps 1000 --methods dynamic,clip
 
-Each method trains the random tiny model (`adaptive_kl.tiny_model`) with AdaptiveKLGRPOTrainer for `--steps`
+Each method trains the random tiny model (`adaptive_kl.testing.tiny_model`) with AdaptiveKLGRPOTrainer for `--steps`
 optimizer steps at β = `--beta`, logging every step, on a reward that varies within every group (the fraction of
 digits in a completion), so that advantages, and with them the policy and its KL to the reference, keep moving.
 `dynamic` gets a `reward_threshold` that the reward reaches during the run, so that its β actually decays. A control
@@ -41,9 +41,9 @@ from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from machine import current_memory_mib, precise_cpu_memory, report, reset_peak_memory
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.config import KL_METHODS
-from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed
-from adaptive_kl.tiny_model import save_random_model
+from adaptive_kl.trainers.config import KL_METHODS
+from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
+from adaptive_kl.testing.tiny_model import save_random_model
 
 
 STOCK = "stock (beta=0)"  # method "none" at β = 0: the trainer runs stock TRL's loss (the control row)

@@ -39,10 +39,10 @@ from trl import GRPOConfig, GRPOTrainer
 from machine import current_memory_mib, peak_memory_mib, precise_cpu_memory, report, reset_peak_memory
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.config import KL_METHODS
-from adaptive_kl.controller import KL_SCALINGS
-from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed
-from adaptive_kl.tiny_model import MODEL_SHAPES, save_random_model
+from adaptive_kl.trainers.config import KL_METHODS
+from adaptive_kl.kl.controller import KL_SCALINGS
+from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
+from adaptive_kl.testing.tiny_model import MODEL_SHAPES, save_random_model
 
 
 STOCK = "stock"

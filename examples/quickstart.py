@@ -18,8 +18,8 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.metrics import METRIC_NAMES
-from adaptive_kl.tiny_model import save_tiny_model
+from adaptive_kl.kl.metrics import METRIC_NAMES
+from adaptive_kl.testing.tiny_model import save_tiny_model
 
 
 def brevity_reward(completions, **kwargs):

@@ -1,4 +1,4 @@
-"""Builds the embedded reference policy shipped in `adaptive_kl/reference_policy/`.
+"""Builds the embedded reference policy shipped in `adaptive_kl/demo/reference_policy/`.
 
     python scripts/build_reference_policy.py              # ~6 min on a 2-core CPU; fixed seed
 
@@ -24,9 +24,9 @@ import time
 import torch
 import transformers
 
-from adaptive_kl.embedded import EMBEDDED_POLICY_DIR, EMBEDDED_TASK
-from adaptive_kl.task import evaluate_accuracy, task_splits
-from adaptive_kl.tiny_model import MODEL_SHAPES, build_model, build_tokenizer
+from adaptive_kl.demo.embedded import EMBEDDED_POLICY_DIR, EMBEDDED_TASK
+from adaptive_kl.demo.task import evaluate_accuracy, task_splits
+from adaptive_kl.testing.tiny_model import MODEL_SHAPES, build_model, build_tokenizer
 
 
 def supervised_batch(tokenizer, problems, unmarked: list[bool]) -> dict[str, torch.Tensor]:

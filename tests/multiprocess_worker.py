@@ -23,7 +23,7 @@ import torch
 from transformers import AutoTokenizer, TrainerCallback
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed
+from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
 from tiny import TRAIN_KWARGS, prompt_dataset
 
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_kl.aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, sequence_means
+from adaptive_kl.kl.aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, sequence_means
 
 
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -9,8 +9,8 @@ import torch
 from tiny import TRAIN_KWARGS, make_trainer
 from trl import GRPOConfig, GRPOTrainer
 
-from adaptive_kl import binomial_kl as bk
-from adaptive_kl.binomial_kl import (
+from adaptive_kl.experimental.binomial import loss as bk
+from adaptive_kl.experimental.binomial.loss import (
     binomial_kl_half,
     binomial_kl_loss,
     binomial_kl_max,
@@ -19,7 +19,7 @@ from adaptive_kl.binomial_kl import (
     spo_advantages,
     token_log_probs_from_logits,
 )
-from adaptive_kl.binomial_trainer import BinomialKLConfig, BinomialKLTrainer
+from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
 
 # --- independent float64 references, written out by hand ---------------------------------------------------------------
 
@@ -271,7 +271,7 @@ def test_accumulated_gradient_equals_step_objective(tiny_model_dir, monkeypatch)
     generation_batch = fabricated_generation_batch(trainer, rewards, lengths)
 
     def fake_generate(self, inputs):
-        self._spo_rewards = rewards.clone()  # as `_calculate_rewards` would leave it
+        self._rewards_per_func = rewards.clone().unsqueeze(1)  # as `_calculate_rewards` would leave it (one function)
         return {k: v.clone() for k, v in generation_batch.items()}
 
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", fake_generate)

@@ -11,9 +11,9 @@ import torch
 from datasets import Dataset
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl import callbacks as callbacks_module
-from adaptive_kl.callbacks import KLHealthCallback, RetentionCallback
-from adaptive_kl.task.evaluation import generate_greedy
+from adaptive_kl.trainers import callbacks as callbacks_module
+from adaptive_kl.trainers.callbacks import KLHealthCallback, RetentionCallback
+from adaptive_kl.trainers.generation import generate_greedy
 from tiny import make_trainer
 
 
@@ -246,7 +246,7 @@ def test_accuracy_with_fake_score_function(trainer):
 
 
 def test_accuracy_accepts_a_task_reward_function(trainer):
-    from adaptive_kl.task import accuracy_reward
+    from adaptive_kl.demo.task import accuracy_reward
 
     data = {"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}
     callback = RetentionCallback(
@@ -351,7 +351,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from datasets import Dataset
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.callbacks import RetentionCallback
+from adaptive_kl.trainers.callbacks import RetentionCallback
 from tiny import make_trainer
 
 sft = {sft!r}

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from adaptive_kl.compat import ALLOW_UNSUPPORTED_ENV, SUPPORTED_TRL, check_trl_version
+from adaptive_kl.trainers.hooks import ALLOW_UNSUPPORTED_ENV, SUPPORTED_TRL, check_trl_version
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,13 +48,13 @@ def test_the_installed_version_is_supported():
 
 
 def test_import_fails_early_outside_the_range():
-    """`import adaptive_kl.config` with TRL reporting 1.17.0 stops with the range, before TRL is imported."""
+    """`import adaptive_kl.trainers.config` with TRL reporting 1.17.0 stops with the range, before TRL is imported."""
     code = (
         "import importlib.metadata as m, sys\n"
         "real = m.version\n"
         "m.version = lambda name: '1.17.0' if name == 'trl' else real(name)\n"
         "try:\n"
-        "    import adaptive_kl.config\n"
+        "    import adaptive_kl.trainers.config\n"
         "except ImportError as e:\n"
         "    print('ERROR', e, 'trl' in sys.modules)\n"
     )

@@ -25,6 +25,7 @@ NEW_FIELD_DEFAULTS = {
     "target_kl": 0.05,
     "kl_horizon": 10000,
     "kl_placement": "loss",
+    "resume_without_kl_state": False,
     "diversity_metrics": False,
 }
 

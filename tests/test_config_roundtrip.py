@@ -34,19 +34,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:kl_estimator='k1':UserWarning")
 _GRPO_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
 KL_FIELDS = tuple(f.name for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.name not in _GRPO_FIELDS)
 DOCUMENTED_KL_FIELDS = (
+    "kl_estimator",
     "kl_adaptation_method",
     "kl_clip_threshold",
     "kl_target",
+    "kl_placement",
+    "kl_scaling",
     "dynamic_beta_decay",
     "reward_threshold",
-    "beta_min",
     "beta_schedule_steps",
-    "kl_scaling",
-    "kl_estimator",
     "kl_controller",
     "target_kl",
     "kl_horizon",
-    "kl_placement",
+    "beta_min",
+    "resume_without_kl_state",
     "diversity_metrics",
 )
 CHECKED = (*KL_FIELDS, "beta")
@@ -67,6 +68,7 @@ DYNAMIC_SET = dict(
     target_kl=0.02,
     kl_horizon=5000,
     kl_placement="reward",
+    resume_without_kl_state=True,
     diversity_metrics=True,
 )
 CONTROLLER_SET = dict(
@@ -84,6 +86,7 @@ CONTROLLER_SET = dict(
     target_kl=0.03,
     kl_horizon=20000,
     kl_placement="reward",
+    resume_without_kl_state=True,
     diversity_metrics=True,
 )
 FIELD_SETS = pytest.mark.parametrize("values", [DYNAMIC_SET, CONTROLLER_SET], ids=["dynamic", "controller"])
@@ -153,7 +156,7 @@ def test_kl_fields_are_read_off_the_dataclass_and_documented():
     assert KL_FIELDS and KL_FIELDS == DOCUMENTED_KL_FIELDS
     params = AdaptiveKLGRPOConfig.__doc__.split("Parameters:")[1]
     assert tuple(re.findall(r"^\s+(\w+) \(`", params, re.M)) == KL_FIELDS
-    assert {name for name, _ in BAD} == set(CHECKED) - {"diversity_metrics"}  # a bool has no out-of-range value
+    assert {name for name, _ in BAD} == set(CHECKED) - {"diversity_metrics", "resume_without_kl_state"}  # bools
 
 
 def test_field_sets_give_every_field_a_non_default_value(tmp_path):

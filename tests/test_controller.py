@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_kl.controller import (
+from adaptive_kl.kl.controller import (
     KL_CONTROLLERS,
     KL_SCALINGS,
     BetaController,

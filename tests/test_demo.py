@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from adaptive_kl.cli import main
+from adaptive_kl.demo.cli import main
 from adaptive_kl.demo.report import CSV_COLUMNS, SUMMARY_HEADER, diversity_table, step_rows, summarize, summary_table
 from adaptive_kl.demo.runner import TRAINER_DEFAULTS, DemoSettings, VariantRun
 from adaptive_kl.demo.variants import DEMO_METHODS, parse_field_value, variant_grid
@@ -71,7 +71,7 @@ def test_unsloth_needs_a_model(capsys, tmp_path):
 
 
 def test_the_command_does_not_import_trl_before_unsloth_could_be():
-    code = "import sys, adaptive_kl, adaptive_kl.cli; sys.exit('trl' in sys.modules or 'transformers' in sys.modules)"
+    code = "import sys, adaptive_kl, adaptive_kl.demo.cli; sys.exit('trl' in sys.modules or 'transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -286,7 +286,8 @@ def test_a_beta_sweep_builds_valid_configs_down_to_zero(tmp_path):
 
 
 def test_the_trainer_field_picks_the_config_class(tmp_path):
-    from adaptive_kl import AdaptiveKLGRPOConfig, BinomialKLConfig
+    from adaptive_kl import AdaptiveKLGRPOConfig
+    from adaptive_kl.experimental.binomial import BinomialKLConfig
     from adaptive_kl.demo.runner import make_config
 
     grpo, binomial = variant_grid({"trainer": ["grpo", "binomial_kl"]})

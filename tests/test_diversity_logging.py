@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, HashedNgramEmbedder
-from adaptive_kl.diversity import distinct_n, mean_pairwise_cosine, unique_fraction
+from adaptive_kl.kl.diversity import distinct_n, mean_pairwise_cosine, unique_fraction
 from test_placement import GenerationRecorder
 from tiny import make_trainer
 

@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.config import KL_METHODS
+from adaptive_kl.trainers.config import KL_METHODS
 from tiny import make_trainer
 
 

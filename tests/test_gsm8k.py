@@ -7,11 +7,11 @@ import json
 import datasets
 import pytest
 
-from adaptive_kl.task import gsm8k
-from adaptive_kl.task.answers import extract_answer
-from adaptive_kl.task.gsm8k import gsm8k_final_answer, load_gsm8k
-from adaptive_kl.task.problems import format_prompt
-from adaptive_kl.task.rewards import accuracy_reward, format_reward
+from adaptive_kl.demo.task import gsm8k
+from adaptive_kl.demo.task.answers import extract_answer
+from adaptive_kl.demo.task.gsm8k import gsm8k_final_answer, load_gsm8k
+from adaptive_kl.demo.task.problems import format_prompt
+from adaptive_kl.demo.task.rewards import accuracy_reward, format_reward
 
 
 # Rows in GSM8K's format: multi-line reasoning with `<<...>>` calculator annotations, then `#### <answer>`.

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.metrics import METRIC_NAMES
+from adaptive_kl.kl.metrics import METRIC_NAMES
 from tiny import fabricated_inputs, loss_and_grads, make_trainer
 
 

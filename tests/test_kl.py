@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_kl.kl import (
+from adaptive_kl.kl.estimators import (
     ESTIMATORS,
     LOG_RATIO_CLAMP,
     clamp_log_ratio,

@@ -10,7 +10,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from adaptive_kl.metrics import METRIC_NAMES, STAT_INDEX, STAT_NAMES, kl_metrics, kl_statistics, pearson_from_moments
+from adaptive_kl.kl.metrics import METRIC_NAMES, STAT_INDEX, STAT_NAMES, kl_metrics, kl_statistics, pearson_from_moments
 
 
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -14,7 +14,7 @@ import pytest
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.aggregation import LOSS_TYPES
+from adaptive_kl.kl.aggregation import LOSS_TYPES
 from tiny import assert_close_to_stock as assert_close
 from tiny import fabricated_inputs, loss_and_grads, make_trainer
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-import adaptive_kl.trainer as trainer_module
+import adaptive_kl.trainers.grpo as trainer_module
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.placement import group_advantages, sequence_kl_penalty
+from adaptive_kl.kl.placement import group_advantages, sequence_kl_penalty
 from test_forward_passes import ForwardCounter
 from tiny import fabricated_inputs, loss_and_grads, make_trainer
 
@@ -71,14 +71,19 @@ class GenerationRecorder:
 
     def __init__(self, trainer):
         self.trainer, self.batches = trainer, []
-        original = trainer._generate_and_score_completions
+        original, calculate = trainer._generate_and_score_completions, trainer._calculate_rewards
+
+        def recorded_rewards(*args):
+            rewards_per_func = calculate(*args)  # (N, K), no reward function returns None here
+            self.rewards = (rewards_per_func * trainer.reward_weights).sum(dim=1)
+            return rewards_per_func
 
         def recorded(inputs):
             output = original(inputs)
             self.batches.append(
                 {
                     "output": {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in output.items()},
-                    "rewards": trainer._generation_rewards.clone(),
+                    "rewards": self.rewards,
                     "logps": self.policy_logps(output),
                     "beta": trainer.beta_controller.beta(trainer.state.global_step + 1),
                     "step": trainer.state.global_step + 1,
@@ -87,6 +92,7 @@ class GenerationRecorder:
             return output
 
         trainer._generate_and_score_completions = recorded
+        trainer._calculate_rewards = recorded_rewards
 
     def policy_logps(self, output):
         """log π(y_t) from one full forward and a float64 log-softmax: independent of TRL's chunked computation."""

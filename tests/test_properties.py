@@ -24,8 +24,8 @@ import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from adaptive_kl.aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, sequence_means
-from adaptive_kl.controller import (
+from adaptive_kl.kl.aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, sequence_means
+from adaptive_kl.kl.controller import (
     KL_SCALINGS,
     BetaController,
     adaptive_kl_update,
@@ -33,7 +33,7 @@ from adaptive_kl.controller import (
     step_scale,
     stepwise_kl_update,
 )
-from adaptive_kl.kl import (
+from adaptive_kl.kl.estimators import (
     LOG_RATIO_CLAMP,
     clamp_log_ratio,
     clip_kl,
@@ -42,8 +42,8 @@ from adaptive_kl.kl import (
     sigmoid_kl,
     transform_kl,
 )
-from adaptive_kl.metrics import STAT_INDEX, STAT_NAMES, kl_metrics, kl_statistics, pearson_from_moments
-from adaptive_kl.term import adapted_kl_term
+from adaptive_kl.kl.metrics import STAT_INDEX, STAT_NAMES, kl_metrics, kl_statistics, pearson_from_moments
+from adaptive_kl.kl.term import adapted_kl_term
 
 
 FAST = settings(max_examples=80, deadline=None)

@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.trainer import HOST_HOOKS, check_host_loss_path
+from adaptive_kl.trainers.grpo import HOST_HOOKS
+from adaptive_kl.trainers.hooks import UnsupportedTRLError, check_host
 from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, make_trainer, prompt_dataset
 
 
@@ -31,7 +32,7 @@ def _config(tmp_path, **kwargs):
 def test_liger_fused_loss_is_refused_before_loading(tmp_path, monkeypatch):
     """A host that routes `use_liger_kernel=True` to Liger's fused GRPO loss is refused at init, naming the field."""
     monkeypatch.setattr(GRPOTrainer, "_compute_liger_loss", lambda *a, **k: None, raising=False)
-    with pytest.raises(ValueError, match="use_liger_kernel=True .* never calls the adaptive KL term"):
+    with pytest.raises(ValueError, match="use_liger_kernel=True .* never calls AdaptiveKLGRPOTrainer's loss"):
         AdaptiveKLGRPOTrainer(
             model="/nonexistent/model",  # refused before anything is loaded
             reward_funcs=[length_reward],
@@ -64,9 +65,9 @@ def test_liger_layer_kernels_keep_our_loss(tiny_model_dir, tmp_path, monkeypatch
 def test_host_without_the_hooked_methods_is_refused(tmp_path):
     """A GRPOTrainer lacking a hooked method (a TRL outside the range) is refused, naming what is missing."""
     old_host = type("GRPOTrainer", (), {name: lambda self: None for name in HOST_HOOKS[1:]})
-    with pytest.raises(TypeError, match=r"has no \['_compute_loss'\].*trl>=1\.15,<1\.17"):
-        check_host_loss_path(old_host, _config(tmp_path))
-    check_host_loss_path(GRPOTrainer, _config(tmp_path))  # the installed TRL has them all
+    with pytest.raises(UnsupportedTRLError, match=r"has no \['_compute_loss'\].*trl>=1\.15,<1\.17"):
+        check_host(old_host, _config(tmp_path), "AdaptiveKLGRPOTrainer", HOST_HOOKS, own_loss=True)
+    check_host(GRPOTrainer, _config(tmp_path), "AdaptiveKLGRPOTrainer", HOST_HOOKS, own_loss=True)  # all there
 
 
 # --- sync_ref_model -------------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptive_kl.metrics import STAT_INDEX
-from adaptive_kl.term import adapted_kl_term
+from adaptive_kl.kl.metrics import STAT_INDEX
+from adaptive_kl.kl.term import adapted_kl_term
 
 
 def _batch(seed=0):

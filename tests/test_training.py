@@ -10,7 +10,7 @@ import torch
 from peft import LoraConfig, PeftModel
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.metrics import METRIC_NAMES
+from adaptive_kl.kl.metrics import METRIC_NAMES
 from tiny import constant_reward, make_trainer, prompt_dataset
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from adaptive_kl.aggregation import LOSS_TYPES, TOKEN_SUM_LOSS_TYPES
-from adaptive_kl.term import adapted_kl_term
-from adaptive_kl.unsloth_backend import (
+from adaptive_kl.kl.aggregation import LOSS_TYPES, TOKEN_SUM_LOSS_TYPES
+from adaptive_kl.kl.term import adapted_kl_term
+from adaptive_kl.trainers.unsloth import (
     APPLY_PARAMETERS,
     REQUIRED_SOURCE,
     SUPPORTED_UNSLOTH,

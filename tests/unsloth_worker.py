@@ -57,10 +57,11 @@ import torch  # noqa: E402
 import trl  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser  # noqa: E402
 
-from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, BinomialKLConfig  # noqa: E402
-from adaptive_kl.aggregation import LOSS_TYPES  # noqa: E402
-from adaptive_kl.cpu_scorer import install_cpu_scorer_if_needed  # noqa: E402
-from adaptive_kl.unsloth_backend import CapturingEfficientGRPO, capturing_efficient_grpo, install_capture_shim  # noqa: E402
+from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer  # noqa: E402
+from adaptive_kl.experimental.binomial import BinomialKLConfig  # noqa: E402
+from adaptive_kl.kl.aggregation import LOSS_TYPES  # noqa: E402
+from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed  # noqa: E402
+from adaptive_kl.trainers.unsloth import CapturingEfficientGRPO, capturing_efficient_grpo, install_capture_shim  # noqa: E402
 from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, prompt_dataset  # noqa: E402
 from tiny import assert_close_to_stock as assert_close  # noqa: E402
 
@@ -182,9 +183,9 @@ def check_capture():
     captured = {}
     host_kl_inputs = ours._host_kl_inputs
 
-    def probe(capture, *args):
+    def probe(capture, *args, **kwargs):
         captured.update(capture["efficient_grpo"])
-        return host_kl_inputs(capture, *args)
+        return host_kl_inputs(capture, *args, **kwargs)
 
     ours._host_kl_inputs = probe
     loss_and_grads(ours, inputs)
@@ -193,7 +194,7 @@ def check_capture():
     assert torch.equal(captured["_ref_logps"], inputs["ref_per_token_logps"])
     assert captured["_new_logps"].requires_grad
     assert captured["extra_kwargs"]["loss_type"] == "grpo"
-    assert ours._capture is None and ours.beta == BETA
+    assert ours._policy_scorings is None and ours.beta == BETA
     # The shim itself gives Unsloth β = 0 inside a capture, whatever β it is called with.
     args = list(seen[-1])
     args[8] = 0.7

@@ -6,7 +6,7 @@ import csv
 import math
 import os
 
-from ..metrics import METRIC_NAMES
+from ..kl.metrics import METRIC_NAMES
 from .runner import VariantRun
 
 

@@ -19,10 +19,10 @@ import torch
 from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from ..callbacks import KLHealthCallback, RetentionCallback
-from ..cpu_scorer import install_cpu_scorer_if_needed
-from ..embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
-from ..task import TASK_REWARDS, evaluate_accuracy, load_gsm8k
+from ..trainers.callbacks import KLHealthCallback, RetentionCallback
+from ..testing.cpu_scorer import install_cpu_scorer_if_needed
+from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
+from .task import TASK_REWARDS, evaluate_accuracy, load_gsm8k
 from .variants import TRAINER_CLASSES, Variant
 
 

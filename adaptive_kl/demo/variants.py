@@ -14,8 +14,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 
-from ..binomial_trainer import BinomialKLConfig
-from ..config import AdaptiveKLGRPOConfig
+from ..experimental.binomial.config import BinomialKLConfig
+from ..trainers.config import AdaptiveKLGRPOConfig
 
 
 # The five methods of the demo, in the order the tables and plots list them.
@@ -23,8 +23,8 @@ DEMO_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
 
 # `trainer` (a variant field that is not a config field) → (module, config class, trainer class).
 TRAINER_CLASSES = {
-    "grpo": ("..trainer", "AdaptiveKLGRPOConfig", "AdaptiveKLGRPOTrainer"),
-    "binomial_kl": ("..binomial_trainer", "BinomialKLConfig", "BinomialKLTrainer"),
+    "grpo": ("..trainers.grpo", "AdaptiveKLGRPOConfig", "AdaptiveKLGRPOTrainer"),
+    "binomial_kl": ("..experimental.binomial", "BinomialKLConfig", "BinomialKLTrainer"),
 }
 
 

@@ -6,7 +6,7 @@ a compiled function that receives β as a Python float (each distinct β would c
 
 - `install_capture_shim` rebinds `UnslothEfficientGRPO` in the generated module's globals (where the loss looks it up)
   to a proxy that, only while `capturing_efficient_grpo()` is open, records the call's arguments and passes β = 0;
-- the trainer then adds β_t·Agg(f(k)) computed by `adaptive_kl.term.adapted_kl_term` from the captured log-probabilities,
+- the trainer then adds β_t·Agg(f(k)) computed by `adaptive_kl.kl.term.adapted_kl_term` from the captured log-probabilities,
   with the aggregation Unsloth's loss uses (`unsloth_kl_term_inputs`). No extra forward pass, no full-vocabulary logits.
 
 Unsloth's backward ignores the incoming gradient (it is computed in the forward), so the term is only ever *added* to
@@ -25,7 +25,7 @@ from types import ModuleType
 
 import torch
 
-from .aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
+from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 
 
 # The Unsloth releases whose generated GRPO trainer this module was written against (tested: 2026.10.9), for both
@@ -72,7 +72,7 @@ class UnsupportedUnslothError(RuntimeError):
     """The installed Unsloth generates a GRPO trainer whose code this backend does not know."""
 
 
-def _unsupported(problem: str) -> UnsupportedUnslothError:
+def unsupported_unsloth(problem: str) -> UnsupportedUnslothError:
     return UnsupportedUnslothError(
         f"The installed Unsloth's GRPO trainer no longer matches what adaptive-kl's Unsloth backend hooks into "
         f"({problem}). It supports unsloth and unsloth_zoo{SUPPORTED_UNSLOTH} (tested: 2026.10.9): "
@@ -122,6 +122,14 @@ def check_import_order(ours: type, current: type, name: str) -> None:
 # --- the configuration keeps Unsloth's __init__ ------------------------------------------------------------------------
 
 
+def with_keyword_only(signature: inspect.Signature, parameters: list[inspect.Parameter]) -> inspect.Signature:
+    """`signature` with the keyword-only `parameters` added after its own, before its `**kwargs` if it has one: how a
+    subclass that takes every argument of its host plus its own shows itself to `help()` and IDEs."""
+    params = list(signature.parameters.values())
+    split = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
+    return signature.replace(parameters=[*params[:split], *parameters, *params[split:]])
+
+
 def keep_host_init(config_cls: type) -> None:
     """Makes the dataclass `config_cls` run its parent's own `__init__` (Unsloth's) instead of a generated one.
 
@@ -141,16 +149,14 @@ def keep_host_init(config_cls: type) -> None:
         host_init(self, *args, **kwargs)
 
     host_signature = inspect.signature(host_init)
-    host_parameters = host_signature.parameters.values()
-    named = [p for p in host_parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    variadic = [p for p in host_parameters if p.kind is p.VAR_KEYWORD]
+    plain = [p for p in host_signature.parameters.values() if p.kind is not p.VAR_POSITIONAL]
     own_parameters = [
         inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
         if f.default is not MISSING
         else inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.type)
         for f in own_fields
     ]
-    __init__.__signature__ = host_signature.replace(parameters=[*named, *own_parameters, *variadic])
+    __init__.__signature__ = with_keyword_only(host_signature.replace(parameters=plain), own_parameters)
     __init__.__qualname__ = f"{config_cls.__qualname__}.__init__"
     __init__.__doc__ = host_init.__doc__
     config_cls.__init__ = __init__
@@ -178,7 +184,7 @@ class CapturingEfficientGRPO:
         if capture is None:
             return self.original.apply(*args)
         if "efficient_grpo" in capture:
-            raise _unsupported("UnslothEfficientGRPO.apply ran twice in one loss")
+            raise unsupported_unsloth("UnslothEfficientGRPO.apply ran twice in one loss")
         capture["efficient_grpo"] = dict(zip(APPLY_PARAMETERS, args))
         args = (*args[:BETA_POSITION], 0.0, *args[BETA_POSITION + 1 :])
         return self.original.apply(*args)
@@ -195,20 +201,20 @@ def check_unsloth_source(module: ModuleType) -> None:
     try:
         parameters = tuple(inspect.signature(original.forward).parameters)
     except (TypeError, ValueError, AttributeError):
-        raise _unsupported("UnslothEfficientGRPO.forward has no readable signature") from None
+        raise unsupported_unsloth("UnslothEfficientGRPO.forward has no readable signature") from None
     if parameters != ("ctx", *APPLY_PARAMETERS):
-        raise _unsupported(f"UnslothEfficientGRPO.forward takes {parameters[1:]}, expected {APPLY_PARAMETERS}")
+        raise unsupported_unsloth(f"UnslothEfficientGRPO.forward takes {parameters[1:]}, expected {APPLY_PARAMETERS}")
     sources = {}
     for function, fragment, meaning in REQUIRED_SOURCE:
         if function not in sources:
             try:
                 sources[function] = re.sub(r"\s+", "", inspect.getsource(getattr(module, function)))
             except (TypeError, OSError, AttributeError):
-                raise _unsupported(f"the source of {function} cannot be read") from None
+                raise unsupported_unsloth(f"the source of {function} cannot be read") from None
         if re.sub(r"\s+", "", fragment) not in sources[function]:
-            raise _unsupported(f"{function} no longer has `{fragment}` ({meaning})")
+            raise unsupported_unsloth(f"{function} no longer has `{fragment}` ({meaning})")
     if sources["grpo_accumulated_loss"].count("UnslothEfficientGRPO.apply(") != 1:
-        raise _unsupported("grpo_accumulated_loss calls UnslothEfficientGRPO.apply more than once")
+        raise unsupported_unsloth("grpo_accumulated_loss calls UnslothEfficientGRPO.apply more than once")
 
 
 def install_capture_shim(module: ModuleType) -> CapturingEfficientGRPO:

@@ -5,67 +5,54 @@ The host computes its own loss with β = 0 (the policy term, untouched), and thi
 host's loss, no extra forward pass. The reference model is loaded as usual because `args.beta > 0`.
 
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
-Unsloth's generated trainer, whose loss is reached through `adaptive_kl.unsloth_backend`.
+Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`. Everything taken from the
+host goes through `adaptive_kl.trainers.hooks`.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from contextlib import contextmanager
 
 import torch
-import trl
 from accelerate.utils import gather_object
 from peft import PeftModel
 from trl import GRPOTrainer
 
-from .aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
-from .compat import MULTIMODAL_INPUTS, SUPPORTED_TRL, completion_loss_mask
+from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
+from ..kl.controller import BetaController
+from ..kl.diversity import diversity_metrics
+from ..kl.metrics import STAT_INDEX, kl_metrics
+from ..kl.placement import group_advantages, sequence_kl_penalty, total_rewards
+from ..kl.term import adapted_kl_term
 from .config import AdaptiveKLGRPOConfig
-from .controller import BetaController
-from .diversity import diversity_metrics
-from .metrics import STAT_INDEX, kl_metrics
-from .placement import group_advantages, replace_logged_advantages, sequence_kl_penalty, total_rewards
-from .state import AdaptiveKLStateCallback
-from .term import adapted_kl_term
-from .unsloth_backend import (
-    capturing_efficient_grpo,
-    check_import_order,
+from .hooks import (
+    MULTIMODAL_INPUTS,
+    HostHooks,
+    check_carries_gradient,
+    check_host,
+    completion_loss_mask,
+    replace_logged_advantages,
+    resolve_args,
+)
+from .state import AdaptiveKLStateCallback, missing_kl_state_message, read_checkpoint_kl_state, resolve_checkpoint
+from .unsloth import (
     install_capture_shim,
     unsloth_host_module,
     unsloth_kl_term_inputs,
+    unsupported_unsloth,
+    with_keyword_only,
 )
 
 
-# The host's methods this trainer hooks into: if one is gone, the KL term would silently never be computed.
+# The host's methods this trainer hooks into (see `hooks.HostHooks`): if one is gone, the KL term would silently never
+# be computed.
 HOST_HOOKS = (
     "_compute_loss",
     "_get_per_token_logps_and_entropies",
     "_calculate_rewards",
     "_generate_and_score_completions",
 )
-
-
-def check_host_loss_path(host: type, args: AdaptiveKLGRPOConfig) -> None:
-    """Refuses, before anything is loaded, a host or an option whose loss would not go through our KL term.
-
-    Raises:
-        TypeError: the host lacks a method of `HOST_HOOKS` (a TRL outside the supported range).
-        ValueError: `use_liger_kernel=True` on a host that computes its loss with Liger's fused GRPO loss
-            (`_compute_liger_loss`), which never calls ours. TRL 1.15 and 1.16 have no such path: there Liger only
-            swaps layer kernels, and the loss is TRL's own.
-    """
-    missing = [name for name in HOST_HOOKS if not callable(getattr(host, name, None))]
-    if missing:
-        raise TypeError(
-            f"{host.__module__}.{host.__qualname__} has no {missing}, which AdaptiveKLGRPOTrainer hooks into to add the "
-            f"KL term: install a supported TRL (trl{SUPPORTED_TRL})."
-        )
-    if args.use_liger_kernel and args.beta > 0 and hasattr(host, "_compute_liger_loss"):
-        raise ValueError(
-            "use_liger_kernel=True makes this GRPOTrainer compute its loss with Liger's fused GRPO loss, which never "
-            "calls the adaptive KL term. Set use_liger_kernel=False (or beta=0 for stock TRL)."
-        )
 
 
 def reference_is_base_despite_trained_adapter(model) -> bool:
@@ -84,12 +71,18 @@ def reference_is_base_despite_trained_adapter(model) -> bool:
     )
 
 
-class AdaptiveKLGRPOTrainer(GRPOTrainer):
+class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
     """Drop-in replacement for [`~trl.GRPOTrainer`] that takes an [`AdaptiveKLGRPOConfig`].
 
-    Every argument is passed to `GRPOTrainer` unchanged. With `beta = 0` the trainer is stock TRL; otherwise the KL
-    term of the loss is computed here (identical to TRL's for method `"none"`, estimator `"k3"`) and the
-    `adaptive_kl/*` metrics are logged through `Trainer.log`.
+    Every argument is passed to `GRPOTrainer` unchanged, with the same signature (`reward_funcs` may be omitted when
+    an `environment_factory` owns the rewards). With `beta = 0` the trainer is stock TRL; otherwise the KL term of the
+    loss is computed here (identical to TRL's for method `"none"`, estimator `"k3"`) and the `adaptive_kl/*` metrics
+    are logged through `Trainer.log`.
+
+    Args:
+        diversity_embedder (`Callable[[list[str]], torch.Tensor]`, *optional*, keyword only):
+            Embeds completions for `diversity/embedding_similarity` (with `diversity_metrics=True`); the default is
+            `HashedNgramEmbedder()`.
 
     Attributes:
         beta_controller (`BetaController`): owns β; saved in every checkpoint and restored on resume.
@@ -97,19 +90,9 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
 
     _tag_names = [*GRPOTrainer._tag_names, "adaptive-kl"]
 
-    def __init__(
-        self, model, reward_funcs, args: AdaptiveKLGRPOConfig | None = None, *more, diversity_embedder=None, **kwargs
-    ):
-        check_import_order(GRPOTrainer, trl.GRPOTrainer, "GRPOTrainer")
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = AdaptiveKLGRPOConfig(f"{name.split('/')[-1]}-GRPO")
-        elif not isinstance(args, AdaptiveKLGRPOConfig):
-            raise TypeError(
-                f"AdaptiveKLGRPOTrainer needs an AdaptiveKLGRPOConfig, got {type(args).__name__}. It accepts every "
-                "GRPOConfig argument: replace GRPOConfig(...) by AdaptiveKLGRPOConfig(...)."
-            )
-        check_host_loss_path(GRPOTrainer, args)
+    def __init__(self, model, reward_funcs=None, args=None, *more, diversity_embedder=None, **kwargs):
+        args = resolve_args(GRPOTrainer, AdaptiveKLGRPOConfig, model, args, "AdaptiveKLGRPOTrainer", "GRPO")
+        check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", HOST_HOOKS, own_loss=args.beta > 0)
         self._unsloth_module = unsloth_host_module(GRPOTrainer)
         if self._unsloth_module is not None:
             if args.kl_placement == "reward":
@@ -131,45 +114,42 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         self.beta_controller = BetaController.from_args(args)
         self._kl_methods = args.kl_methods
         self._kl_transform = args.kl_transform
-        self._capture: dict | None = None  # set while the host's loss runs
         self._generation_mean_reward = float("nan")
-        self._generation_rewards: torch.Tensor | None = None  # total rewards of the batch being scored, all processes
         self.diversity_embedder = diversity_embedder
         self._step_stats: torch.Tensor | None = None  # summed statistics of the optimizer step in progress
         self._log_stats: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
         self._last_beta: dict[str, tuple[float, float]] = {}
+        self._warned: set[str] = set()  # the once-per-run warnings already given
         self.add_callback(AdaptiveKLStateCallback(self.beta_controller))
 
-    # --- host hooks ------------------------------------------------------------------------------------------------
+    __init__.__signature__ = with_keyword_only(
+        inspect.signature(GRPOTrainer.__init__),
+        [inspect.Parameter("diversity_embedder", inspect.Parameter.KEYWORD_ONLY, default=None)],
+    )
 
-    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        outputs = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-        if self._capture is not None:
-            self._capture.setdefault("per_token_logps", outputs[0])
-        return outputs
+    # --- generation batches ---------------------------------------------------------------------------------------
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+    def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
+        self._warn_infinite_rewards(rewards_per_func)
         rewards = total_rewards(rewards_per_func, self.reward_weights)  # gathered over processes, as TRL logs them
-        self._generation_rewards = rewards
-        if self.model.training:
+        if mode == "train":
             self._generation_mean_reward = torch.nanmean(rewards).item()
-        return rewards_per_func
-
-    def _generate_and_score_completions(self, inputs):
-        self._generation_rewards = None
-        output = super()._generate_and_score_completions(inputs)
-        if self._generation_rewards is None and self.args.kl_placement == "reward":
-            raise RuntimeError(
-                "AdaptiveKLGRPOTrainer could not capture the rewards to penalize: the installed GRPOTrainer no longer "
-                f"calls _calculate_rewards from _generate_and_score_completions (supported: trl{SUPPORTED_TRL})."
-            )
-        mode = "train" if self.model.training else "eval"
         if self.args.kl_placement == "reward":
-            self._penalize_rewards(output, mode)
+            self._penalize_rewards(output, rewards, mode)
         if self.args.diversity_metrics:
             self._log_diversity(output, mode)
-        return output
+
+    def _warn_infinite_rewards(self, rewards_per_func: torch.Tensor) -> None:
+        counts = torch.isinf(rewards_per_func).sum(dim=0).tolist()  # per reward function
+        if any(counts):
+            named = ", ".join(f"{name} ({count})" for name, count in zip(self.reward_func_names, counts) if count)
+            self._warn_once(
+                "infinite_rewards",
+                f"Reward functions returned ±inf for some of the {len(rewards_per_func)} completions of a generation "
+                f"batch: {named}. TRL takes only None (NaN) as 'no reward'; an infinite reward makes the advantages "
+                "of its group non-finite, so those completions do not train, and a reward-triggered β (dynamic) "
+                "skips the step. Return finite rewards, or None where a function does not apply.",
+            )
 
     def _load_callback_state(self):
         super()._load_callback_state()
@@ -185,23 +165,35 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         # step 1 with a new optimizer, so β starts afresh too; a resumed run gets the checkpoint's state.
         self._step_stats = None
         self._log_stats = {"train": None, "eval": None}
-        if not resume_from_checkpoint:
+        self._warned.clear()
+        if resume_from_checkpoint:
+            self._check_resumed_kl_state(resume_from_checkpoint)
+        else:
             self.beta_controller.reset()
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
-    @contextmanager
-    def _host_loss_without_kl(self):
-        """Runs the host's loss with β = 0 and captures the policy log-probabilities it computes (on Unsloth, the
-        arguments of its efficient loss, which the shim also runs with β = 0)."""
-        host_beta, self.beta, self._capture = self.beta, 0.0, {}
-        try:
-            if self._unsloth_module is None:
-                yield self._capture
-            else:
-                with capturing_efficient_grpo(self._capture) as capture:
-                    yield capture
-        finally:
-            self.beta, self._capture = host_beta, None
+    def _check_resumed_kl_state(self, resume_from_checkpoint) -> None:
+        """Before anything is loaded: refuses a damaged saved β state, and a missing one (a stock TRL checkpoint)
+        when β's trajectory depends on it, unless `resume_without_kl_state=True` (β then starts afresh)."""
+        checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        if checkpoint is None or read_checkpoint_kl_state(checkpoint) is not None:
+            return  # no checkpoint (Transformers says so), or a sound state that `on_train_begin` loads
+        if self.beta_controller.has_training_state:
+            if not self.args.resume_without_kl_state:
+                raise ValueError(missing_kl_state_message(checkpoint, self.args.beta))
+            self._warn_once(
+                "fresh_beta",
+                f"Resuming from {checkpoint}, which has no adaptive-KL controller state: β starts afresh at "
+                f"beta={self.args.beta} (resume_without_kl_state=True).",
+            )
+        self.beta_controller.reset()  # a fixed β_base is a function of the step: nothing is lost
+
+    def _warn_once(self, key: str, message: str) -> None:
+        """A `UserWarning` given at most once per `train()` call, by the main process only."""
+        if key not in self._warned:
+            self._warned.add(key)
+            if self.accelerator.is_main_process:
+                warnings.warn(message, UserWarning, stacklevel=3)
 
     # --- KL in the reward -------------------------------------------------------------------------------------------
 
@@ -220,7 +212,7 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
             )
         return logps
 
-    def _penalize_rewards(self, output: dict, mode: str) -> None:
+    def _penalize_rewards(self, output: dict, rewards: torch.Tensor, mode: str) -> None:
         """Replaces the advantages by those of the rewards minus the detached KL penalty β_t·Σ_t f(k)."""
         args = self.args
         step = self.state.global_step + 1
@@ -236,9 +228,8 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
             length_normalized="length_normalized" in self._kl_methods,
         )
         penalties = self.accelerator.gather(penalty)  # in the global order of the rewards
-        rewards = self._generation_rewards.to(penalties.dtype)
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        advantages = group_advantages(rewards - penalties, num_generations, self.scale_rewards)
+        advantages = group_advantages(rewards.to(penalties.dtype) - penalties, num_generations, self.scale_rewards)
         local = len(output["completion_ids"])
         start = self.accelerator.process_index * local
         output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
@@ -269,10 +260,10 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         mode = "train" if self.model.training else "eval"
         step = self.state.global_step + 1  # the optimizer step in progress (the next one, in evaluation)
-        with self._host_loss_without_kl() as captured:
+        with self.host_loss_without_kl() as captured:
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         beta, scale = self.beta_controller.beta(step), self.beta_controller.scale(step)
-        host_inputs = self._host_kl_inputs(captured, inputs, mode)
+        host_inputs = self._host_kl_inputs(captured, inputs, mode, training=torch.is_grad_enabled() and mode == "train")
         if self.args.kl_placement == "reward":
             # The KL is in the advantages: measured here, without a graph, for the metrics and controllers only.
             with torch.no_grad():
@@ -283,21 +274,15 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         self._record(stats, mode, step, beta, scale)
         return loss + beta * kl_term  # Unsloth's backward ignores its incoming gradient: add, never scale its loss
 
-    def _host_kl_inputs(self, captured, inputs, mode) -> dict:
+    def _host_kl_inputs(self, captured: dict, inputs: dict, mode: str, training: bool) -> dict:
         """The log-probabilities, mask and aggregation of the host's loss that the KL term must share."""
         if self._unsloth_module is not None:
             if "efficient_grpo" not in captured:
-                raise RuntimeError(
-                    "AdaptiveKLGRPOTrainer could not capture the arguments of Unsloth's GRPO loss: the installed "
-                    "Unsloth's compute_loss no longer calls UnslothEfficientGRPO.apply."
-                )
-            return unsloth_kl_term_inputs(captured["efficient_grpo"])
-        if "per_token_logps" not in captured:
-            raise RuntimeError(
-                "AdaptiveKLGRPOTrainer could not capture the policy log-probabilities of the host loss: the installed "
-                "GRPOTrainer.compute_loss no longer calls _get_per_token_logps_and_entropies."
-            )
-        per_token_logps = captured["per_token_logps"]
+                raise unsupported_unsloth("its GRPO loss no longer calls UnslothEfficientGRPO.apply")
+            kl_inputs = unsloth_kl_term_inputs(captured["efficient_grpo"])
+            check_carries_gradient(kl_inputs["per_token_logps"], training, "Unsloth's policy log-probabilities")
+            return kl_inputs
+        per_token_logps = self.captured_policy_logps(captured, training)
         args = self.args
         mask = completion_loss_mask(inputs)
         accumulation_steps = self.current_gradient_accumulation_steps if mode == "train" else 1.0
@@ -345,12 +330,25 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
         if self.accelerator.sync_gradients:  # last micro-batch of the optimizer step: β changes for the next one
             tokens = self._step_stats[STAT_INDEX["tokens"]].item()
             mean_kl = self._step_stats[STAT_INDEX["raw_kl"]].item() / tokens if tokens > 0 else float("nan")
-            self.beta_controller.update(
+            controller = self.beta_controller
+            skipped = controller.num_skipped_updates
+            controller.update(
                 step,
                 mean_reward=self._generation_mean_reward,
                 mean_kl=mean_kl,
                 num_sequences=int(self._step_stats[STAT_INDEX["sequences"]].item()),
             )
+            if controller.num_skipped_updates > skipped:
+                statistic = (
+                    f"mean reward {self._generation_mean_reward}" if controller.dynamic else f"mean KL {mean_kl}"
+                )
+                self._warn_once(
+                    "skipped_update",
+                    f"β was not updated after optimizer step {step}: its {statistic} is not finite (a reward function "
+                    "returned ±inf, no completion was scored or had a token, or the log-probabilities overflowed). β "
+                    f"stays at {controller.beta_base:g} until a step gives a finite value; adaptive_kl/skipped_updates "
+                    "counts such steps. Warned once per run.",
+                )
             self._step_stats = None
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -362,5 +360,7 @@ class AdaptiveKLGRPOTrainer(GRPOTrainer):
             beta, scale = self._last_beta[mode]
             for key, value in kl_metrics(stats, beta=beta, beta_scale=scale).items():
                 self._metrics[mode][key] = [value]  # TRL averages and prefixes (`eval_`) its metrics
+            if mode == "train" and self.beta_controller.has_training_state:
+                self._metrics[mode]["adaptive_kl/skipped_updates"] = [float(self.beta_controller.num_skipped_updates)]
             self._log_stats[mode] = None
         super().log(logs, start_time)

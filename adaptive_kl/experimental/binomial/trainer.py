@@ -1,7 +1,7 @@
-"""`BinomialKLConfig` and `BinomialKLTrainer`: the binomial-KL ("SPO") objective on `trl.GRPOTrainer`'s rollouts.
+"""`BinomialKLTrainer`: the binomial-KL ("SPO") objective on `trl.GRPOTrainer`'s rollouts.
 
 The host generates, scores and batches completions as usual; this trainer changes two things (see
-`adaptive_kl.binomial_kl` for the math):
+`adaptive_kl.experimental.binomial.loss` for the math):
 
 - advantages: TRL's group-normalized advantages are replaced by the raw total reward of each sequence (the reward
   TRL logs as `reward`: Σ_k w_k·r_k, NaN when every reward function returned None); the loss uses A = r·m and trains
@@ -29,125 +29,35 @@ holds at vocabulary size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
-import trl
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
-from .binomial_kl import (
-    BINOMIAL_KL_TARGETS,
+from ...kl.placement import total_rewards
+from ...trainers.hooks import (
+    MULTIMODAL_INPUTS,
+    HostHooks,
+    check_host,
+    completion_loss_mask,
+    replace_logged_advantages,
+    resolve_args,
+    unsupported_trl,
+)
+from ...trainers.unsloth import is_unsloth_class
+from .config import BinomialKLConfig
+from .loss import (
     BinomialLogProbs,
     binomial_kl_loss,
     binomial_kl_per_token,
     spo_advantages,
     token_log_probs_from_logits,
 )
-from .compat import MULTIMODAL_INPUTS, SUPPORTED_TRL, completion_loss_mask
-from .placement import replace_logged_advantages, total_rewards
-from .unsloth_backend import check_import_order, is_unsloth_class
-from .validation import is_finite_number, require
+
 
 # Host methods this trainer overrides or relies on; without them the objective would silently not be the study's.
 HOST_HOOKS = ("_compute_loss", "_calculate_rewards", "_generate_and_score_completions", "_prepare_inputs")
 
-# Host options that change GRPO's loss and that this objective does not apply: refused unless at the value that
-# leaves them inert.
-_INERT_HOST_OPTIONS = {
-    "top_entropy_quantile": 1.0,
-    "off_policy_mask_threshold": None,
-    "entropy_coef": 0.0,
-    "use_adaptive_entropy": False,
-}
 
-@dataclass
-class BinomialKLConfig(GRPOConfig):
-    r"""
-    Configuration class for [`BinomialKLTrainer`]: every [`~trl.GRPOConfig`] argument, plus the binomial-KL objective.
-
-    `beta` must stay 0 (there is no reference-model term) and `loss_type` at its default (the aggregation is the
-    objective's own); the PPO clip fields (`epsilon`, `delta`, `importance_sampling_level`) and reward normalization
-    fields (`scale_rewards`, `multi_objective_aggregation`) are ignored.
-
-    Parameters:
-        binomial_kl_target (`str`, *optional*, defaults to `"max"`):
-            Target probability q of the per-token KL(Bern(q) ‖ Bern(p)): `"max"` (q = p_max, the probability of the
-            most probable token) or `"half"` (q = 0.5, only on tokens with p > 0.5).
-        correct_reward_threshold (`float`, *optional*, defaults to `0.0`):
-            A sequence is correct, and trained on, when its total reward is above this value.
-        binomial_kl_detach_target (`bool`, *optional*, defaults to `True`):
-            `"max"`: stop the gradient through p_max, making the loss a KL toward a fixed target. `False` also
-            differentiates through p_max (as the RL2 study code does), which lowers the argmax token's probability.
-    """
-
-    binomial_kl_target: str = field(
-        default="max",
-        metadata={
-            "help": "Target q of the per-token KL(Bern(q) || Bern(p_sampled)): 'max' (q = probability of the most "
-            "probable token) or 'half' (q = 0.5, applied only where p_sampled > 0.5)."
-        },
-    )
-    correct_reward_threshold: float = field(
-        default=0.0,
-        metadata={"help": "A sequence is correct (and trained on) when its total reward is > this value."},
-    )
-    binomial_kl_detach_target: bool = field(
-        default=True,
-        metadata={
-            "help": "'max': stop the gradient through p_max (a KL toward a fixed target). False also differentiates "
-            "through p_max, as the RL2 study code does."
-        },
-    )
-
-    def __post_init__(self):
-        check_import_order(GRPOConfig, trl.GRPOConfig, "GRPOConfig")
-        if is_unsloth_class(GRPOConfig):
-            raise NotImplementedError("BinomialKLConfig does not support Unsloth's GRPOConfig; use plain TRL.")
-        self._validate_binomial_kl()
-        super().__post_init__()
-        # steps_per_generation is resolved by GRPOConfig.__post_init__ (it defaults to gradient_accumulation_steps).
-        require(
-            self.steps_per_generation % self.gradient_accumulation_steps == 0,
-            f"steps_per_generation ({self.steps_per_generation}) must be a multiple of gradient_accumulation_steps "
-            f"({self.gradient_accumulation_steps}) for BinomialKLConfig: the loss divides by the correct sequences of "
-            "the whole optimizer step, which must all come from one generation batch.",
-        )
-
-    def _validate_binomial_kl(self) -> None:
-        require(
-            self.binomial_kl_target in BINOMIAL_KL_TARGETS,
-            f"binomial_kl_target must be one of {BINOMIAL_KL_TARGETS}, got {self.binomial_kl_target!r}.",
-        )
-        threshold = self.correct_reward_threshold
-        require(
-            is_finite_number(threshold) and threshold >= 0,
-            f"correct_reward_threshold must be a finite number >= 0, got {threshold!r}: the loss is weighted by the "
-            "reward, so a correct sequence with a negative reward would be pushed away from its target.",
-        )
-        require(
-            isinstance(self.binomial_kl_detach_target, bool),
-            f"binomial_kl_detach_target must be True or False, got {self.binomial_kl_detach_target!r}.",
-        )
-        require(
-            self.beta == 0,
-            f"beta must be 0 for BinomialKLConfig, got {self.beta!r}: the binomial-KL objective has no reference-model "
-            "KL term (its KL is toward p_max or 0.5 under the current policy).",
-        )
-        default_loss_type = GRPOConfig.__dataclass_fields__["loss_type"].default
-        require(
-            self.loss_type == default_loss_type,
-            f"loss_type is not used by BinomialKLTrainer (its loss is the per-sequence binomial KL averaged over the "
-            f"correct sequences); leave it at its default {default_loss_type!r}, got {self.loss_type!r}.",
-        )
-        for name, inert in _INERT_HOST_OPTIONS.items():
-            value = getattr(self, name, inert)
-            require(
-                value == inert,
-                f"{name} must be {inert!r} for BinomialKLConfig (got {value!r}): the binomial-KL loss does not apply it.",
-            )
-
-
-class BinomialKLTrainer(GRPOTrainer):
+class BinomialKLTrainer(HostHooks, GRPOTrainer):
     """[`~trl.GRPOTrainer`] with the binomial-KL ("SPO") objective; takes a [`BinomialKLConfig`].
 
     Logs, next to TRL's metrics: `binomial_kl/loss` (the step objective), `binomial_kl/num_correct` (N_correct of the
@@ -158,41 +68,22 @@ class BinomialKLTrainer(GRPOTrainer):
 
     _tag_names = [*GRPOTrainer._tag_names, "binomial-kl"]
 
-    def __init__(self, model, reward_funcs, args: BinomialKLConfig | None = None, *more, **kwargs):
-        check_import_order(GRPOTrainer, trl.GRPOTrainer, "GRPOTrainer")
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = BinomialKLConfig(f"{name.split('/')[-1]}-BinomialKL")
-        elif not isinstance(args, BinomialKLConfig):
-            raise TypeError(
-                f"BinomialKLTrainer needs a BinomialKLConfig, got {type(args).__name__}. It accepts every GRPOConfig "
-                "argument: replace GRPOConfig(...) by BinomialKLConfig(...)."
-            )
-        check_binomial_host(GRPOTrainer, args)
+    def __init__(self, model, reward_funcs=None, args=None, *more, **kwargs):
+        args = resolve_args(GRPOTrainer, BinomialKLConfig, model, args, "BinomialKLTrainer", "BinomialKL")
+        check_host(GRPOTrainer, args, "BinomialKLTrainer", HOST_HOOKS, own_loss=True)
+        if is_unsloth_class(GRPOTrainer):  # its compute_loss never calls `_compute_loss`
+            raise NotImplementedError("BinomialKLTrainer does not support Unsloth's GRPOTrainer; use plain TRL.")
         super().__init__(model, reward_funcs, args, *more, **kwargs)
-        self._spo_rewards: torch.Tensor | None = None  # total reward per sequence, all processes, set while scoring
 
     # --- advantages -----------------------------------------------------------------------------------------------
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._spo_rewards = total_rewards(rewards_per_func, self.reward_weights)  # [N_global], as TRL logs `reward`
-        return rewards_per_func
-
-    def _generate_and_score_completions(self, inputs):
-        self._spo_rewards = None
-        output = super()._generate_and_score_completions(inputs)
-        if self._spo_rewards is None:
-            raise RuntimeError(
-                "BinomialKLTrainer could not capture the rewards: the installed GRPOTrainer no longer calls "
-                f"_calculate_rewards from _generate_and_score_completions (supported: trl{SUPPORTED_TRL})."
-            )
+    def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
+        rewards = total_rewards(rewards_per_func, self.reward_weights)  # (N_global,), as TRL logs `reward`
         # This process's rows, sliced as TRL slices its advantages.
-        start = self.accelerator.process_index * len(inputs)
-        output["advantages"] = self._spo_rewards[start : start + len(inputs)]  # (B,), raw reward (NaN: unscorable)
-        replace_logged_advantages(self._logs["advantages"], self._spo_rewards)
-        self._spo_rewards = None
-        return output
+        local = len(output["completion_ids"])
+        start = self.accelerator.process_index * local
+        output["advantages"] = rewards[start : start + local]  # (B,), raw reward (NaN: unscorable)
+        replace_logged_advantages(self._logs["advantages"], rewards)
 
     # --- loss ---------------------------------------------------------------------------------------------------------
 
@@ -288,9 +179,9 @@ class BinomialKLTrainer(GRPOTrainer):
         if slot is None:
             if any(batch is not None for batch in buffer or ()):
                 # Normalizing by this micro-batch alone would scale the step's gradient by up to the accumulation.
-                raise RuntimeError(
+                raise unsupported_trl(
                     "BinomialKLTrainer could not find this micro-batch in GRPOTrainer's generation buffer, so it cannot "
-                    f"count the correct sequences of the optimizer step (supported: trl{SUPPORTED_TRL})."
+                    "count the correct sequences of the optimizer step"
                 )
             return correct.sum()
         accumulation = self._accumulation_steps()
@@ -299,29 +190,4 @@ class BinomialKLTrainer(GRPOTrainer):
         return sum(
             spo_advantages(batch["advantages"], completion_loss_mask(batch), threshold)[1].sum()
             for batch in buffer[first : first + accumulation]
-        )
-
-
-def check_binomial_host(host: type, args: BinomialKLConfig) -> None:
-    """Refuses, before anything is loaded, a host whose loss would not go through `BinomialKLTrainer._compute_loss`.
-
-    Raises:
-        TypeError: the host lacks a method of `HOST_HOOKS` (a TRL outside the supported range).
-        NotImplementedError: the host is Unsloth's generated trainer (its `compute_loss` never calls `_compute_loss`).
-        ValueError: `use_liger_kernel=True` on a host that computes its loss with Liger's fused GRPO loss
-            (`_compute_liger_loss`). TRL 1.15 and 1.16 have none: there Liger only swaps layer kernels (TRL forces
-            `fused_linear_cross_entropy=False`), the model still returns logits, and the loss is this trainer's.
-    """
-    missing = [name for name in HOST_HOOKS if not callable(getattr(host, name, None))]
-    if missing:
-        raise TypeError(
-            f"{host.__module__}.{host.__qualname__} has no {missing}, which BinomialKLTrainer overrides: install a "
-            f"supported TRL (trl{SUPPORTED_TRL})."
-        )
-    if is_unsloth_class(host):
-        raise NotImplementedError("BinomialKLTrainer does not support Unsloth's GRPOTrainer; use plain TRL.")
-    if args.use_liger_kernel and hasattr(host, "_compute_liger_loss"):
-        raise ValueError(
-            "use_liger_kernel=True makes this GRPOTrainer compute its loss with Liger's fused GRPO loss, which never "
-            "calls the binomial-KL loss. Set use_liger_kernel=False."
         )

@@ -1,6 +1,6 @@
 """The embedded default: a tiny reference policy and its arithmetic task, shipped in the package (no download).
 
-The policy (`adaptive_kl/reference_policy/`, ~2.5 MB) is a 0.6M-parameter Qwen2 model with a character tokenizer,
+The policy (`adaptive_kl/demo/reference_policy/`, ~2.5 MB) is a 0.6M-parameter Qwen2 model with a character tokenizer,
 fine-tuned by `scripts/build_reference_policy.py` to write `"17+36=53 #### 53"`-style solutions. It follows the format
 except on most subtractions, and gets about half of the arithmetic right (`reference_policy.json` records its
 validation accuracy: 0.385), which leaves RL room to improve it.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .aggregation import sequence_means, sequence_sums
-from .kl import kl_estimate, transform_kl
+from .estimators import kl_estimate, transform_kl
 
 
 KL_PLACEMENTS = ("loss", "reward")
@@ -70,14 +70,6 @@ def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) 
     rewards = (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
     rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
     return rewards
-
-
-def replace_logged_advantages(logged, advantages: torch.Tensor) -> None:
-    """Replaces the last `len(advantages)` entries of TRL's `_logs["advantages"]` (a bounded deque that TRL just
-    extended with its own advantages), so that the completions table shows the advantages the loss uses."""
-    for _ in range(min(len(advantages), len(logged))):
-        logged.pop()
-    logged.extend(advantages.tolist())
 
 
 def _nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .aggregation import aggregate_like_host, length_normalized_mean
-from .kl import importance_ratio, kl_estimate, transform_kl
+from .estimators import importance_ratio, kl_estimate, transform_kl
 from .metrics import kl_statistics
 
 

@@ -1,10 +1,8 @@
-"""Validation accuracy by greedy decoding: the number the demo reports at step 0 and at regular intervals."""
+"""Greedy generation for evaluations run beside training (`RetentionCallback`, the demo's validation accuracy)."""
 
 from __future__ import annotations
 
 import torch
-
-from .answers import answers_match, extract_answer, has_answer_format
 
 
 @torch.no_grad()
@@ -30,21 +28,3 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
         tokenizer.padding_side = padding_side
         model.train(was_training)
     return completions
-
-
-def evaluate_accuracy(
-    model, tokenizer, prompts: list[str], answers: list, max_new_tokens: int = 32, batch_size: int = 64
-) -> dict[str, float]:
-    """Greedy-decoding accuracy and format rate of `model` on (`prompts`, `answers`).
-
-    Returns:
-        `{"accuracy": fraction with the right final answer, "format": fraction with an answer marker,
-        "completion_length": mean completion length in characters}`.
-    """
-    completions = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
-    n = max(len(completions), 1)
-    return {
-        "accuracy": sum(answers_match(extract_answer(c), a) for c, a in zip(completions, answers, strict=True)) / n,
-        "format": sum(has_answer_format(c) for c in completions) / n,
-        "completion_length": sum(len(c) for c in completions) / n,
-    }

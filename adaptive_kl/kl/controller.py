@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .validation import is_finite_number
+
 
 KL_SCALINGS = ("none", "linear", "sqrt", "log")
 KL_CONTROLLERS = ("fixed", "adaptive", "stepwise")
@@ -189,14 +191,31 @@ class BetaController:
         }
 
     def load_state_dict(self, state: dict[str, float | int]) -> None:
-        """Restores the state saved by `state_dict`; refuses a non-finite or negative β_base."""
-        beta_base = float(state["beta_base"])
-        if not math.isfinite(beta_base) or beta_base < 0:
-            raise ValueError(f"Invalid saved KL controller state: beta_base={beta_base!r}.")
-        self.beta_base = beta_base
-        self.last_step = int(state["last_step"])
-        self.num_decays = int(state.get("num_decays", 0))
-        self.num_skipped_updates = int(state.get("num_skipped_updates", 0))
+        """Restores the state saved by `state_dict`; counters missing from an older state count as 0.
+
+        Raises:
+            ValueError: naming the entry, for a missing or non-finite or negative `beta_base`, a missing `last_step`,
+                or a counter that is not a whole number >= 0. The state is left unchanged.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"Invalid saved KL controller state: expected a mapping, got {state!r}.")
+        beta_base = state.get("beta_base")
+        if not is_finite_number(beta_base) or beta_base < 0:
+            raise ValueError(f"Invalid saved KL controller state: beta_base={beta_base!r} (a finite number >= 0).")
+        counters = {name: state.get(name, 0) for name in ("last_step", "num_decays", "num_skipped_updates")}
+        if "last_step" not in state:
+            raise ValueError("Invalid saved KL controller state: last_step is missing.")
+        for name, value in counters.items():
+            if not (is_finite_number(value) and value >= 0 and float(value).is_integer()):  # JSON may give 3.0
+                raise ValueError(f"Invalid saved KL controller state: {name}={value!r} (a whole number >= 0).")
+        self.beta_base = float(beta_base)
+        self.last_step, self.num_decays, self.num_skipped_updates = (int(v) for v in counters.values())
+
+    @property
+    def has_training_state(self) -> bool:
+        """Whether β_base changes during training (`dynamic`, or a target-KL controller), so that a run resumed
+        without the saved state would follow another β trajectory. A fixed β_base is a function of the step alone."""
+        return self.dynamic or self.kl_controller != "fixed"
 
     def __repr__(self) -> str:
         return (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
-from .compat import check_trl_version
+from .hooks import check_trl_version
 
 
 check_trl_version()  # before TRL is imported: fail with what to install rather than misbehave
@@ -17,12 +17,12 @@ check_trl_version()  # before TRL is imported: fail with what to install rather 
 import trl  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
-from .aggregation import LOSS_TYPES  # noqa: E402
-from .controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS  # noqa: E402
-from .kl import ESTIMATORS  # noqa: E402
-from .placement import KL_PLACEMENTS  # noqa: E402
-from .unsloth_backend import check_import_order, is_unsloth_class, keep_host_init  # noqa: E402
-from .validation import is_finite_number, is_int, require  # noqa: E402
+from ..kl.aggregation import LOSS_TYPES  # noqa: E402
+from ..kl.controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS  # noqa: E402
+from ..kl.estimators import ESTIMATORS  # noqa: E402
+from ..kl.placement import KL_PLACEMENTS  # noqa: E402
+from ..kl.validation import is_finite_number, is_int, require  # noqa: E402
+from .unsloth import check_import_order, is_unsloth_class, keep_host_init  # noqa: E402
 
 
 KL_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
@@ -60,9 +60,13 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
     Configuration class for [`AdaptiveKLGRPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the KL adaptation.
 
     With every field below at its default the trainer is stock TRL. Anything else needs `beta > 0` (TRL loads no
-    reference model at `beta = 0`). The loss is `policy_loss + β_t · Agg(f(k))`; see the README for the formulas.
+    reference model at `beta = 0`). The loss is `policy_loss + β_t · Agg(f(k))`; `docs/design.md` has the formulas.
 
     Parameters:
+        > Parameters that control the per-token KL estimate k and its transform f(k)
+
+        kl_estimator (`str`, *optional*, defaults to `"k3"`):
+            Per-token estimator of KL(π_θ‖π_ref): `"k1"` (r), `"k2"` (r²/2) or `"k3"` (exp(−r) + r − 1).
         kl_adaptation_method (`str`, *optional*, defaults to `"none"`):
             `"none"`, `"clip"`, `"sigmoid"`, `"length_normalized"`, `"dynamic"`, or several joined by `"+"` (at most one
             of clip/sigmoid), e.g. `"dynamic+length_normalized"`.
@@ -70,33 +74,54 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             `clip`: per-token KL above this value is clipped (and carries no gradient).
         kl_target (`float`, *optional*, defaults to `0.1`):
             `sigmoid`: the KL at which the gate σ(k − τ) is one half.
+
+        > Parameters that control where the KL goes
+
+        kl_placement (`str`, *optional*, defaults to `"loss"`):
+            `"loss"`: β_t·Agg(f(k)) is added to the loss. `"reward"`: the detached sequence penalty β_t·Σ_t f(k) is
+            subtracted from each completion's reward before the group advantages, and the loss has no KL term (use
+            `kl_estimator="k1"` there).
+
+        > Parameters that control the coefficient β_t = β_base(t)·α(t)
+
+        kl_scaling (`str`, *optional*, defaults to `"none"`):
+            Step scaling α(t) of β: `"none"` (1), `"linear"` (1/t), `"sqrt"` (1/√t) or `"log"` (1/ln(t+1)).
         dynamic_beta_decay (`float`, *optional*, defaults to `0.9`):
             `dynamic`: β is multiplied by this factor after each step whose mean reward reaches `reward_threshold`.
         reward_threshold (`float`, *optional*, defaults to `0.8`):
             `dynamic`: the mean reward that triggers a decay.
-        beta_min (`float`, *optional*, defaults to `0.0`):
-            Lower bound of β under `dynamic` and the target-KL controllers.
         beta_schedule_steps (`int`, *optional*, defaults to `1000`):
             `dynamic`: from this optimizer step on, β = `beta_min`.
-        kl_scaling (`str`, *optional*, defaults to `"none"`):
-            Step scaling α(t) of β: `"none"` (1), `"linear"` (1/t), `"sqrt"` (1/√t) or `"log"` (1/ln(t+1)).
-        kl_estimator (`str`, *optional*, defaults to `"k3"`):
-            Per-token estimator of KL(π_θ‖π_ref): `"k1"` (r), `"k2"` (r²/2) or `"k3"` (exp(−r) + r − 1).
         kl_controller (`str`, *optional*, defaults to `"fixed"`):
             `"fixed"`, `"adaptive"` (Ziegler et al., 2019) or `"stepwise"` target-KL controller of β.
         target_kl (`float`, *optional*, defaults to `0.05`):
             Target mean per-token KL of the target-KL controllers.
         kl_horizon (`int`, *optional*, defaults to `10000`):
             Horizon (in sequences) of the `"adaptive"` controller.
-        kl_placement (`str`, *optional*, defaults to `"loss"`):
-            `"loss"`: β_t·Agg(f(k)) is added to the loss. `"reward"`: the detached sequence penalty β_t·Σ_t f(k) is
-            subtracted from each completion's reward before the group advantages, and the loss has no KL term (use
-            `kl_estimator="k1"` there).
+        beta_min (`float`, *optional*, defaults to `0.0`):
+            Lower bound of β under `dynamic` and the target-KL controllers.
+
+        > Parameters that control checkpoints
+
+        resume_without_kl_state (`bool`, *optional*, defaults to `False`):
+            Resuming from a checkpoint that carries no adaptive-KL controller state (one saved by stock TRL's
+            `GRPOTrainer`, or damaged) is an error when β adapts during training (`dynamic` or a target-KL
+            controller), since β would silently restart at `beta`. `True` resumes anyway, with β started afresh.
+
+        > Parameters that control the logging
+
         diversity_metrics (`bool`, *optional*, defaults to `False`):
             Log `diversity/*` metrics of each generation batch (unique completions, distinct-n, embedding
             similarity within groups, token entropy).
     """
 
+    kl_estimator: str = field(
+        default="k3",
+        metadata={
+            "help": "Per-token KL estimator of the log-ratio r = log pi - log pi_ref: 'k1' (r), 'k2' (r^2/2) or 'k3' "
+            "(exp(-r) + r - 1, TRL's)."
+        },
+    )
     kl_adaptation_method: str = field(
         default="none",
         metadata={
@@ -112,6 +137,21 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         default=0.1,
         metadata={"help": "sigmoid: per-token KL k is weighted by sigmoid(k - kl_target). Must be >= 0."},
     )
+    kl_placement: str = field(
+        default="loss",
+        metadata={
+            "help": "Where the KL goes: 'loss' (beta * Agg(f(k)) added to the loss) or 'reward' (the detached "
+            "sequence penalty beta * sum_t f(k) subtracted from each reward before the group advantages; use "
+            "kl_estimator='k1' there)."
+        },
+    )
+    kl_scaling: str = field(
+        default="none",
+        metadata={
+            "help": "Step-based scaling of beta at optimizer step t (1 for t <= 1): 'none' (1), 'linear' (1/t), "
+            "'sqrt' (1/sqrt(t)) or 'log' (1/ln(t+1))."
+        },
+    )
     dynamic_beta_decay: float = field(
         default=0.9,
         metadata={
@@ -123,27 +163,9 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         default=0.8,
         metadata={"help": "dynamic: mean reward of a step at or above which beta decays."},
     )
-    beta_min: float = field(
-        default=0.0,
-        metadata={"help": "Lower bound of beta under 'dynamic' and the target-KL controllers. In [0, beta]."},
-    )
     beta_schedule_steps: int = field(
         default=1000,
         metadata={"help": "dynamic: from this optimizer step on, beta equals beta_min. Must be >= 1."},
-    )
-    kl_scaling: str = field(
-        default="none",
-        metadata={
-            "help": "Step-based scaling of beta at optimizer step t (1 for t <= 1): 'none' (1), 'linear' (1/t), "
-            "'sqrt' (1/sqrt(t)) or 'log' (1/ln(t+1))."
-        },
-    )
-    kl_estimator: str = field(
-        default="k3",
-        metadata={
-            "help": "Per-token KL estimator of the log-ratio r = log pi - log pi_ref: 'k1' (r), 'k2' (r^2/2) or 'k3' "
-            "(exp(-r) + r - 1, TRL's)."
-        },
     )
     kl_controller: str = field(
         default="fixed",
@@ -160,12 +182,16 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         default=10000,
         metadata={"help": "Horizon, in sequences, of the 'adaptive' controller. Must be > 0."},
     )
-    kl_placement: str = field(
-        default="loss",
+    beta_min: float = field(
+        default=0.0,
+        metadata={"help": "Lower bound of beta under 'dynamic' and the target-KL controllers. In [0, beta]."},
+    )
+    resume_without_kl_state: bool = field(
+        default=False,
         metadata={
-            "help": "Where the KL goes: 'loss' (beta * Agg(f(k)) added to the loss) or 'reward' (the detached "
-            "sequence penalty beta * sum_t f(k) subtracted from each reward before the group advantages; use "
-            "kl_estimator='k1' there)."
+            "help": "Resume from a checkpoint without adaptive-KL controller state (saved by stock TRL's GRPOTrainer, "
+            "or damaged) with beta started afresh. By default that is an error when beta adapts during training "
+            "(dynamic or a target-KL controller)."
         },
     )
     diversity_metrics: bool = field(
@@ -216,10 +242,9 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             self.kl_placement in KL_PLACEMENTS,
             f"kl_placement must be one of {KL_PLACEMENTS}, got {self.kl_placement!r}.",
         )
-        require(
-            isinstance(self.diversity_metrics, bool),
-            f"diversity_metrics must be True or False, got {self.diversity_metrics!r}.",
-        )
+        for name in ("diversity_metrics", "resume_without_kl_state"):
+            value = getattr(self, name)
+            require(isinstance(value, bool), f"{name} must be True or False, got {value!r}.")
         require(
             self.kl_controller in KL_CONTROLLERS,
             f"kl_controller must be one of {KL_CONTROLLERS}, got {self.kl_controller!r}.",

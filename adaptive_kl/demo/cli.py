@@ -160,8 +160,8 @@ def _check_output(out: str) -> None:
 def build(argv: list[str] | None = None):
     """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
     run."""
-    from .demo.runner import DemoSettings, check_variants, quick
-    from .demo.variants import DEMO_METHODS, method_variants, parse_field_value, variant_grid
+    from .runner import DemoSettings, check_variants, quick
+    from .variants import DEMO_METHODS, method_variants, parse_field_value, variant_grid
 
     parser = _parser()
     opts, extra = parser.parse_known_args(argv)
@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2
-    from .demo.report import summary_table, write_report
-    from .demo.runner import run_comparison
+    from .report import summary_table, write_report
+    from .runner import run_comparison
 
     runs = run_comparison(variants, settings, progress=progress)
     notes = (

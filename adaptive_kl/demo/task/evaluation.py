@@ -1,0 +1,24 @@
+"""Validation accuracy by greedy decoding: the number the demo reports at step 0 and at regular intervals."""
+
+from __future__ import annotations
+
+from ...trainers.generation import generate_greedy
+from .answers import answers_match, extract_answer, has_answer_format
+
+
+def evaluate_accuracy(
+    model, tokenizer, prompts: list[str], answers: list, max_new_tokens: int = 32, batch_size: int = 64
+) -> dict[str, float]:
+    """Greedy-decoding accuracy and format rate of `model` on (`prompts`, `answers`).
+
+    Returns:
+        `{"accuracy": fraction with the right final answer, "format": fraction with an answer marker,
+        "completion_length": mean completion length in characters}`.
+    """
+    completions = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
+    n = max(len(completions), 1)
+    return {
+        "accuracy": sum(answers_match(extract_answer(c), a) for c, a in zip(completions, answers, strict=True)) / n,
+        "format": sum(has_answer_format(c) for c in completions) / n,
+        "completion_length": sum(len(c) for c in completions) / n,
+    }

@@ -1,0 +1,48 @@
+"""The formula sheet: every quantity of the adaptive KL term as a small pure-torch function (no trl, transformers,
+peft or accelerate; `docs/design.md` gives the semantics).
+
+| module | what |
+|---|---|
+| `estimators` | per-token estimates k1, k2, k3 of the log-ratio r, the transforms f(k) (clip, sigmoid), the importance ratio |
+| `aggregation` | Agg(·): the host's loss-type aggregation and the length-normalized mean |
+| `term` | the whole KL term of one micro-batch, estimate → transform → aggregate, and its statistics |
+| `metrics` | the additive statistics behind the `adaptive_kl/*` metrics |
+| `controller` | β_t: step scaling, reward-triggered decay, target-KL controllers (`BetaController`) |
+| `placement` | KL in the reward: the sequence penalty, total rewards and GRPO group advantages |
+| `diversity` | the `diversity/*` metrics of a generation batch |
+| `validation` | checks of user-given values |
+"""
+
+from .aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, token_sum_normalizer
+from .controller import KL_CONTROLLERS, KL_SCALINGS, BetaController, step_scale
+from .estimators import ESTIMATORS, importance_ratio, k1, k2, k3, kl_estimate, transform_kl
+from .metrics import METRIC_NAMES, kl_metrics, kl_statistics
+from .placement import KL_PLACEMENTS, group_advantages, sequence_kl_penalty, total_rewards
+from .term import adapted_kl_term
+
+
+__all__ = [
+    "ESTIMATORS",
+    "KL_CONTROLLERS",
+    "KL_PLACEMENTS",
+    "KL_SCALINGS",
+    "LOSS_TYPES",
+    "METRIC_NAMES",
+    "BetaController",
+    "adapted_kl_term",
+    "aggregate_like_host",
+    "group_advantages",
+    "importance_ratio",
+    "k1",
+    "k2",
+    "k3",
+    "kl_estimate",
+    "kl_metrics",
+    "kl_statistics",
+    "length_normalized_mean",
+    "sequence_kl_penalty",
+    "step_scale",
+    "token_sum_normalizer",
+    "total_rewards",
+    "transform_kl",
+]

@@ -1,0 +1,249 @@
+"""The seam between this package's trainers and TRL's `GRPOTrainer`: everything they take from the host, in one place.
+
+Both trainers (`AdaptiveKLGRPOTrainer` and the experimental `BinomialKLTrainer`) subclass whatever `trl.GRPOTrainer`
+is (TRL's own, or Unsloth's generated trainer) and reach into it only through this module:
+
+- `check_trl_version`: the supported TRL range, read from the package metadata before TRL is imported;
+- `resolve_args`: the trainer's config (a default one for `args=None`, a `TypeError` for a plain `GRPOConfig`), after
+  refusing a host that Unsloth replaced once our classes were built on TRL's own;
+- `check_host`: refuses, before any model is loaded, a host that lacks a hooked method, or Liger's fused loss (which
+  never calls ours);
+- `HostHooks`, the mixin that captures each generation batch's rewards and, while the host's loss runs with β = 0,
+  the policy log-probabilities it computes: exactly one scoring per loss, carrying a gradient in training;
+- `completion_loss_mask`, `MULTIMODAL_INPUTS` and `replace_logged_advantages`: the layout of TRL's batches and logs.
+
+A host that does not behave as these hooks expect raises `UnsupportedTRLError`, naming the installed TRL and the
+supported range. `ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL=1` lets an unsupported TRL be imported, to try a new release; it
+never lets one train on without the hooks (for instance without the KL term's gradient).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import warnings
+from contextlib import contextmanager
+
+import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from .unsloth import capturing_efficient_grpo, check_import_order, is_unsloth_class
+
+
+# Keep equal to the `trl` requirement in pyproject.toml (a test checks it).
+SUPPORTED_TRL = ">=1.15,<1.17"
+ALLOW_UNSUPPORTED_ENV = "ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL"
+
+
+class UnsupportedTRLError(RuntimeError):
+    """The installed TRL's `GRPOTrainer` does not call the methods this package hooks as it expects."""
+
+
+def installed_trl_version() -> str:
+    """The installed TRL's version, from its package metadata (TRL itself is not imported)."""
+    try:
+        return importlib.metadata.version("trl")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def check_trl_version(version: str | None = None) -> None:
+    """Raises `ImportError` if the installed TRL (or `version`) is outside `SUPPORTED_TRL`.
+
+    Reads the version from the package metadata, so TRL itself is not imported (Unsloth must be imported first).
+    `ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL=1` turns the error into a warning.
+    """
+    if version is None:
+        version = installed_trl_version()
+        if version == "not installed":
+            raise ImportError(f"adaptive-kl needs TRL: pip install 'trl{SUPPORTED_TRL}'")
+    if Version(version) in SpecifierSet(SUPPORTED_TRL, prereleases=True):
+        return
+    message = (
+        f"adaptive-kl supports trl{SUPPORTED_TRL}, but trl {version} is installed. Install a supported version: "
+        f"pip install 'trl{SUPPORTED_TRL}'."
+    )
+    if os.environ.get(ALLOW_UNSUPPORTED_ENV) == "1":
+        warnings.warn(f"{message} Continuing because {ALLOW_UNSUPPORTED_ENV}=1.", UserWarning, stacklevel=2)
+        return
+    raise ImportError(f"{message} To try this version anyway, set {ALLOW_UNSUPPORTED_ENV}=1.")
+
+
+def unsupported_trl(problem: str) -> UnsupportedTRLError:
+    """The error for a host that does not behave as the hooks expect: what happened, and which TRL to install."""
+    return UnsupportedTRLError(
+        f"{problem}. The installed TRL (trl {installed_trl_version()}) does not behave as adaptive-kl expects; it "
+        f"supports trl{SUPPORTED_TRL}: pip install 'trl{SUPPORTED_TRL}'. ({ALLOW_UNSUPPORTED_ENV} does not lift this "
+        "check: training on would silently change the objective.)"
+    )
+
+
+# --- before anything is loaded ----------------------------------------------------------------------------------------
+
+
+def check_host(host: type, args, trainer_name: str, methods: tuple[str, ...], own_loss: bool) -> None:
+    """Refuses a host whose loss would not go through the trainer `trainer_name`, before any model is loaded.
+
+    Args:
+        host (`type`): the `GRPOTrainer` the trainer subclasses (bound when its module was first imported).
+        args: the trainer's config.
+        trainer_name (`str`): for the messages.
+        methods (`tuple[str, ...]`): the host methods the trainer overrides or calls.
+        own_loss (`bool`): whether the trainer's loss is in use (`AdaptiveKLGRPOTrainer`: only with β > 0).
+
+    Raises:
+        UnsupportedTRLError: the host lacks one of `methods`.
+        ValueError: `use_liger_kernel=True` on a host that computes its loss with Liger's fused GRPO loss
+            (`_compute_liger_loss`), which never calls ours. TRL 1.15 and 1.16 have no such path: there Liger only
+            swaps layer kernels, and the loss is TRL's own.
+    """
+    missing = [name for name in methods if not callable(getattr(host, name, None))]
+    if missing:
+        raise unsupported_trl(f"{host.__module__}.{host.__qualname__} has no {missing}, which {trainer_name} hooks into")
+    if own_loss and args.use_liger_kernel and hasattr(host, "_compute_liger_loss"):
+        raise ValueError(
+            f"use_liger_kernel=True makes this GRPOTrainer compute its loss with Liger's fused GRPO loss, which never "
+            f"calls {trainer_name}'s loss. Set use_liger_kernel=False."
+        )
+
+
+def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, run_suffix: str):
+    """The trainer's config: `args`, or for `None` a default `config_cls` named after the model, as TRL does. The first
+    check of every trainer's `__init__`.
+
+    Raises:
+        ImportError: Unsloth replaced `trl.GRPOTrainer` after the trainer was built on TRL's own `host` (import order).
+        TypeError: `args` is not a `config_cls` (e.g. a plain `GRPOConfig`, which lacks this package's fields).
+    """
+    import trl  # already imported by the trainer's module; not at this module's import (see `check_trl_version`)
+
+    check_import_order(host, trl.GRPOTrainer, "GRPOTrainer")
+    if args is None:
+        name = model if isinstance(model, str) else model.config._name_or_path
+        return config_cls(f"{name.split('/')[-1]}-{run_suffix}")
+    if not isinstance(args, config_cls):
+        raise TypeError(
+            f"{trainer_name} needs a {config_cls.__name__}, got {type(args).__name__}. It accepts every GRPOConfig "
+            f"argument: replace GRPOConfig(...) by {config_cls.__name__}(...)."
+        )
+    return args
+
+
+# --- while training ---------------------------------------------------------------------------------------------------
+
+
+class HostHooks:
+    """Mixin for the subclasses of `GRPOTrainer` (listed before it): the host hooks every trainer here shares.
+
+    - Rewards: `_calculate_rewards` keeps the gathered `(N, K)` rewards of the batch being scored; once the host's
+      `_generate_and_score_completions` returns, `_on_scored(output, rewards_per_func, mode)` gets them (subclasses
+      override it). A host that scored a batch without calling `_calculate_rewards` is refused.
+    - Policy scoring: inside `host_loss_without_kl()`, the host's loss runs with β = 0 and every
+      `_get_per_token_logps_and_entropies` result is recorded; `captured_policy_logps` checks that there was exactly
+      one and that it carries a gradient in training.
+    """
+
+    _rewards_per_func: torch.Tensor | None = None  # set while a generation batch is scored
+    _policy_scorings: list[torch.Tensor] | None = None  # open while the host's loss runs inside ours
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rewards_per_func = rewards_per_func  # (N_global, K), gathered over processes; NaN where None
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._rewards_per_func = None
+        output = super()._generate_and_score_completions(inputs)
+        rewards_per_func, self._rewards_per_func = self._rewards_per_func, None
+        if rewards_per_func is None:
+            raise unsupported_trl(
+                f"{type(self).__name__} could not capture the rewards of a generation batch: the host's "
+                "_generate_and_score_completions no longer calls _calculate_rewards"
+            )
+        self._on_scored(output, rewards_per_func, "train" if self.model.training else "eval")
+        return output
+
+    def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
+        """Called once per scored generation batch with the host's `output` (editable) and its rewards."""
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        outputs = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        if self._policy_scorings is not None:
+            self._policy_scorings.append(outputs[0])
+        return outputs
+
+    @contextmanager
+    def host_loss_without_kl(self):
+        """Runs the host's loss with β = 0 and yields what it computed: `{"policy_logps": [...]}` on TRL; on
+        Unsloth, also `"efficient_grpo"`, the arguments of its efficient loss (which the shim runs with β = 0)."""
+        host_beta, self.beta = self.beta, 0.0
+        capture = {"policy_logps": []}
+        self._policy_scorings = capture["policy_logps"]
+        try:
+            if is_unsloth_class(type(self)):
+                with capturing_efficient_grpo(capture):
+                    yield capture
+            else:
+                yield capture
+        finally:
+            self.beta, self._policy_scorings = host_beta, None
+
+    def captured_policy_logps(self, capture: dict, training: bool) -> torch.Tensor:
+        """The `(B, T)` policy log-probabilities of the host's loss, checked.
+
+        Raises:
+            UnsupportedTRLError: the loss scored the policy zero or several times (the KL term would not share the
+                policy term's log-probabilities), or, in training, the captured log-probabilities carry no gradient
+                (the KL term would not regularize).
+        """
+        scorings = capture["policy_logps"]
+        if len(scorings) != 1:
+            raise unsupported_trl(
+                f"{type(self).__name__} expects the host's loss to score the policy exactly once "
+                f"(_get_per_token_logps_and_entropies), but it did {len(scorings)} times"
+            )
+        return check_carries_gradient(scorings[0], training, "the host's policy log-probabilities")
+
+
+def check_carries_gradient(logps: torch.Tensor, training: bool, what: str) -> torch.Tensor:
+    """`logps`, after checking that in training (`training=True`) it carries a gradient."""
+    if training and not logps.requires_grad:
+        raise unsupported_trl(
+            f"{what}, captured while training, carry no gradient (requires_grad=False), so the KL term added to the "
+            "loss would not regularize the policy"
+        )
+    return logps
+
+
+# --- the layout of TRL's batches and logs -----------------------------------------------------------------------------
+
+
+# Multimodal inputs of a batch from `GRPOTrainer._generate_and_score_completions` that a policy forward needs.
+MULTIMODAL_INPUTS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def completion_loss_mask(batch: dict):
+    """The completion tokens a loss or a KL may count: `completion_mask`, times `tool_mask` when the batch has one
+    (tool outputs in a completion were not sampled from the policy)."""
+    mask = batch["completion_mask"]
+    return mask * batch["tool_mask"] if "tool_mask" in batch else mask
+
+
+def replace_logged_advantages(logged, advantages: torch.Tensor) -> None:
+    """Replaces the last `len(advantages)` entries of TRL's `_logs["advantages"]` (a bounded deque that TRL just
+    extended with its own advantages), so that the completions table shows the advantages the loss uses."""
+    for _ in range(min(len(advantages), len(logged))):
+        logged.pop()
+    logged.extend(advantages.tolist())

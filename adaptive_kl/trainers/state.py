@@ -1,0 +1,110 @@
+"""Checkpointing of the β controller through the Transformers stateful-callback mechanism.
+
+Every checkpoint's `trainer_state.json` carries the `BetaController` state under
+`stateful_callbacks["AdaptiveKLStateCallback"]`. A resumed run reads it back, so it follows the β trajectory of an
+uninterrupted run. `read_checkpoint_kl_state` checks a checkpoint before training resumes: a damaged state is refused
+naming the file, and a missing one (a stock TRL checkpoint, or a damaged one) is reported to the trainer, which refuses
+it unless `resume_without_kl_state=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..kl.controller import BetaController
+
+
+TRAINER_STATE_FILE = "trainer_state.json"  # Transformers' name for it
+
+
+class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
+    """Saves the `BetaController` state in every checkpoint's `trainer_state.json` and restores it on resume.
+
+    Transformers writes `state()` under `stateful_callbacks["AdaptiveKLStateCallback"]` at each save. When training
+    (re)starts, `on_train_begin` loads whatever state the `TrainerState` carries: the checkpoint's on resume, the
+    current one otherwise. This does not depend on `restore_callback_states_from_checkpoint`.
+    """
+
+    def __init__(self, controller: BetaController | None = None, controller_state: dict | None = None):
+        self.controller = controller
+        self.controller_state = controller_state
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"controller_state": self.controller.state_dict()}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        name = type(self).__name__
+        controller_state = saved_controller_state(state.stateful_callbacks.get(name)) or self.controller_state
+        if controller_state is not None:
+            self.controller.load_state_dict(controller_state)
+        # A state resumed from a checkpoint without ours (stock TRL's) has no entry, and Transformers' save would
+        # fail with a KeyError before writing trainer_state.json: give it the entry every later save updates.
+        state.stateful_callbacks.setdefault(name, self.state())
+
+
+def saved_controller_state(saved) -> dict | None:
+    """The controller state inside a `stateful_callbacks` entry of ours (the last one when several were saved)."""
+    if isinstance(saved, list):
+        saved = saved[-1] if saved else None
+    if not isinstance(saved, dict):
+        return None
+    attributes = saved.get("attributes")
+    return attributes.get("controller_state") if isinstance(attributes, dict) else None
+
+
+def resolve_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
+    """The checkpoint directory `Trainer.train(resume_from_checkpoint=...)` will resume from: the given path, or for
+    `True` the last checkpoint in `output_dir`; `None` when there is none (Transformers then reports it)."""
+    if isinstance(resume_from_checkpoint, bool):
+        return get_last_checkpoint(output_dir) if resume_from_checkpoint and os.path.isdir(output_dir) else None
+    return str(resume_from_checkpoint) if os.path.isdir(resume_from_checkpoint) else None
+
+
+def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
+    """The β controller state saved in `checkpoint`, checked; `None` if the checkpoint carries none.
+
+    Raises:
+        ValueError: naming the file, when `trainer_state.json` is not valid JSON, or when our entry is there but its
+            state is damaged (missing, non-finite or negative β_base, counters that are not whole numbers >= 0).
+    """
+    path = os.path.join(checkpoint, TRAINER_STATE_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            trainer_state = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"Cannot read the checkpoint state {path}: {error}") from None
+    callbacks = trainer_state.get("stateful_callbacks") if isinstance(trainer_state, dict) else None
+    saved = callbacks.get(AdaptiveKLStateCallback.__name__) if isinstance(callbacks, dict) else None
+    if saved is None:
+        return None
+    controller_state = saved_controller_state(saved)
+    try:
+        BetaController(1.0).load_state_dict(controller_state)  # the same check as on resume, on a scratch controller
+    except ValueError as error:
+        raise ValueError(
+            f"{path}: stateful_callbacks[{AdaptiveKLStateCallback.__name__!r}] is damaged: {error} Restore the file "
+            "from a copy, or resume from another checkpoint."
+        ) from None
+    return controller_state
+
+
+def missing_kl_state_message(checkpoint: str, beta: float) -> str:
+    """Why a resume from `checkpoint` without a saved β controller state is refused, and the opt-in."""
+    path = os.path.join(checkpoint, TRAINER_STATE_FILE)
+    where = (
+        f"{path} has no adaptive-KL controller state (stateful_callbacks['{AdaptiveKLStateCallback.__name__}'])"
+        if os.path.isfile(path)
+        else f"{path} does not exist"
+    )
+    return (
+        f"{where}: the checkpoint was saved by stock TRL's GRPOTrainer, or is damaged, so resuming would restart the "
+        f"adapted β at beta={beta} instead of its saved value. To start β afresh from this checkpoint, set "
+        "resume_without_kl_state=True."
+    )

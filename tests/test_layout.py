@@ -1,0 +1,145 @@
+"""The package's layers, checked: the formula sheet imports torch only, and each layer imports only those below it.
+
+Layers, bottom up: `kl` (pure math) → `trainers` (TRL wiring) → `experimental` → `demo` (the command). `testing` is
+scaffolding that only tests, examples, benchmarks and the demo use.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import adaptive_kl
+
+
+PACKAGE_DIR = os.path.dirname(adaptive_kl.__file__)
+
+# Layer → the layers its modules may import from (besides their own).
+ALLOWED = {
+    "kl": set(),
+    "trainers": {"kl"},
+    "experimental": {"kl", "trainers"},
+    "testing": set(),
+    "demo": {"kl", "trainers", "experimental", "testing"},
+}
+HOST_PACKAGES = ("trl", "transformers", "peft", "accelerate")
+
+
+def package_modules(layer: str | None = None) -> list[str]:
+    """Every module of the package (or of one layer), by dotted name."""
+    prefix = "adaptive_kl." + (f"{layer}." if layer else "")
+    path = [os.path.join(PACKAGE_DIR, layer)] if layer else [PACKAGE_DIR]
+    names = [prefix.rstrip(".")] if layer else []
+    return names + [m.name for m in pkgutil.walk_packages(path, prefix)]
+
+
+def module_file(name: str) -> str:
+    relative = name.split(".")[1:]
+    base = os.path.join(PACKAGE_DIR, *relative)
+    return os.path.join(base, "__init__.py") if os.path.isdir(base) else base + ".py"
+
+
+def imported_modules(name: str) -> set[str]:
+    """The `adaptive_kl` modules that module `name` imports (anywhere in it: top level or inside functions), resolved
+    from relative imports; plus the dynamic imports the demo's variant table names."""
+    path = module_file(name)
+    tree = ast.parse(open(path).read(), path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.add(".".join(base + ([node.module] if node.module else [])))
+            elif node.module:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m == "adaptive_kl" or m.startswith("adaptive_kl.")}
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
+
+
+def test_every_module_is_in_a_layer():
+    top_level = {m for m in package_modules() if m.count(".") == 1}
+    assert top_level == {f"adaptive_kl.{layer}" for layer in ALLOWED} | {"adaptive_kl.__main__"}
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_each_layer_imports_only_the_layers_below_it(layer):
+    for module in package_modules(layer):
+        for target in imported_modules(module):
+            if target == "adaptive_kl":
+                raise AssertionError(f"{module} imports the package root; import the module that defines the name")
+            assert layer_of(target) in {layer} | ALLOWED[layer], f"{module} imports {target}"
+
+
+def test_the_import_check_sees_relative_imports():
+    """The check above is not vacuous: it resolves the relative imports of a module that has them."""
+    assert "adaptive_kl.kl.aggregation" in imported_modules("adaptive_kl.kl.term")
+    assert "adaptive_kl.trainers.hooks" in imported_modules("adaptive_kl.experimental.binomial.trainer")
+    assert "adaptive_kl.trainers.generation" in imported_modules("adaptive_kl.demo.task.evaluation")
+
+
+def fresh_import(modules: list[str]) -> set[str]:
+    """The names in `sys.modules` after importing `modules` in a fresh interpreter."""
+    code = "import importlib, json, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    code += "print(json.dumps(sorted(sys.modules)))\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def test_the_formula_sheet_imports_torch_only():
+    """Every module of `adaptive_kl.kl` imported in a fresh interpreter: no trl, transformers, peft or accelerate is
+    loaded, and nothing of the trainers or the demo."""
+    modules = package_modules("kl")
+    loaded = fresh_import(modules)
+    assert "torch" in loaded and set(modules) <= loaded
+    hosts = sorted(m for m in loaded if m.split(".")[0] in HOST_PACKAGES)
+    assert hosts == [], hosts
+    assert not [m for m in loaded if m.startswith(("adaptive_kl.trainers", "adaptive_kl.demo"))]
+
+
+def test_library_code_never_imports_the_demo():
+    """Every module of `kl`, `trainers` and `experimental` imported together in a fresh interpreter: no module of
+    `adaptive_kl.demo` or `adaptive_kl.testing` is loaded."""
+    modules = [m for layer in ("kl", "trainers", "experimental") for m in package_modules(layer)]
+    loaded = fresh_import(modules)
+    assert set(modules) <= loaded
+    assert not [m for m in loaded if m.startswith(("adaptive_kl.demo", "adaptive_kl.testing"))]
+
+
+def test_the_package_and_the_command_do_not_import_trl():
+    """`import adaptive_kl` and the command's module leave TRL unloaded (with Unsloth, it must be imported first)."""
+    loaded = fresh_import(["adaptive_kl", "adaptive_kl.demo", "adaptive_kl.demo.cli"])
+    assert "trl" not in loaded and "adaptive_kl.trainers.config" not in loaded
+
+
+def test_public_names():
+    """The top level exports the config, the trainer, the controller and the callbacks; the experimental classes
+    live under their own path and stay importable from the top level."""
+    assert adaptive_kl.__all__ == [
+        "AdaptiveKLGRPOConfig",
+        "AdaptiveKLGRPOTrainer",
+        "AdaptiveKLStateCallback",
+        "BetaController",
+        "HashedNgramEmbedder",
+        "KLHealthCallback",
+        "RetentionCallback",
+        "parse_kl_adaptation_method",
+    ]
+    from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
+
+    assert adaptive_kl.BinomialKLTrainer is BinomialKLTrainer and adaptive_kl.BinomialKLConfig is BinomialKLConfig
+    for name in adaptive_kl.__all__:
+        assert getattr(adaptive_kl, name).__module__.startswith(("adaptive_kl.trainers", "adaptive_kl.kl")), name
