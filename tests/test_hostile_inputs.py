@@ -16,6 +16,7 @@ The last test feeds log-ratios of ±100 (float32 and bfloat16) through `compute_
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -62,9 +63,13 @@ def build(model_dir, out, reward_funcs, adaptive=None, **kwargs):
 
 
 def train_both(model_dir, tmp_path, reward_funcs, adaptive, **kwargs):
-    """Trains our trainer and stock TRL under the same inputs; returns (ours, stock)."""
+    """Trains our trainer and stock TRL under the same inputs; returns (ours, stock). The warnings our run gave are
+    in `ours.warnings` (messages)."""
     ours = build(model_dir, tmp_path / "ours", reward_funcs, adaptive, **kwargs)
-    ours.train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours.train()
+    ours.warnings = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     stock = build(model_dir, tmp_path / "stock", reward_funcs, **kwargs)
     stock.train()
     return ours, stock
@@ -143,6 +148,11 @@ def assert_controller_rule(trainer, rule, *, target, horizon=None, sequences):
         assert betas[t + 1] == pytest.approx(expected, rel=1e-9), f"step {t + 1}"
 
 
+def warned(trainer, fragment: str) -> list[str]:
+    """Our warnings that contain `fragment`."""
+    return [message for message in trainer.warnings if fragment in message]
+
+
 def by_index(values):
     """A reward function that scores completion i of the batch with values[i % len(values)] (content-blind, so
     stock TRL and our trainer see the same rewards even after their policies diverge)."""
@@ -180,6 +190,11 @@ def test_missing_rewards_skip_the_dynamic_update_and_log_like_trl(tiny_model_dir
         "beta_base": pytest.approx(0.0125), "last_step": 4, "num_decays": 3, "num_skipped_updates": 1
     }
     assert [s["num_skipped_updates"] for s in ours.recorder.states] == [0, 1, 1, 1]
+    # Visible: one warning for the run, and the count in the logs.
+    assert history(ours, "adaptive_kl/skipped_updates") == {1: 0, 2: 1, 3: 1, 4: 1}
+    [skip] = warned(ours, "β was not updated")
+    assert "after optimizer step 2: its mean reward nan is not finite" in skip and "β stays at 0.05" in skip
+    assert not warned(ours, "returned ±inf for")  # None / NaN is TRL's "no reward", not an error
     assert history(stock, "reward")[2] is None and history(stock, "reward")[1] == pytest.approx(2.0)
     assert history(ours, "adaptive_kl/raw_kl")[4] > 0  # the policy moved: the KL term was live
     assert_matches_trl(ours, stock)
@@ -214,11 +229,18 @@ def test_infinite_rewards_never_reach_beta(tiny_model_dir, tmp_path, sign, adapt
     assert_finite_run(ours, 3)
     assert set(history(stock, "reward").values()) == {sign * math.inf}
     assert_matches_trl(ours, stock)
+    [infinite] = warned(ours, "returned ±inf for")  # once per run, although every batch has one
+    assert "of the 8 completions of a generation batch: indexed_reward (1)." in infinite
     if "dynamic" in adaptive["kl_adaptation_method"]:
         assert history(ours, "adaptive_kl/current_beta") == {1: 0.1, 2: 0.1, 3: 0.1}
         assert ours.beta_controller.num_skipped_updates == 3 and ours.beta_controller.num_decays == 0
+        assert history(ours, "adaptive_kl/skipped_updates") == {1: 1, 2: 2, 3: 3}
+        [skip] = warned(ours, "β was not updated")
+        assert "after optimizer step 1: its mean reward inf is not finite" in skip
     else:
         assert ours.beta_controller.num_skipped_updates == 0
+        assert history(ours, "adaptive_kl/skipped_updates") == {1: 0, 2: 0, 3: 0}
+        assert not warned(ours, "β was not updated")
         assert_controller_rule(ours, "stepwise", target=2e-3, sequences=8)
         assert history(ours, "adaptive_kl/raw_kl")[3] > 0
 

@@ -1,0 +1,57 @@
+"""A training run that saves a checkpoint every step and is killed (SIGKILL) in the middle of a later step:
+`python tests/checkpoint_worker.py MODEL_DIR OUTPUT_DIR KILL_AT_STEP`.
+
+The process dies inside the reward function of step KILL_AT_STEP, as a preempted or crashed job does: no exception
+handler, no `on_train_end`, nothing flushed. `tests/test_checkpoints.py` resumes from what it left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+# The run, shared with tests/test_checkpoints.py: the adaptive controller makes β depend on every step's KL, so only
+# a restored controller state gives the uninterrupted trajectory.
+RUN = dict(
+    beta=0.2,
+    kl_adaptation_method="sigmoid",
+    kl_controller="adaptive",
+    target_kl=1e-3,
+    kl_horizon=16,
+    max_steps=6,
+    learning_rate=5e-2,
+    save_strategy="steps",
+    save_steps=1,
+)
+KILL_AT_STEP: int | None = None
+
+
+def indexed_reward(completions, trainer_state=None, **kwargs):
+    """Content-blind rewards (the same for every run whatever its policy does); dies at step `KILL_AT_STEP`."""
+    if KILL_AT_STEP is not None and trainer_state.global_step + 1 == KILL_AT_STEP:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [float(i % 4) for i in range(len(completions))]
+
+
+if __name__ == "__main__":
+    model_dir, output_dir, KILL_AT_STEP = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+    from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
+    from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
+    from tiny import make_trainer
+
+    install_cpu_scorer_if_needed()
+    trainer = make_trainer(
+        AdaptiveKLGRPOTrainer,
+        AdaptiveKLGRPOConfig,
+        model_dir,
+        reward_funcs=[indexed_reward],
+        output_dir=output_dir,
+        **RUN,
+    )
+    trainer.train()
+    raise SystemExit(f"the run was not killed at step {KILL_AT_STEP}")
