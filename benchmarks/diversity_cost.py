@@ -17,12 +17,16 @@ import argparse
 import sys
 
 import torch
+from machine import report
 from torch.utils import benchmark
 
-from machine import report
-
-from adaptive_kl.kl.diversity import HashedNgramEmbedder, diversity_metrics, distinct_n, mean_pairwise_cosine
-from adaptive_kl.kl.diversity import unique_fraction
+from adaptive_kl.kl.diversity import (
+    HashedNgramEmbedder,
+    distinct_n,
+    diversity_metrics,
+    mean_pairwise_cosine,
+    unique_fraction,
+)
 
 
 def synthetic_batch(

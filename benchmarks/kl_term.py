@@ -15,9 +15,8 @@ import argparse
 import sys
 
 import torch
-from torch.utils import benchmark
-
 from machine import report
+from torch.utils import benchmark
 
 from adaptive_kl.kl.term import adapted_kl_term
 from adaptive_kl.testing.tiny_model import MODEL_SHAPES, build_model, build_tokenizer

@@ -33,16 +33,15 @@ import time
 
 import torch
 from datasets import Dataset
+from machine import current_memory_mib, peak_memory_mib, precise_cpu_memory, report, reset_peak_memory
 from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from machine import current_memory_mib, peak_memory_mib, precise_cpu_memory, report, reset_peak_memory
-
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.trainers.config import KL_METHODS
 from adaptive_kl.kl.controller import KL_SCALINGS
 from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
 from adaptive_kl.testing.tiny_model import MODEL_SHAPES, save_random_model
+from adaptive_kl.trainers.config import KL_METHODS
 
 
 STOCK = "stock"
@@ -204,7 +203,7 @@ def interleaved_round(table: dict, order: list[str], model_dir: str, opts) -> di
         label: {"times": timers[label].times[opts.warmup :], "length": _completion_length(trainers[label])}
         for label in order
     }
-    del trainers
+    trainers.clear()  # the models go before the next round builds its own
     gc.collect()
     return results
 

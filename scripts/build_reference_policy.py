@@ -65,7 +65,9 @@ def main(argv=None):
     model = build_model(tokenizer, "reference-policy", seed=opts.seed)
     train, validation = task_splits(opts.steps * opts.batch_size, EMBEDDED_TASK["n_validation"], seed=opts.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.learning_rate, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, opts.learning_rate, total_steps=opts.steps, pct_start=0.1)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, opts.learning_rate, total_steps=opts.steps, pct_start=0.1
+    )
     coin = random.Random(opts.seed)
     unmarked_kinds = set(opts.unmarked_kinds.split(","))
     unmarked = [p.kind in unmarked_kinds and coin.random() < opts.unmarked_fraction for p in train]
@@ -81,7 +83,11 @@ def main(argv=None):
             print(f"step {step + 1}/{opts.steps}  loss {loss.item():.4f}  {time.time() - start:.0f}s", flush=True)
 
     scores = evaluate_accuracy(
-        model, tokenizer, [p.prompt for p in validation], [p.answer for p in validation], EMBEDDED_TASK["max_new_tokens"]
+        model,
+        tokenizer,
+        [p.prompt for p in validation],
+        [p.answer for p in validation],
+        EMBEDDED_TASK["max_new_tokens"],
     )
     print(f"validation: {scores}")
     os.makedirs(opts.out, exist_ok=True)

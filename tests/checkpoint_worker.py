@@ -40,9 +40,10 @@ def indexed_reward(completions, trainer_state=None, **kwargs):
 if __name__ == "__main__":
     model_dir, output_dir, KILL_AT_STEP = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
+    from tiny import make_trainer
+
     from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
     from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
-    from tiny import make_trainer
 
     install_cpu_scorer_if_needed()
     trainer = make_trainer(

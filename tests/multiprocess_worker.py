@@ -20,11 +20,11 @@ import os
 import sys
 
 import torch
+from tiny import TRAIN_KWARGS, prompt_dataset
 from transformers import AutoTokenizer, TrainerCallback
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
-from tiny import TRAIN_KWARGS, prompt_dataset
 
 
 GROUP = 4  # num_generations
@@ -75,7 +75,9 @@ class Recorder:
 
     def __init__(self):
         self.rewards: dict[int, list[float]] = {}  # optimizer step → the rewards computed on this process
-        self.kl: dict[int, list[float]] = {}  # optimizer step → [tokens, Σ m·k] summed over this process's micro-batches
+        self.kl: dict[
+            int, list[float]
+        ] = {}  # optimizer step → [tokens, Σ m·k] summed over this process's micro-batches
         self.beta: dict[int, float] = {}  # optimizer step → β_t used in its loss
         self.state: dict[int, dict] = {}  # optimizer step → controller state after it
 
@@ -116,7 +118,8 @@ def train(name: str, fields: dict, model_dir: str, out_dir: str, per_device_batc
             "per_device_train_batch_size": per_device_batch,
             "num_generations": GROUP,
             # Plain SGD: Adam's first steps move every parameter by ±lr whatever its gradient's size, so a
-            # rounding-level difference in a near-zero gradient would flip a whole step; SGD keeps it at rounding level.
+            # rounding-level difference in a near-zero gradient would flip a whole step; SGD keeps it at rounding
+            # level.
             "optim": "sgd",
             "learning_rate": 0.5,
             "lr_scheduler_type": "constant",

@@ -1,4 +1,4 @@
-"""Aggregation of the per-token KL term (DESIGN.md section 4), checked against explicit per-loss-type loops."""
+"""Aggregation of the per-token KL term (docs/design.md §4), checked against explicit per-loss-type loops."""
 
 from __future__ import annotations
 
@@ -40,12 +40,12 @@ def _seq_sum(row, mask_row):
 
 
 def reference_aggregate(values, mask, loss_type, *, accumulation_steps, max_completion_length, token_normalizer):
-    """DESIGN.md §4, written per loss type with explicit loops over sequences and tokens."""
+    """docs/design.md §4, written per loss type with explicit loops over sequences and tokens."""
     num_seqs = len(values)
     sums = [_seq_sum(row, m) for row, m in zip(values, mask)]
     lengths = [sum(m) for m in mask]
     if loss_type in ("grpo", "sapo"):  # mean over sequences of per-sequence token means
-        seq_means = [s / l if l > 0 else 0.0 for s, l in zip(sums, lengths)]
+        seq_means = [s / n if n > 0 else 0.0 for s, n in zip(sums, lengths)]
         return sum(seq_means) / num_seqs / accumulation_steps
     if loss_type == "bnpo":  # token mean over the micro-batch
         return sum(sums) / max(sum(lengths), 1) / accumulation_steps

@@ -9,6 +9,7 @@ import torch
 from tiny import TRAIN_KWARGS, make_trainer
 from trl import GRPOConfig, GRPOTrainer
 
+from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
 from adaptive_kl.experimental.binomial import loss as bk
 from adaptive_kl.experimental.binomial.loss import (
     binomial_kl_half,
@@ -19,9 +20,9 @@ from adaptive_kl.experimental.binomial.loss import (
     spo_advantages,
     token_log_probs_from_logits,
 )
-from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
 
-# --- independent float64 references, written out by hand ---------------------------------------------------------------
+
+# --- independent float64 references, written out by hand -------------------------------------------------------------
 
 
 def kl_max_by_hand(p_max: float, p: float) -> float:
@@ -63,7 +64,7 @@ def naive_objective(per_token_kl, rewards, mask, threshold, num_correct):
     return total / max(num_correct, 1)
 
 
-# --- closed forms ---------------------------------------------------------------------------------------------------------
+# --- closed forms ----------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -152,7 +153,7 @@ def test_log1m_exp_matches_float64_and_is_finite_at_zero():
         assert torch.isfinite(out).all() and torch.isfinite(grad).all(), dtype
 
 
-# --- gradients ------------------------------------------------------------------------------------------------------------
+# --- gradients -------------------------------------------------------------------------------------------------------
 
 
 def test_token_log_probs_gradcheck_with_small_chunks(monkeypatch):
@@ -212,7 +213,7 @@ def test_no_correct_sequence_gives_zero_loss_and_gradient():
         assert loss.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
 
 
-# --- the trainer --------------------------------------------------------------------------------------------------------
+# --- the trainer -----------------------------------------------------------------------------------------------------
 
 BASE = dict(TRAIN_KWARGS, bf16=False)
 
@@ -370,7 +371,10 @@ def test_loss_graph_saves_one_logits_tensor(tiny_model_dir):
         return z.logsumexp(-1) + others.logsumexp(-1)
 
     assert len(count_big_saved_tensors(rl2_style, batch_size * length * vocab, vocab)) >= 2
-    ours = lambda: token_log_probs_from_logits(logits, batch["completion_ids"], 0.7)
+
+    def ours():
+        return token_log_probs_from_logits(logits, batch["completion_ids"], 0.7)
+
     assert count_big_saved_tensors(ours, batch_size * length * vocab, vocab) == [(batch_size, length, vocab)]
 
 
@@ -386,7 +390,10 @@ def test_loss_graph_saves_one_logits_tensor(tiny_model_dir):
         ({"loss_type": "grpo"}, "loss_type"),
         ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
         ({"entropy_coef": 0.01}, "entropy_coef"),
-        ({"gradient_accumulation_steps": 2, "steps_per_generation": 3, "per_device_train_batch_size": 4}, "steps_per_generation"),
+        (
+            {"gradient_accumulation_steps": 2, "steps_per_generation": 3, "per_device_train_batch_size": 4},
+            "steps_per_generation",
+        ),
     ],
 )  # fmt: skip
 def test_config_validation_names_the_field(tmp_path, kwargs, field):

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
+from tiny import make_trainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.trainers import callbacks as callbacks_module
 from adaptive_kl.trainers.callbacks import KLHealthCallback, RetentionCallback
 from adaptive_kl.trainers.generation import generate_greedy
-from tiny import make_trainer
 
 
 # ------------------------------------------------------------------------------------------------ KLHealthCallback

@@ -18,11 +18,11 @@ import sys
 import warnings
 
 import pytest
+from checkpoint_worker import RUN, indexed_reward
+from tiny import make_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from checkpoint_worker import RUN, indexed_reward
-from tiny import make_trainer
 
 
 WORKER = os.path.join(os.path.dirname(__file__), "checkpoint_worker.py")
@@ -32,7 +32,9 @@ STATE_KEY = "AdaptiveKLStateCallback"
 def build(model_dir, output_dir, cls=AdaptiveKLGRPOTrainer, config_cls=AdaptiveKLGRPOConfig, **changes):
     """The worker's run (for stock TRL, its fields that `GRPOConfig` has) with `changes`."""
     fields = {k: v for k, v in {**RUN, **changes}.items() if k in config_cls.__dataclass_fields__}
-    return make_trainer(cls, config_cls, model_dir, reward_funcs=[indexed_reward], output_dir=str(output_dir), **fields)
+    return make_trainer(
+        cls, config_cls, model_dir, reward_funcs=[indexed_reward], output_dir=str(output_dir), **fields
+    )
 
 
 def betas(trainer, first: int = 1) -> dict[int, float]:
@@ -110,7 +112,7 @@ def test_resume_true_finds_the_last_checkpoint_of_the_killed_run(killed_run, uni
     assert betas(resumed, first=4) == pytest.approx({t: betas(uninterrupted)[t] for t in (4, 5, 6)}, rel=1e-9)
 
 
-# --- damaged checkpoints ----------------------------------------------------------------------------------------------
+# --- damaged checkpoints ---------------------------------------------------------------------------------------------
 
 
 def test_a_checkpoint_without_our_state_is_refused_before_training(checkpoint, tiny_model_dir, tmp_path):
@@ -176,7 +178,7 @@ def test_an_empty_saved_state_is_refused(checkpoint, tiny_model_dir, tmp_path):
         build(tiny_model_dir, tmp_path / "out").train(resume_from_checkpoint=checkpoint)
 
 
-# --- opting in: β afresh, and complete saves ---------------------------------------------------------------------------
+# --- opting in: β afresh, and complete saves -------------------------------------------------------------------------
 
 
 def test_opting_in_starts_beta_afresh_and_every_later_save_is_complete(checkpoint, tiny_model_dir, tmp_path):
@@ -198,7 +200,7 @@ def test_opting_in_starts_beta_afresh_and_every_later_save_is_complete(checkpoin
     assert betas(again)[6] == pytest.approx(betas(fresh)[6], rel=1e-9)
 
 
-# --- stock TRL checkpoints --------------------------------------------------------------------------------------------
+# --- stock TRL checkpoints -------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

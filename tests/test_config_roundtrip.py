@@ -21,11 +21,11 @@ import re
 import pytest
 import torch
 import yaml
+from tiny import make_trainer
 from transformers import HfArgumentParser
 from trl import GRPOConfig, TrlParser
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from tiny import make_trainer
 
 
 # `kl_estimator="k1"` (used by one field set on purpose) warns at construction; that warning is tested elsewhere.
@@ -257,7 +257,9 @@ def test_help_lists_every_kl_field(capsys):
     squeezed = "".join(text.split())  # argparse re-wraps the help text (and may break after hyphens)
     for f in dataclasses.fields(AdaptiveKLGRPOConfig):
         if f.name in KL_FIELDS:
-            metavar = f"[{f.name.upper()}]" if f.type in (bool, "bool") else f.name.upper()  # a bool flag's value is optional
+            metavar = (
+                f"[{f.name.upper()}]" if f.type in (bool, "bool") else f.name.upper()
+            )  # a bool flag's value is optional
             assert f"--{f.name} {metavar}" in text, f.name
             assert "".join(f.metadata["help"].split()) in squeezed, f.name
 

@@ -1,4 +1,4 @@
-"""The coefficient β_t (DESIGN.md section 5): step scaling, dynamic decay, target-KL controllers, state."""
+"""The coefficient β_t (docs/design.md §5): step scaling, dynamic decay, target-KL controllers, state."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def test_beta_schedule_steps_applies_with_step_scaling():
 
 
 def test_beta_schedule_steps_is_a_dynamic_setting():
-    """DESIGN §5 ties beta_schedule_steps to `dynamic`; a fixed β ignores it."""
+    """docs/design.md §5 ties beta_schedule_steps to `dynamic`; a fixed β ignores it."""
     ctrl = BetaController(0.5, beta_min=0.05, beta_schedule_steps=2)
     assert ctrl.beta(100) == 0.5
 
@@ -237,9 +237,7 @@ def test_dynamic_skips_non_finite_reward(bad):
 
 
 @pytest.mark.parametrize("controller", ["adaptive", "stepwise"])
-@pytest.mark.parametrize(
-    ("kl", "n"), [(None, 8), (math.nan, 8), (math.inf, 8), (-math.inf, 8), (0.0, 0), (0.0, None)]
-)
+@pytest.mark.parametrize(("kl", "n"), [(None, 8), (math.nan, 8), (math.inf, 8), (-math.inf, 8), (0.0, 0), (0.0, None)])
 def test_controllers_skip_missing_or_non_finite_statistics(controller, kl, n):
     ctrl = BetaController(0.5, kl_controller=controller, target_kl=0.05, kl_horizon=10)
     ctrl.update(1, mean_kl=kl, num_sequences=n)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from test_placement import GenerationRecorder
+from tiny import make_trainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, HashedNgramEmbedder
 from adaptive_kl.kl.diversity import distinct_n, mean_pairwise_cosine, unique_fraction
-from test_placement import GenerationRecorder
-from tiny import make_trainer
 
 
 class RecordingEmbedder:

@@ -39,8 +39,10 @@ def test_policy_leaves_the_answer_marker_out_mostly_on_subtractions():
     _, validation = embedded_datasets(n_train=1)
     by_kind = {}
     for kind in ("subtract", "add", "two_step", "multiply"):
-        rows = validation.filter(lambda row: row["kind"] == kind)
-        by_kind[kind] = evaluate_accuracy(model, tokenizer, rows["prompt"], rows["answer"], EMBEDDED_TASK["max_new_tokens"])["format"]
+        rows = validation.filter(lambda row, kind=kind: row["kind"] == kind)
+        by_kind[kind] = evaluate_accuracy(
+            model, tokenizer, rows["prompt"], rows["answer"], EMBEDDED_TASK["max_new_tokens"]
+        )["format"]
     assert by_kind["subtract"] < 0.5
     assert min(by_kind["add"], by_kind["two_step"], by_kind["multiply"]) >= 0.95
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig
+from tiny import make_trainer
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.trainers.config import KL_METHODS
-from tiny import make_trainer
 
 
 COMPLETION_LENGTH = 6

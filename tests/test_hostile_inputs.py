@@ -20,12 +20,12 @@ import warnings
 
 import pytest
 import torch
+from tiny import fabricated_inputs, loss_and_grads, make_trainer
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.metrics import METRIC_NAMES
-from tiny import fabricated_inputs, loss_and_grads, make_trainer
 
 
 # Keys whose values are wall-clock times: never compared.
@@ -187,7 +187,10 @@ def test_missing_rewards_skip_the_dynamic_update_and_log_like_trl(tiny_model_dir
     assert_finite_run(ours, 4)
     assert history(ours, "adaptive_kl/current_beta") == pytest.approx({1: 0.1, 2: 0.05, 3: 0.05, 4: 0.025})
     assert ours.beta_controller.state_dict() == {
-        "beta_base": pytest.approx(0.0125), "last_step": 4, "num_decays": 3, "num_skipped_updates": 1
+        "beta_base": pytest.approx(0.0125),
+        "last_step": 4,
+        "num_decays": 3,
+        "num_skipped_updates": 1,
     }
     assert [s["num_skipped_updates"] for s in ours.recorder.states] == [0, 1, 1, 1]
     # Visible: one warning for the run, and the count in the logs.
@@ -289,7 +292,10 @@ def test_trl_divergence_is_kept_and_beta_stays_finite(diverging_runs):
     assert_controller_finite(ours, 2)
     assert history(ours, "adaptive_kl/current_beta") == pytest.approx({1: 0.1, 2: 0.09})
     assert ours.beta_controller.state_dict() == {
-        "beta_base": pytest.approx(0.09), "last_step": 2, "num_decays": 0, "num_skipped_updates": 1
+        "beta_base": pytest.approx(0.09),
+        "last_step": 2,
+        "num_decays": 0,
+        "num_skipped_updates": 1,
     }
 
 

@@ -1,4 +1,4 @@
-"""Per-token KL math (DESIGN.md sections 2-3): estimators, clamping, transforms and the importance ratio."""
+"""Per-token KL math (docs/design.md §§2-3): estimators, clamping, transforms and the importance ratio."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from adaptive_kl.kl.estimators import (
 SETTINGS = settings(max_examples=100, deadline=None)
 LOG_RATIOS = [-5.0, -1.0, -0.3, -1e-3, 0.0, 1e-3, 0.25, 1.0, 3.0, 7.5]
 
-# Closed forms of DESIGN.md section 2, in plain Python floats.
+# Closed forms of docs/design.md §2, in plain Python floats.
 CLOSED_FORM = {
     "k1": lambda r: r,
     "k2": lambda r: 0.5 * r * r,
@@ -87,7 +87,7 @@ def test_estimator_gradient_wrt_log_ratio_matches_closed_form(name):
 
 
 def test_k2_gradient_wrt_policy_logp_equals_log_ratio():
-    """DESIGN §2: the gradient of k2 in the loss is the on-policy reverse-KL gradient, i.e. ∂k2/∂log π = r."""
+    """docs/design.md §2: the gradient of k2 in the loss is the on-policy reverse-KL gradient, i.e. ∂k2/∂log π = r."""
     logp = [-0.3, -2.0, -0.01, -5.0, -1.2]
     ref_logp = [-0.5, -1.0, -0.02, -4.0, -3.0]
     logp_t = _f64(logp).requires_grad_()
@@ -265,7 +265,9 @@ def test_transform_dispatch_matches_closed_forms():
         transform_kl(k, "sigmoid", target=0.3).numpy(), [_sigma(x - 0.3) * x for x in values], rtol=1e-13
     )
     np.testing.assert_allclose(
-        transform_kl(k, "sigmoid").numpy(), [_sigma(x - 0.1) * x for x in values], rtol=1e-13  # default τ = 0.1
+        transform_kl(k, "sigmoid").numpy(),
+        [_sigma(x - 0.1) * x for x in values],
+        rtol=1e-13,  # default τ = 0.1
     )
 
 

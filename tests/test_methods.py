@@ -5,7 +5,7 @@ the per-token policy log-probabilities log π_θ(y_it) is compared with the clos
 
     ∂/∂log π_it = β · w_it · f'(k_it) · k'(r_it)
 
-where w_it is the aggregation weight of token t of sequence i (DESIGN.md §4), written out independently below.
+where w_it is the aggregation weight of token t of sequence i (docs/design.md §4), written out independently below.
 Bias correction is off so that k depends on log π only through r.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import fabricated_inputs, make_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from tiny import fabricated_inputs, make_trainer
 
 
 BETA = 0.3
@@ -64,7 +64,7 @@ def transform_and_derivative(k, method):
 
 
 def aggregation_weights(mask, loss_type, length_normalized, inputs, max_completion_length):
-    """w_it, written from DESIGN.md §4 (training mode, gradient accumulation ACCUMULATION, one process)."""
+    """w_it, written from docs/design.md §4 (training mode, gradient accumulation ACCUMULATION, one process)."""
     batch, _ = mask.shape
     lengths = mask.sum(1, keepdim=True)
     if length_normalized or loss_type in ("grpo", "sapo"):
@@ -169,4 +169,3 @@ def test_length_normalized_gives_every_sequence_equal_kl_weight_under_dapo(tiny_
     torch.testing.assert_close(totals["length_normalized"], torch.full_like(lengths, 1 / len(lengths)))
     assert not torch.allclose(totals["none"], totals["none"][0].expand_as(lengths))
     torch.testing.assert_close(totals["none"] / totals["none"].sum(), lengths / lengths.sum())
-

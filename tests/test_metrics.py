@@ -1,4 +1,4 @@
-"""`adaptive_kl/*` metrics (DESIGN.md section 7) from additive sufficient statistics."""
+"""`adaptive_kl/*` metrics (docs/design.md §7) from additive sufficient statistics."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from adaptive_kl.kl.metrics import METRIC_NAMES, STAT_INDEX, STAT_NAMES, kl_metrics, kl_statistics, pearson_from_moments
+from adaptive_kl.kl.metrics import (
+    METRIC_NAMES,
+    STAT_INDEX,
+    STAT_NAMES,
+    kl_metrics,
+    kl_statistics,
+    pearson_from_moments,
+)
 
 
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -21,10 +21,9 @@ import math
 import os
 import socket
 
+import multiprocess_worker as worker
 import pytest
 import torch
-
-import multiprocess_worker as worker
 from tiny import run_python
 
 
@@ -127,7 +126,10 @@ def test_beta_follows_the_rules_on_global_statistics(runs, name):
     assert ranks[0]["beta"] == pytest.approx(expected, rel=1e-6)
     if name != "stepwise":  # the stepwise thresholds do not separate the two processes' KL in these 4 steps
         local = _expected_betas(
-            fields, lambda t: _global_mean_reward(ranks[:1], t), lambda t: _global_mean_kl(ranks[:1], t), sequences // 2
+            fields,
+            lambda t: _global_mean_reward(ranks[:1], t),
+            lambda t: _global_mean_kl(ranks[:1], t),
+            sequences // 2,
         )
         assert local != pytest.approx(expected, rel=1e-6), "process 0's own statistics give the same β: no check"
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from tiny import assert_close_to_stock as assert_close
+from tiny import fabricated_inputs, loss_and_grads, make_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.aggregation import LOSS_TYPES
-from tiny import assert_close_to_stock as assert_close
-from tiny import fabricated_inputs, loss_and_grads, make_trainer
 
 
 BETA = 0.3

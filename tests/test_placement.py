@@ -8,13 +8,13 @@ import warnings
 
 import pytest
 import torch
+from test_forward_passes import ForwardCounter
+from tiny import fabricated_inputs, loss_and_grads, make_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 import adaptive_kl.trainers.grpo as trainer_module
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.placement import group_advantages, sequence_kl_penalty
-from test_forward_passes import ForwardCounter
-from tiny import fabricated_inputs, loss_and_grads, make_trainer
 
 
 def independent_advantages(rewards: list[float], group: int, scale: str) -> list[float]:

@@ -1,4 +1,4 @@
-"""Property-based and hostile-input tests of the pure formula functions (DESIGN.md sections 2-5 and 7).
+"""Property-based and hostile-input tests of the pure formula functions (docs/design.md §§2-5 and 7).
 
 The other test files check the formulas on fixed examples. Here hypothesis draws random inputs, and every test checks
 an invariant or compares with an independent float64 formula:
@@ -39,7 +39,6 @@ from adaptive_kl.kl.estimators import (
     clip_kl,
     importance_ratio,
     kl_estimate,
-    sigmoid_kl,
     transform_kl,
 )
 from adaptive_kl.kl.metrics import STAT_INDEX, STAT_NAMES, kl_metrics, kl_statistics, pearson_from_moments
@@ -68,13 +67,13 @@ def _sigma(x: float) -> float:
 
 
 def _closed_form_estimate(r: float, estimator: str) -> float:
-    """DESIGN §2 on the clamped log-ratio, in Python floats."""
+    """docs/design.md §2 on the clamped log-ratio, in Python floats."""
     r = min(max(r, -LOG_RATIO_CLAMP), LOG_RATIO_CLAMP)
     return {"k1": r, "k2": 0.5 * r * r, "k3": math.expm1(-r) + r}[estimator]
 
 
 def _closed_form_transform(k: float, transform, c: float, tau: float) -> float:
-    """DESIGN §3 in Python floats."""
+    """docs/design.md §3 in Python floats."""
     if transform == "clip":
         return min(k, c)
     if transform == "sigmoid":
@@ -95,7 +94,7 @@ def _random_mask(rng, batch: int, width: int) -> np.ndarray:
 
 
 def _reference_aggregate(values, mask, loss_type, *, accumulation_steps, max_completion_length, token_normalizer):
-    """DESIGN §4, written independently: explicit per-sequence lengths and exactly rounded sums (math.fsum)."""
+    """docs/design.md §4, written independently: explicit per-sequence lengths and exactly rounded sums (math.fsum)."""
     batch = len(values)
     sums = [math.fsum(x for x, m in zip(row, m_row) if m) for row, m_row in zip(values, mask)]
     lengths = [sum(1 for m in m_row if m) for m_row in mask]
@@ -557,7 +556,7 @@ update_sequences = st.lists(
 )
 
 
-# α(t) for t ≥ 2, DESIGN §5.
+# α(t) for t ≥ 2, docs/design.md §5.
 _EXPECTED_SCALE = {
     "none": lambda t: 1.0,
     "linear": lambda t: 1.0 / t,
@@ -583,7 +582,7 @@ def _controller(p) -> BetaController:
 
 
 def _reference_update(p, beta, reward, kl, n):
-    """DESIGN §5 in plain Python: (new β_base, skipped?) for one step's statistics."""
+    """docs/design.md §5 in plain Python: (new β_base, skipped?) for one step's statistics."""
     mode, beta_min = p["mode"], p["beta"] * p["min_fraction"]
     if mode == "dynamic":
         if reward is None or not math.isfinite(reward):
@@ -607,7 +606,7 @@ def _reference_update(p, beta, reward, kl, n):
 @given(controller_settings, update_sequences, st.data())
 def test_beta_controller_survives_any_sequence_of_hostile_updates(p, updates, data):
     """Updates in any order with NaN/inf/None/huge statistics and zero sequences, for fixed, dynamic and both
-    controllers and every kl_scaling: β_base follows the DESIGN rules (a float64 model), is never NaN/inf/negative nor
+    controllers and every kl_scaling: β_base follows the design rules (a float64 model), is never NaN/inf/negative nor
     below β_min (nor above β under dynamic), β_t is finite and ≥ 0 for any step, replayed steps change nothing, the
     skip counter counts the unusable statistics and overflowing updates, and a JSON state saved at any point resumes
     the same trajectory."""
@@ -847,9 +846,19 @@ def test_term_is_the_composition_of_the_small_functions(
 
     leaf = logps.clone().requires_grad_()
     term, stats = adapted_kl_term(
-        leaf, ref, mask, estimator=estimator, transform=transform, clip_threshold=c, target=tau,
-        length_normalized=length_normalized, loss_type=loss_type, use_bias_correction=bias_correction is not None,
-        old_per_token_logps=old_arg, importance_sampling_level=level, **kw,
+        leaf,
+        ref,
+        mask,
+        estimator=estimator,
+        transform=transform,
+        clip_threshold=c,
+        target=tau,
+        length_normalized=length_normalized,
+        loss_type=loss_type,
+        use_bias_correction=bias_correction is not None,
+        old_per_token_logps=old_arg,
+        importance_sampling_level=level,
+        **kw,
     )
     (grad,) = torch.autograd.grad(term, leaf)
 
@@ -913,10 +922,17 @@ def test_term_with_hostile_log_ratios_is_finite_with_finite_gradients(
     ref = torch.from_numpy(base - r).to(dtype)
     mask = torch.from_numpy(_random_mask(rng, batch, width)).to(dtype)
     term, stats = adapted_kl_term(
-        logps, ref, mask, estimator=estimator, transform=transform, clip_threshold=0.5, target=0.2,
+        logps,
+        ref,
+        mask,
+        estimator=estimator,
+        transform=transform,
+        clip_threshold=0.5,
+        target=0.2,
         length_normalized=aggregation == "length_normalized",
         loss_type="grpo" if aggregation == "length_normalized" else aggregation,
-        max_completion_length=width, token_normalizer=float(mask.sum()) + 1.0,
+        max_completion_length=width,
+        token_normalizer=float(mask.sum()) + 1.0,
         use_bias_correction=on_policy_bias_correction,
     )
     (grad,) = torch.autograd.grad(term, logps)
@@ -956,11 +972,17 @@ def test_fully_masked_batch_or_empty_completions_give_zero_term_and_finite_stati
     old = torch.from_numpy(base + rng.normal(size=(batch, width))).to(dtype)
     mask = torch.zeros(batch, width, dtype=dtype)
     term, stats = adapted_kl_term(
-        logps, ref, mask, estimator=estimator, transform=transform,
+        logps,
+        ref,
+        mask,
+        estimator=estimator,
+        transform=transform,
         length_normalized=aggregation == "length_normalized",
         loss_type="grpo" if aggregation == "length_normalized" else aggregation,
-        max_completion_length=max(width, 1), token_normalizer=1.0,
-        use_bias_correction=bias_correction is not None, old_per_token_logps=old,
+        max_completion_length=max(width, 1),
+        token_normalizer=1.0,
+        use_bias_correction=bias_correction is not None,
+        old_per_token_logps=old,
         importance_sampling_level=bias_correction or "token",
     )
     (grad,) = torch.autograd.grad(term, logps)

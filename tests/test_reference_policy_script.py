@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import os
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from tiny import run_python
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 def test_build_script_writes_a_loadable_policy(tmp_path):

@@ -13,13 +13,13 @@ import pytest
 import torch
 import transformers.trainer
 from peft import LoraConfig, get_peft_model
+from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, make_trainer, prompt_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.trainers.grpo import HOST_HOOKS
 from adaptive_kl.trainers.hooks import UnsupportedTRLError, check_host
-from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, make_trainer, prompt_dataset
 
 
 def _config(tmp_path, **kwargs):

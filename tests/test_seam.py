@@ -8,13 +8,13 @@ import importlib.metadata
 
 import pytest
 import torch
+from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, make_trainer, prompt_dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
 from adaptive_kl.trainers.hooks import ALLOW_UNSUPPORTED_ENV, SUPPORTED_TRL, UnsupportedTRLError
-from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, make_trainer, prompt_dataset
 
 
 TRAINERS = [
@@ -25,7 +25,7 @@ TRAINERS = [
 TRAINER_IDS = ["stock", "adaptive", "binomial"]
 
 
-# --- the host's signature ---------------------------------------------------------------------------------------------
+# --- the host's signature --------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("trainer_cls,config_cls,fields", TRAINERS, ids=TRAINER_IDS)
@@ -60,7 +60,7 @@ def test_the_documented_signature_is_the_hosts_plus_ours():
     assert [(p.name, p.kind) for p in ours[len(host) :]] == [("diversity_embedder", inspect.Parameter.KEYWORD_ONLY)]
 
 
-# --- the policy scoring captured from the host's loss -----------------------------------------------------------------
+# --- the policy scoring captured from the host's loss ----------------------------------------------------------------
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_one_scoring_with_gradient_passes(ours):
     assert ours._policy_scorings is None and ours.beta == 0.1
 
 
-# --- the rewards captured while a batch is scored ----------------------------------------------------------------------
+# --- the rewards captured while a batch is scored --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("trainer_cls,config_cls,fields", TRAINERS[1:], ids=TRAINER_IDS[1:])

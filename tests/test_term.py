@@ -40,8 +40,16 @@ def test_k2_sigmoid_bias_corrected_bnpo_matches_formula_and_gradient():
 
     leaf = logps.clone().requires_grad_()
     term, stats = adapted_kl_term(
-        leaf, ref, mask, estimator="k2", transform="sigmoid", target=tau, loss_type="bnpo", accumulation_steps=2.0,
-        use_bias_correction=True, old_per_token_logps=old,
+        leaf,
+        ref,
+        mask,
+        estimator="k2",
+        transform="sigmoid",
+        target=tau,
+        loss_type="bnpo",
+        accumulation_steps=2.0,
+        use_bias_correction=True,
+        old_per_token_logps=old,
     )
     expected_leaf = logps.clone().requires_grad_()
     expected = _by_hand(expected_leaf, ref, old, mask, per_token, bnpo)
@@ -69,8 +77,16 @@ def test_clip_length_normalized_is_mean_of_sequence_means_whatever_the_loss_type
         return sum(sum(row) / len(row) for row in values) / len(values) / 4
 
     term, stats = adapted_kl_term(
-        logps, ref, mask, transform="clip", clip_threshold=c, length_normalized=True, loss_type=loss_type,
-        accumulation_steps=4.0, max_completion_length=5, token_normalizer=123.0,
+        logps,
+        ref,
+        mask,
+        transform="clip",
+        clip_threshold=c,
+        length_normalized=True,
+        loss_type=loss_type,
+        accumulation_steps=4.0,
+        max_completion_length=5,
+        token_normalizer=123.0,
     )
     expected = _by_hand(logps, ref, old, mask, per_token, mean_of_means)
     assert term.item() == pytest.approx(expected.item(), rel=1e-12)

@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 from peft import LoraConfig, PeftModel
+from tiny import constant_reward, make_trainer, prompt_dataset
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.metrics import METRIC_NAMES
-from tiny import constant_reward, make_trainer, prompt_dataset
 
 
 def train(model_dir, tmp_path, resume=None, **kwargs):
@@ -155,7 +155,9 @@ def test_resume_gives_the_uninterrupted_trajectory(tiny_model_dir, tmp_path):
         full_values, resumed_values = history(full, key), history(resumed, key)
         # the resumed history holds the checkpoint's steps 1–3, then the steps it trained
         assert sorted(resumed_values) == [1, 2, 3, 4, 5, 6]
-        assert {t: resumed_values[t] for t in (4, 5, 6)} == pytest.approx({t: full_values[t] for t in (4, 5, 6)}, rel=1e-5, abs=1e-9), key
+        assert {t: resumed_values[t] for t in (4, 5, 6)} == pytest.approx(
+            {t: full_values[t] for t in (4, 5, 6)}, rel=1e-5, abs=1e-9
+        ), key
     assert len(set(history(full, "adaptive_kl/current_beta").values())) == 6  # β moved at every step
 
 
@@ -177,13 +179,21 @@ def test_a_second_train_without_resume_starts_beta_afresh(tiny_model_dir, tmp_pa
     trainer.train()
     assert history(trainer, "adaptive_kl/current_beta") == pytest.approx(first)
     assert trainer.beta_controller.state_dict() == {
-        "beta_base": 0.0125, "last_step": 3, "num_decays": 3, "num_skipped_updates": 0
+        "beta_base": 0.0125,
+        "last_step": 3,
+        "num_decays": 3,
+        "num_skipped_updates": 0,
     }
 
 
 def test_resume_restores_state_with_transformers_callback_restore(tiny_model_dir, tmp_path):
     common = dict(
-        beta=0.1, kl_adaptation_method="dynamic", reward_threshold=0.0, max_steps=4, save_strategy="steps", save_steps=2
+        beta=0.1,
+        kl_adaptation_method="dynamic",
+        reward_threshold=0.0,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
     )
     train(tiny_model_dir, tmp_path, output_dir=str(tmp_path / "a"), **common)
     resumed = train(

@@ -11,7 +11,6 @@ import importlib.util
 import os
 
 import pytest
-
 from tiny import run_python
 
 

@@ -40,7 +40,7 @@ def test_pyproject_extra_declares_the_supported_range():
     assert extra == [f"unsloth{SUPPORTED_UNSLOTH}", f"unsloth_zoo{SUPPORTED_UNSLOTH}"]
 
 
-# --- the term on a captured call ---------------------------------------------------------------------------------------
+# --- the term on a captured call -------------------------------------------------------------------------------------
 
 
 def unsloth_beta_term(new, ref, mask, options):
@@ -141,7 +141,7 @@ def test_rollout_rejection_is_refused():
         unsloth_kl_term_inputs(call)
 
 
-# --- a stand-in for Unsloth's generated module ---------------------------------------------------------------------------
+# --- a stand-in for Unsloth's generated module -----------------------------------------------------------------------
 
 
 def fragment_lines(function):
@@ -149,13 +149,15 @@ def fragment_lines(function):
     return "\n".join(f"    # {fragment}" for name, fragment, _ in REQUIRED_SOURCE if name == function)
 
 
-GENERATED = f'''
+GENERATED = f"""
 import torch
 
 
 class UnslothEfficientGRPO(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, {", ".join(APPLY_PARAMETERS[:9])}, scaler=None, n_chunks=1, extra_kwargs=None, upstream_scale=None):
+    def forward(
+        ctx, {", ".join(APPLY_PARAMETERS[:9])}, scaler=None, n_chunks=1, extra_kwargs=None, upstream_scale=None
+    ):
         ctx.mark_non_differentiable()
         return (_new_logps.sum() * 0 + beta,)
 
@@ -175,7 +177,7 @@ def grpo_accumulated_loss(trainer, new, mask):
 
 class UnslothGRPOTrainer:
     beta = 0.25
-'''
+"""
 
 
 def load_generated(tmp_path, source=GENERATED, name="UnslothGRPOTrainer_standin"):
@@ -227,7 +229,7 @@ def test_source_guard_checks_the_apply_signature(tmp_path):
         check_unsloth_source(load_generated(tmp_path, changed, name="reordered"))
 
 
-# --- configuration and import order ------------------------------------------------------------------------------------
+# --- configuration and import order ----------------------------------------------------------------------------------
 
 
 @dataclass

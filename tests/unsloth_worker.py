@@ -55,6 +55,8 @@ import types  # noqa: E402
 
 import torch  # noqa: E402
 import trl  # noqa: E402
+from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, prompt_dataset  # noqa: E402
+from tiny import assert_close_to_stock as assert_close  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser  # noqa: E402
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer  # noqa: E402
@@ -62,8 +64,6 @@ from adaptive_kl.experimental.binomial import BinomialKLConfig  # noqa: E402
 from adaptive_kl.kl.aggregation import LOSS_TYPES  # noqa: E402
 from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed  # noqa: E402
 from adaptive_kl.trainers.unsloth import CapturingEfficientGRPO, capturing_efficient_grpo, install_capture_shim  # noqa: E402
-from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, prompt_dataset  # noqa: E402
-from tiny import assert_close_to_stock as assert_close  # noqa: E402
 
 
 install_cpu_scorer_if_needed()
@@ -115,7 +115,12 @@ def check_config():
     expected = {k: v for k, v in unsloth_config.to_dict().items() if k not in kl_fields}
     assert {k: v for k, v in ours.to_dict().items() if k not in kl_fields} == expected
     # Unsloth's own defaults, which a generated dataclass __init__ would have replaced by TRL's:
-    assert (ours.optim, ours.loss_type, ours.learning_rate, ours.unsloth_num_chunks) == ("adamw_8bit", "dapo", 5e-5, -1)
+    assert (ours.optim, ours.loss_type, ours.learning_rate, ours.unsloth_num_chunks) == (
+        "adamw_8bit",
+        "dapo",
+        5e-5,
+        -1,
+    )
     assert ours.kl_adaptation_method == "none" and ours.kl_estimator == "k3"
 
     config = AdaptiveKLGRPOConfig(output_dir="out", beta=0.1, loss_type="grpo", kl_adaptation_method="dynamic+clip")

@@ -11,7 +11,7 @@
 
 Every `AdaptiveKLGRPOConfig` (or, with `--trainer binomial_kl`, `BinomialKLConfig`) field can be varied in `compare`
 as `--<field> v1,v2,...` (several give their product) or fixed for all variants with `--set field=value`.
-Results go to `--out`: summary.md, metrics.csv and PNG plots.
+Results go to `--out`: summary.md, metrics.csv and PNG plots (the plots need the `demo` extra: matplotlib).
 """
 
 from __future__ import annotations
@@ -228,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "--unsloth" in argv:
             if "--model" not in argv and not any(a.startswith("--model=") for a in argv):
-                raise UsageError("--unsloth loads a real model: give it with --model (e.g. Qwen/Qwen2.5-0.5B-Instruct)")
+                raise UsageError(
+                    "--unsloth loads a real model: give it with --model (e.g. Qwen/Qwen2.5-0.5B-Instruct)"
+                )
             _import_unsloth()
         _quiet_host_libraries()
         settings, variants, title, progress = build(argv)
@@ -246,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_report(runs, settings.out, title, notes)
     print("\n" + summary_table(runs))
     print(f"Wrote {paths['summary']}, {paths['csv']} and {len(paths['plots'])} plots to {settings.out}")
+    if not paths["plots"]:
+        print("No plots: matplotlib is not installed. pip install 'adaptive-kl[demo]' for them.")
     return 0
 
 

@@ -93,7 +93,9 @@ def summary_table(runs: list[VariantRun]) -> str:
     for run in runs:
         s = summarize(run)
         formats = (".3f", "+.3f", "+.3f", ".4f", ".4f", ".4g", ".1f", ".0f", ".3f", ".4f", "+.4f", ".0f")
-        cells = [run.name] + ["n/a" if math.isnan(v) else format(v, f) for v, f in zip(s.values(), formats, strict=True)]
+        cells = [run.name] + [
+            "n/a" if math.isnan(v) else format(v, f) for v, f in zip(s.values(), formats, strict=True)
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -151,8 +153,12 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 
 def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
-    """`metrics.png` with every panel, and one `<panel>.png` per panel; returns the paths written."""
-    import matplotlib
+    """`metrics.png` with every panel, and one `<panel>.png` per panel; returns the paths written (none without
+    matplotlib, which the `demo` extra installs)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -201,7 +207,9 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     return paths
 
 
-def write_report(runs: list[VariantRun], directory: str, title: str = "adaptive-kl comparison", notes: str = "") -> dict:
+def write_report(
+    runs: list[VariantRun], directory: str, title: str = "adaptive-kl comparison", notes: str = ""
+) -> dict:
     """Writes `summary.md`, `metrics.csv` and the PNG plots to `directory`; returns their paths."""
     os.makedirs(directory, exist_ok=True)
     summary = os.path.join(directory, "summary.md")

@@ -3,7 +3,8 @@
 Each run logs every step (TRL's metrics and `adaptive_kl/*`), evaluates greedy validation accuracy at step 0 and
 every `eval_every` steps, and, where the task has reference solutions, their log-likelihood (`retention/*`) on the
 same schedule; a `KLHealthCallback` warns when the mean KL leaves the 0.01–0.2 band. A variant's `trainer` override
-picks the trainer: `"grpo"` (`AdaptiveKLGRPOTrainer`, the default) or `"binomial_kl"` (`BinomialKLTrainer`). On the embedded default everything runs on a CPU in minutes; with `model` set to a hub id
+picks the trainer: `"grpo"` (`AdaptiveKLGRPOTrainer`, the default) or `"binomial_kl"` (`BinomialKLTrainer`). On the
+embedded default everything runs on a CPU in minutes; with `model` set to a hub id
 or local path (and optionally `unsloth`), the same code trains a real model on a GPU.
 """
 
@@ -19,8 +20,8 @@ import torch
 from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from ..trainers.callbacks import KLHealthCallback, RetentionCallback
 from ..testing.cpu_scorer import install_cpu_scorer_if_needed
+from ..trainers.callbacks import KLHealthCallback, RetentionCallback
 from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
 from .task import TASK_REWARDS, evaluate_accuracy, load_gsm8k
 from .variants import TRAINER_CLASSES, Variant
@@ -154,7 +155,9 @@ def task_datasets(settings: DemoSettings, n_train: int, seed: int):
         train, validation = embedded_datasets(n_train, settings.n_validation, seed=seed)
     if not settings.embedded:
         # A real model is told the answer format; the embedded policy was trained on the bare "Q: ... A: " prompt.
-        train, validation = (d.map(lambda row: {"prompt": f"{INSTRUCTION}\n{row['prompt']}"}) for d in (train, validation))
+        train, validation = (
+            d.map(lambda row: {"prompt": f"{INSTRUCTION}\n{row['prompt']}"}) for d in (train, validation)
+        )
     return train, validation
 
 
@@ -293,7 +296,9 @@ def run_comparison(variants: list[Variant], settings: DemoSettings, progress: bo
 
     check_variants(variants, settings)
     # disable=None: no bar when the output is not a terminal (logs, CI), unless progress is off altogether.
-    bar = tqdm(total=len(variants) * settings.steps, unit="step", disable=None if progress else True, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(variants) * settings.steps, unit="step", disable=None if progress else True, dynamic_ncols=True
+    )
     try:
         return [run_variant(variant, settings, bar) for variant in variants]
     finally:

@@ -51,7 +51,9 @@ def _convert(text: str, annotation) -> object:
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
         if text.lower() == "none" and type(None) in typing.get_args(annotation) and str not in members:
             return None
-        for member in sorted(members, key=lambda a: [bool, int, float, str].index(a) if a in (bool, int, float, str) else 4):
+        for member in sorted(
+            members, key=lambda a: [bool, int, float, str].index(a) if a in (bool, int, float, str) else 4
+        ):
             try:
                 return _convert(text, member)
             except ValueError:
@@ -86,7 +88,11 @@ def _convert(text: str, annotation) -> object:
 def _is_container_field(name: str) -> bool:
     """Whether every type config field `name` accepts (besides None) is a list or dict."""
     annotation = _config_field_types().get(name)
-    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    members = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
     return all((typing.get_origin(m) or m) in (list, dict) for m in members if m is not type(None))
 
 

@@ -3,7 +3,7 @@ peft or accelerate; `docs/design.md` gives the semantics).
 
 | module | what |
 |---|---|
-| `estimators` | per-token estimates k1, k2, k3 of the log-ratio r, the transforms f(k) (clip, sigmoid), the importance ratio |
+| `estimators` | per-token estimates k1, k2, k3 of the log-ratio r; transforms f(k) (clip, sigmoid); importance ratio |
 | `aggregation` | Agg(·): the host's loss-type aggregation and the length-normalized mean |
 | `term` | the whole KL term of one micro-batch, estimate → transform → aggregate, and its statistics |
 | `metrics` | the additive statistics behind the `adaptive_kl/*` metrics |

@@ -108,7 +108,9 @@ def aggregate_like_host(
     raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
 
 
-def length_normalized_mean(values: torch.Tensor, mask: torch.Tensor, *, accumulation_steps: float = 1.0) -> torch.Tensor:
+def length_normalized_mean(
+    values: torch.Tensor, mask: torch.Tensor, *, accumulation_steps: float = 1.0
+) -> torch.Tensor:
     """The `length_normalized` aggregate: mean_i K̄_i with K̄_i = Σ_t m·x / L_i, whatever the loss type.
 
     Every sequence carries the same weight, so long completions do not carry more KL than short ones under

@@ -102,7 +102,7 @@ class BetaController:
         self.reset()
 
     @classmethod
-    def from_args(cls, args: Any) -> "BetaController":
+    def from_args(cls, args: Any) -> BetaController:
         """Builds the controller from an `AdaptiveKLGRPOConfig` (or anything with the same attributes)."""
         return cls(
             args.beta,
@@ -164,7 +164,11 @@ class BetaController:
                 return
             if self.kl_controller == "adaptive":
                 new_beta = adaptive_kl_update(
-                    self.beta_base, mean_kl, target_kl=self.target_kl, horizon=self.kl_horizon, num_sequences=num_sequences
+                    self.beta_base,
+                    mean_kl,
+                    target_kl=self.target_kl,
+                    horizon=self.kl_horizon,
+                    num_sequences=num_sequences,
                 )
             else:
                 new_beta = stepwise_kl_update(self.beta_base, mean_kl, target_kl=self.target_kl)

@@ -1,7 +1,7 @@
 """Per-token KL math: estimators and transforms.
 
-Notation (see ``DESIGN.md``): for a sampled token, ``r = log π_θ(y) − log π_ref(y)`` is the log-ratio, ``k = est(r)``
-is a per-token KL estimate, and ``f(k)`` is the adapted (transformed) estimate that enters the loss.
+Notation (see ``docs/design.md``): for a sampled token, ``r = log π_θ(y) − log π_ref(y)`` is the log-ratio,
+``k = est(r)`` is a per-token KL estimate, and ``f(k)`` is the adapted (transformed) estimate that enters the loss.
 
 Every function is pure torch, shape-preserving and differentiable where the formula is.
 """

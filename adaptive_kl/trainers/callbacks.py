@@ -35,7 +35,8 @@ class KLHealthCallback(TrainerCallback):
     """Warns when the logged mean KL leaves the target band `[low, high]`, once per episode.
 
     The value judged is the running mean of the last `window` finite values logged after the grace period: per-step
-    KL is noisy, and a run whose KL hovers at a bound would otherwise start a new episode every few steps. An episode is a maximal run of
+    KL is noisy, and a run whose KL hovers at a bound would otherwise start a new episode every few steps. An episode
+    is a maximal run of
     consecutive judged values on the same side of the band: `"above"` (> `high`),
     `"below"` (< `low`) or `"nan"` (a NaN KL, or `None`, which is how TRL logs a metric whose values were all NaN).
     The warning fires when an episode starts; a value inside the band (bounds included) re-arms the callback, and a
@@ -61,9 +62,7 @@ class KLHealthCallback(TrainerCallback):
             `grace_steps`.
     """
 
-    def __init__(
-        self, low: float = 0.01, high: float = 0.2, key: str = "kl", grace_steps: int = 10, window: int = 10
-    ):
+    def __init__(self, low: float = 0.01, high: float = 0.2, key: str = "kl", grace_steps: int = 10, window: int = 10):
         if not is_finite_number(low) or low < 0:
             raise ValueError(f"low must be a finite number >= 0, got {low!r}.")
         if not is_finite_number(high) or high <= low:

@@ -68,8 +68,8 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         kl_estimator (`str`, *optional*, defaults to `"k3"`):
             Per-token estimator of KL(π_θ‖π_ref): `"k1"` (r), `"k2"` (r²/2) or `"k3"` (exp(−r) + r − 1).
         kl_adaptation_method (`str`, *optional*, defaults to `"none"`):
-            `"none"`, `"clip"`, `"sigmoid"`, `"length_normalized"`, `"dynamic"`, or several joined by `"+"` (at most one
-            of clip/sigmoid), e.g. `"dynamic+length_normalized"`.
+            `"none"`, `"clip"`, `"sigmoid"`, `"length_normalized"`, `"dynamic"`, or several joined by `"+"` (at most
+            one of clip/sigmoid), e.g. `"dynamic+length_normalized"`.
         kl_clip_threshold (`float`, *optional*, defaults to `1.0`):
             `clip`: per-token KL above this value is clipped (and carries no gradient).
         kl_target (`float`, *optional*, defaults to `0.1`):
@@ -210,8 +210,8 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         sequences_per_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
         require(
             self.kl_controller != "adaptive" or ADAPTIVE_ERROR_CLIP * sequences_per_step < self.kl_horizon,
-            f"kl_horizon must exceed {ADAPTIVE_ERROR_CLIP} x the sequences per optimizer step ({sequences_per_step}) with "
-            f"kl_controller='adaptive', got {self.kl_horizon}: a larger step would make beta negative.",
+            f"kl_horizon must exceed {ADAPTIVE_ERROR_CLIP} x the sequences per optimizer step ({sequences_per_step}) "
+            f"with kl_controller='adaptive', got {self.kl_horizon}: a larger step would make beta negative.",
         )
 
     @property
@@ -232,9 +232,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
 
     def _validate_adaptive_kl(self) -> None:
         methods = parse_kl_adaptation_method(self.kl_adaptation_method)
-        require(
-            self.kl_scaling in KL_SCALINGS, f"kl_scaling must be one of {KL_SCALINGS}, got {self.kl_scaling!r}."
-        )
+        require(self.kl_scaling in KL_SCALINGS, f"kl_scaling must be one of {KL_SCALINGS}, got {self.kl_scaling!r}.")
         require(
             self.kl_estimator in ESTIMATORS, f"kl_estimator must be one of {ESTIMATORS}, got {self.kl_estimator!r}."
         )

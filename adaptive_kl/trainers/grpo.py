@@ -104,10 +104,11 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         super().__init__(model, reward_funcs, args, *more, **kwargs)
         if args.beta > 0 and reference_is_base_despite_trained_adapter(self.model):
             warnings.warn(
-                "The PEFT model carries a trained adapter, and the reference policy is the base model with the adapter "
-                "disabled: the KL term pulls the policy back towards the base model, not towards the adapter you "
-                "start from. To regularize towards the adapter, upgrade to peft>=0.20 (TRL then copies it as the "
-                "reference), or merge it into the base model (merge_and_unload), save that and pass a new peft_config.",
+                "The PEFT model carries a trained adapter, and the reference policy is the base model with the "
+                "adapter disabled: the KL term pulls the policy back towards the base model, not towards the adapter "
+                "you start from. To regularize towards the adapter, upgrade to peft>=0.20 (TRL then copies it as the "
+                "reference), or merge it into the base model (merge_and_unload), save that and pass a new "
+                "peft_config.",
                 UserWarning,
                 stacklevel=2,
             )
@@ -263,7 +264,9 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         with self.host_loss_without_kl() as captured:
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         beta, scale = self.beta_controller.beta(step), self.beta_controller.scale(step)
-        host_inputs = self._host_kl_inputs(captured, inputs, mode, training=torch.is_grad_enabled() and mode == "train")
+        host_inputs = self._host_kl_inputs(
+            captured, inputs, mode, training=torch.is_grad_enabled() and mode == "train"
+        )
         if self.args.kl_placement == "reward":
             # The KL is in the advantages: measured here, without a graph, for the metrics and controllers only.
             with torch.no_grad():
@@ -346,8 +349,8 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
                     "skipped_update",
                     f"β was not updated after optimizer step {step}: its {statistic} is not finite (a reward function "
                     "returned ±inf, no completion was scored or had a token, or the log-probabilities overflowed). β "
-                    f"stays at {controller.beta_base:g} until a step gives a finite value; adaptive_kl/skipped_updates "
-                    "counts such steps. Warned once per run.",
+                    f"stays at {controller.beta_base:g} until a step gives a finite value; "
+                    "adaptive_kl/skipped_updates counts such steps. Warned once per run.",
                 )
             self._step_stats = None
 

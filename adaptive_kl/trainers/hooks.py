@@ -79,7 +79,7 @@ def unsupported_trl(problem: str) -> UnsupportedTRLError:
     )
 
 
-# --- before anything is loaded ----------------------------------------------------------------------------------------
+# --- before anything is loaded ---------------------------------------------------------------------------------------
 
 
 def check_host(host: type, args, trainer_name: str, methods: tuple[str, ...], own_loss: bool) -> None:
@@ -100,7 +100,9 @@ def check_host(host: type, args, trainer_name: str, methods: tuple[str, ...], ow
     """
     missing = [name for name in methods if not callable(getattr(host, name, None))]
     if missing:
-        raise unsupported_trl(f"{host.__module__}.{host.__qualname__} has no {missing}, which {trainer_name} hooks into")
+        raise unsupported_trl(
+            f"{host.__module__}.{host.__qualname__} has no {missing}, which {trainer_name} hooks into"
+        )
     if own_loss and args.use_liger_kernel and hasattr(host, "_compute_liger_loss"):
         raise ValueError(
             f"use_liger_kernel=True makes this GRPOTrainer compute its loss with Liger's fused GRPO loss, which never "
@@ -130,7 +132,7 @@ def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, r
     return args
 
 
-# --- while training ---------------------------------------------------------------------------------------------------
+# --- while training --------------------------------------------------------------------------------------------------
 
 
 class HostHooks:
@@ -216,7 +218,7 @@ def check_carries_gradient(logps: torch.Tensor, training: bool, what: str) -> to
     return logps
 
 
-# --- the layout of TRL's batches and logs -----------------------------------------------------------------------------
+# --- the layout of TRL's batches and logs ----------------------------------------------------------------------------
 
 
 # Multimodal inputs of a batch from `GRPOTrainer._generate_and_score_completions` that a policy forward needs.

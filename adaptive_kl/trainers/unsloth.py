@@ -1,13 +1,14 @@
 """Unsloth backend: the adaptive KL term inside Unsloth's memory-efficient GRPO loss.
 
 `import unsloth` regenerates TRL's trainer as `UnslothGRPOTrainer` in a generated module and rebinds `trl.GRPOTrainer`
-and `trl.GRPOConfig` to it. Its loss always runs through `UnslothEfficientGRPO.apply(...)`, where the KL term is part of
-a compiled function that receives β as a Python float (each distinct β would compile a new graph). On that host:
+and `trl.GRPOConfig` to it. Its loss always runs through `UnslothEfficientGRPO.apply(...)`, where the KL term is part
+of a compiled function that receives β as a Python float (each distinct β would compile a new graph). On that host:
 
 - `install_capture_shim` rebinds `UnslothEfficientGRPO` in the generated module's globals (where the loss looks it up)
   to a proxy that, only while `capturing_efficient_grpo()` is open, records the call's arguments and passes β = 0;
-- the trainer then adds β_t·Agg(f(k)) computed by `adaptive_kl.kl.term.adapted_kl_term` from the captured log-probabilities,
-  with the aggregation Unsloth's loss uses (`unsloth_kl_term_inputs`). No extra forward pass, no full-vocabulary logits.
+- the trainer then adds β_t·Agg(f(k)) computed by `adaptive_kl.kl.term.adapted_kl_term` from the captured
+  log-probabilities, with the aggregation Unsloth's loss uses (`unsloth_kl_term_inputs`). No extra forward pass, no
+  full-vocabulary logits.
 
 Unsloth's backward ignores the incoming gradient (it is computed in the forward), so the term is only ever *added* to
 the host loss. `check_unsloth_source` refuses a generated module whose code no longer has the shape this relies on.
@@ -61,10 +62,16 @@ REQUIRED_SOURCE = (
     ("grpo_compute_loss", "loss = ((loss_i * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()", "grpo/sapo"),
     ("grpo_compute_loss", "loss = (loss_i * mask).sum() / mask.sum().clamp(min=1.0)", "bnpo's local token count"),
     ("grpo_compute_loss", "loss = (loss_i * mask).sum() / (loss_i.size(0) * max_completion_length)", "dr_grpo"),
-    ("grpo_compute_loss", "normalizer = normalizer * current_gradient_accumulation_steps / steps_per_generation",
-     "the token-sum normalizer rescaled to one accumulation window"),  # fmt: skip
-    ("grpo_compute_loss", "loss = (loss_i * mask * sample_weight.to(loss_i.dtype).unsqueeze(-1)).sum() / normalizer",
-     "per-completion sample weights"),  # fmt: skip
+    (
+        "grpo_compute_loss",
+        "normalizer = normalizer * current_gradient_accumulation_steps / steps_per_generation",
+        "the token-sum normalizer rescaled to one accumulation window",
+    ),  # fmt: skip
+    (
+        "grpo_compute_loss",
+        "loss = (loss_i * mask * sample_weight.to(loss_i.dtype).unsqueeze(-1)).sum() / normalizer",
+        "per-completion sample weights",
+    ),  # fmt: skip
 )
 
 
@@ -119,7 +126,7 @@ def check_import_order(ours: type, current: type, name: str) -> None:
         )
 
 
-# --- the configuration keeps Unsloth's __init__ ------------------------------------------------------------------------
+# --- the configuration keeps Unsloth's __init__ ----------------------------------------------------------------------
 
 
 def with_keyword_only(signature: inspect.Signature, parameters: list[inspect.Parameter]) -> inspect.Signature:
@@ -135,7 +142,8 @@ def keep_host_init(config_cls: type) -> None:
 
     `@dataclass` gives a subclass an `__init__` over every field, which would skip `UnslothGRPOConfig.__init__` and its
     defaults (optimizer, learning rate, loss type, chunking). The replacement sets the fields `config_cls` declares
-    itself, then calls the parent's `__init__` with everything else; that ends in `__post_init__`, which validates both.
+    itself, then calls the parent's `__init__` with everything else; that ends in `__post_init__`, which validates
+    both.
     """
     host = config_cls.__mro__[1]
     host_init = host.__init__
@@ -162,7 +170,7 @@ def keep_host_init(config_cls: type) -> None:
     config_cls.__init__ = __init__
 
 
-# --- the capture shim -------------------------------------------------------------------------------------------------
+# --- the capture shim ------------------------------------------------------------------------------------------------
 
 
 _CAPTURE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("adaptive_kl_unsloth_capture", default=None)
@@ -236,7 +244,7 @@ def capturing_efficient_grpo(capture: dict):
         _CAPTURE.reset(token)
 
 
-# --- what the KL term needs, read off the captured call ------------------------------------------------------------------
+# --- what the KL term needs, read off the captured call --------------------------------------------------------------
 
 
 def unsloth_kl_term_inputs(call: dict) -> dict:
@@ -255,13 +263,14 @@ def unsloth_kl_term_inputs(call: dict) -> dict:
     log-probabilities are set to 0 first, as Unsloth does, so that whatever they hold never reaches the term.
 
     Raises:
-        ValueError: Unsloth's rollout rejection (`UNSLOTH_GRPO_ROLLOUT_RS`) is on: it drops tokens from the KL term by a
-            rule this backend does not reproduce.
+        ValueError: Unsloth's rollout rejection (`UNSLOTH_GRPO_ROLLOUT_RS`) is on: it drops tokens from the KL term by
+            a rule this backend does not reproduce.
     """
     options = call.get("extra_kwargs") or {}
     if options.get("rollout_rs") is not None:
         raise ValueError(
-            "UNSLOTH_GRPO_ROLLOUT_RS (Unsloth's rollout rejection) is not supported with AdaptiveKLGRPOTrainer: unset it."
+            "UNSLOTH_GRPO_ROLLOUT_RS (Unsloth's rollout rejection) is not supported with AdaptiveKLGRPOTrainer: "
+            "unset it."
         )
     mask = call["_mask"]
     keep = mask.to(torch.bool)

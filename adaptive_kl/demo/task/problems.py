@@ -89,7 +89,9 @@ def generate_problems(n: int, seed: int = 0, max_operand: int = 50, kinds=tuple(
     problems = []
     for _ in range(n):
         kind = rng.choice(kinds)
-        problems.append(dataclasses.replace(KINDS[kind](rng, rng.choice(NAMES), rng.choice(ITEMS), max_operand), kind=kind))
+        problems.append(
+            dataclasses.replace(KINDS[kind](rng, rng.choice(NAMES), rng.choice(ITEMS), max_operand), kind=kind)
+        )
     return problems
 
 
@@ -106,7 +108,9 @@ def task_splits(
     drawn = generate_problems(4 * n_validation, seed=validation_seed + 7919, **generator_kwargs)
     validation = list({p.question: p for p in drawn}.values())[:n_validation]
     if len(validation) < n_validation:
-        raise ValueError(f"Cannot draw {n_validation} distinct validation problems with {generator_kwargs or 'defaults'}")
+        raise ValueError(
+            f"Cannot draw {n_validation} distinct validation problems with {generator_kwargs or 'defaults'}"
+        )
     held_out = {p.question for p in validation}
     train, draw = [], 0
     while len(train) < n_train:

@@ -26,6 +26,7 @@ _INERT_HOST_OPTIONS = {
     "use_adaptive_entropy": False,
 }
 
+
 @dataclass
 class BinomialKLConfig(GRPOConfig):
     r"""
@@ -96,8 +97,8 @@ class BinomialKLConfig(GRPOConfig):
         )
         require(
             self.beta == 0,
-            f"beta must be 0 for BinomialKLConfig, got {self.beta!r}: the binomial-KL objective has no reference-model "
-            "KL term (its KL is toward p_max or 0.5 under the current policy).",
+            f"beta must be 0 for BinomialKLConfig, got {self.beta!r}: the binomial-KL objective has no "
+            "reference-model KL term (its KL is toward p_max or 0.5 under the current policy).",
         )
         default_loss_type = GRPOConfig.__dataclass_fields__["loss_type"].default
         require(
@@ -109,5 +110,6 @@ class BinomialKLConfig(GRPOConfig):
             value = getattr(self, name, inert)
             require(
                 value == inert,
-                f"{name} must be {inert!r} for BinomialKLConfig (got {value!r}): the binomial-KL loss does not apply it.",
+                f"{name} must be {inert!r} for BinomialKLConfig (got {value!r}): the binomial-KL loss does not "
+                "apply it.",
             )

@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 import torch
 
+
 BINOMIAL_KL_TARGETS = ("max", "half")
 LOG_HALF = math.log(0.5)
 

@@ -85,7 +85,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer):
         output["advantages"] = rewards[start : start + local]  # (B,), raw reward (NaN: unscorable)
         replace_logged_advantages(self._logs["advantages"], rewards)
 
-    # --- loss ---------------------------------------------------------------------------------------------------------
+    # --- loss --------------------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
@@ -180,8 +180,8 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer):
             if any(batch is not None for batch in buffer or ()):
                 # Normalizing by this micro-batch alone would scale the step's gradient by up to the accumulation.
                 raise unsupported_trl(
-                    "BinomialKLTrainer could not find this micro-batch in GRPOTrainer's generation buffer, so it cannot "
-                    "count the correct sequences of the optimizer step"
+                    "BinomialKLTrainer could not find this micro-batch in GRPOTrainer's generation buffer, so it "
+                    "cannot count the correct sequences of the optimizer step"
                 )
             return correct.sum()
         accumulation = self._accumulation_steps()
