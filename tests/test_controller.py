@@ -329,6 +329,51 @@ def test_load_state_dict_refuses_invalid_beta_and_keeps_state(bad):
     assert ctrl.state_dict() == before
 
 
+@pytest.mark.parametrize(
+    "entry,bad",
+    [
+        ("last_step", -1),
+        ("last_step", 2.5),
+        ("num_decays", math.inf),
+        ("num_skipped_updates", "3"),
+        ("num_decays", True),
+    ],
+)
+def test_load_state_dict_refuses_invalid_counters_and_keeps_state(entry, bad):
+    ctrl = BetaController(0.4, kl_controller="stepwise")
+    ctrl.update(1, mean_kl=1.0, num_sequences=4)
+    before = ctrl.state_dict()
+    state = {"beta_base": 0.3, "last_step": 7, "num_decays": 0, "num_skipped_updates": 0, entry: bad}
+    with pytest.raises(ValueError, match=f"{entry}={bad!r}"):
+        ctrl.load_state_dict(state)
+    assert ctrl.state_dict() == before
+
+
+def test_load_state_dict_takes_whole_floats_and_refuses_a_state_without_last_step():
+    ctrl = BetaController(0.4)
+    ctrl.load_state_dict({"beta_base": 0.2, "last_step": 5.0, "num_decays": 2.0, "num_skipped_updates": 0})
+    assert ctrl.state_dict() == {"beta_base": 0.2, "last_step": 5, "num_decays": 2, "num_skipped_updates": 0}
+    assert all(type(v) is int for k, v in ctrl.state_dict().items() if k != "beta_base")
+    with pytest.raises(ValueError, match="last_step is missing"):
+        ctrl.load_state_dict({"beta_base": 0.2})
+    with pytest.raises(ValueError, match="expected a mapping"):
+        ctrl.load_state_dict([0.2, 5])
+
+
+@pytest.mark.parametrize(
+    "kwargs,stateful",
+    [
+        (dict(), False),
+        (dict(kl_scaling="log"), False),
+        (dict(dynamic=True), True),
+        (dict(kl_controller="adaptive"), True),
+        (dict(kl_controller="stepwise"), True),
+    ],
+)
+def test_which_controllers_carry_training_state(kwargs, stateful):
+    assert BetaController(0.1, **kwargs).has_training_state is stateful
+
+
 def test_load_state_dict_defaults_missing_counters():
     ctrl = BetaController(0.4)
     ctrl.load_state_dict({"beta_base": 0.2, "last_step": 5})

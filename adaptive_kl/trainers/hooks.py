@@ -28,7 +28,7 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .unsloth import capturing_efficient_grpo, check_import_order, is_unsloth_class
+from .unsloth import capturing_efficient_grpo, check_import_order
 
 
 # Keep equal to the `trl` requirement in pyproject.toml (a test checks it).
@@ -177,16 +177,13 @@ class HostHooks:
 
     @contextmanager
     def host_loss_without_kl(self):
-        """Runs the host's loss with β = 0 and yields what it computed: `{"policy_logps": [...]}` on TRL; on
-        Unsloth, also `"efficient_grpo"`, the arguments of its efficient loss (which the shim runs with β = 0)."""
+        """Runs the host's loss with β = 0 and yields what it computed: `{"policy_logps": [...]}`, and on Unsloth
+        `"efficient_grpo"`, the arguments of its efficient loss (which the shim, if installed, runs with β = 0)."""
         host_beta, self.beta = self.beta, 0.0
         capture = {"policy_logps": []}
         self._policy_scorings = capture["policy_logps"]
         try:
-            if is_unsloth_class(type(self)):
-                with capturing_efficient_grpo(capture):
-                    yield capture
-            else:
+            with capturing_efficient_grpo(capture):  # read only by Unsloth's shim; nothing on plain TRL
                 yield capture
         finally:
             self.beta, self._policy_scorings = host_beta, None
