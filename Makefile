@@ -6,7 +6,7 @@ PYTHON ?= python
 install:  ## the package with its test dependencies (install torch first: pip install torch==2.13.0 on CPU)
 	$(PYTHON) -m pip install -e ".[dev]"
 
-demo:  ## the main job: the five KL methods on the embedded policy and task (CPU, ~5 min); results in adaptive-kl-demo/
+demo:  ## the main job: the five KL methods on the embedded policy and task (CPU, 5-8 min); results in adaptive-kl-demo/
 	$(PYTHON) -m adaptive_kl demo
 
 quickstart:  ## a short run with an adaptive KL method on a tiny offline model
