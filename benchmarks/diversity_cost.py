@@ -2,8 +2,11 @@
 
     python benchmarks/diversity_cost.py                              # 64 × 24 (embedded demo) and 256 × 256
     python benchmarks/diversity_cost.py --step-time-ms 56.8,- --output benchmarks/results/cpu-diversity-cost.md
+    python benchmarks/diversity_cost.py --embedder minilm --step-time-ms 56.8,- \
+        --output benchmarks/results/cpu-diversity-cost-minilm.md          # all-MiniLM-L6-v2 (the diversity extra)
 
-Times `adaptive_kl.kl.diversity.diversity_metrics` with the default `HashedNgramEmbedder` on synthetic generation
+Times `adaptive_kl.kl.diversity.diversity_metrics` with an embedder (`--embedder`: the default `HashedNgramEmbedder`,
+or a `diversity_embedder` name such as `minilm`, run on the CPU) on synthetic generation
 batches of N completions of T tokens in groups of G, and each of its parts alone. Completions of a group are
 variations of one base completion (a fraction `--overlap` of the tokens kept), and tokens decode to words of 1 to
 6 letters, as a BPE vocabulary does. Medians of `torch.utils.benchmark`; prints, and with `--output` writes, a
@@ -49,15 +52,23 @@ def median_seconds(fn, min_run_time: float) -> float:
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
 
 
-def measure(ids, texts, num_generations: int, min_run_time: float) -> dict[str, float]:
-    embedder = HashedNgramEmbedder()
+def make_embedder(name: str):
+    """`"hashed"`: the default `HashedNgramEmbedder`; else a `diversity_embedder` name (`"minilm"`, a path)."""
+    if name == "hashed":
+        return HashedNgramEmbedder()
+    from adaptive_kl.trainers.embedding import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder(name, device="cpu")
+
+
+def measure(ids, texts, num_generations: int, min_run_time: float, embedder) -> dict[str, float]:
     embeddings = embedder(texts)
     parts = {
         "unique": lambda: unique_fraction(ids, num_generations),
         "distinct": lambda: [distinct_n(ids, num_generations, n) for n in (1, 2)],
         "embed": lambda: embedder(texts),
         "cosine": lambda: mean_pairwise_cosine(embeddings, num_generations),
-        "total": lambda: diversity_metrics(ids, texts, num_generations),
+        "total": lambda: diversity_metrics(ids, texts, num_generations, embedder=embedder),
     }
     return {name: median_seconds(fn, min_run_time) for name, fn in parts.items()}
 
@@ -73,6 +84,9 @@ def main(argv=None):
     )
     parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--embedder", default="hashed", help="'hashed' (default), 'minilm' (the diversity extra) or a model path"
+    )
     parser.add_argument("--output", help="also write the results to this markdown file")
     opts = parser.parse_args(argv)
 
@@ -90,12 +104,14 @@ def main(argv=None):
         if len(values) not in (1, len(batches)):
             parser.error(f"--step-time-ms needs one value or one per batch ({len(batches)})")
         step_times = values * len(batches) if len(values) == 1 else values
+    embedder = make_embedder(opts.embedder)
     for spec, step_time in zip(batches, step_times):
         num_completions, length = (int(x) for x in spec.lower().split("x"))
         ids, texts = synthetic_batch(
             num_completions, length, opts.num_generations, opts.vocab_size, opts.overlap, opts.seed
         )
-        t = {k: v * 1e3 for k, v in measure(ids, texts, opts.num_generations, opts.min_run_time).items()}
+        measured = measure(ids, texts, opts.num_generations, opts.min_run_time, embedder)
+        t = {k: v * 1e3 for k, v in measured.items()}
         chars = sum(map(len, texts)) / num_completions
         row = (
             f"| {num_completions} × {length} | {opts.num_generations} | {chars:.0f} | {t['unique']:.3f} "
@@ -108,7 +124,7 @@ def main(argv=None):
         print(f"{num_completions} x {length} done", file=sys.stderr, flush=True)
 
     settings = (
-        f"- settings: default `HashedNgramEmbedder` (n=3, dim=1024), distinct-n for n = 1, 2, vocabulary "
+        f"- settings: embedder {embedder!r}, distinct-n for n = 1, 2, vocabulary "
         f"{opts.vocab_size}, overlap {opts.overlap}, torch threads {torch.get_num_threads()}"
     )
     details = [settings]

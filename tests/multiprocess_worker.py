@@ -163,6 +163,9 @@ def main() -> None:
     torch.set_num_threads(1)
     for name, fields in CONFIGS.items():
         train(name, fields, model_dir, out_dir, per_device_batch)
+    if torch.distributed.is_initialized():  # leave together: a rank exiting while gloo serves the other aborts it
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

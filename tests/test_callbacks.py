@@ -368,6 +368,11 @@ scores.update(
 )
 with open(f"{out}/scores{{trainer.accelerator.process_index}}.json", "w") as f:
     json.dump(scores, f)
+# Leave together: a rank exiting while gloo's threads still serve the other aborts it ("terminate called without an
+# active exception"), which happened on a loaded machine.
+trainer.accelerator.wait_for_everyone()
+import torch.distributed
+torch.distributed.destroy_process_group()
 """
 
 
@@ -378,19 +383,13 @@ with open(f"{out}/scores{{trainer.accelerator.process_index}}.json", "w") as f:
 def test_two_processes_shard_and_reduce_to_the_global_value(trainer, tiny_model_dir, tmp_path):
     import json
     import os
-    import socket
 
-    from tiny import run_python
+    from tiny import launch_two_processes
 
     script = tmp_path / "worker.py"
     tests = os.path.dirname(os.path.abspath(__file__))
     script.write_text(TWO_PROCESS_WORKER.format(tests=tests, sft=SFT, model_dir=tiny_model_dir, out=str(tmp_path)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port)]
-    run_python(*launch, str(script), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    launch_two_processes(str(script))
     results = [json.loads((tmp_path / f"scores{i}.json").read_text()) for i in range(2)]
     token_mean, seq_mean = reference_loglik(trainer.model, trainer.processing_class, SFT["prompt"], SFT["completion"])
     for scores in results:

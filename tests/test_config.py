@@ -27,6 +27,7 @@ NEW_FIELD_DEFAULTS = {
     "kl_placement": "loss",
     "resume_without_kl_state": False,
     "diversity_metrics": False,
+    "diversity_embedder": "hashed",
 }
 
 

@@ -26,6 +26,7 @@ from transformers import HfArgumentParser
 from trl import GRPOConfig, TrlParser
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
+from adaptive_kl.trainers.embedding import minilm_path
 
 
 # `kl_estimator="k1"` (used by one field set on purpose) warns at construction; that warning is tested elsewhere.
@@ -49,6 +50,7 @@ DOCUMENTED_KL_FIELDS = (
     "beta_min",
     "resume_without_kl_state",
     "diversity_metrics",
+    "diversity_embedder",
 )
 CHECKED = (*KL_FIELDS, "beta")
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.name in CHECKED}
@@ -70,6 +72,7 @@ DYNAMIC_SET = dict(
     kl_placement="reward",
     resume_without_kl_state=True,
     diversity_metrics=True,
+    diversity_embedder="minilm",
 )
 CONTROLLER_SET = dict(
     beta=0.15,
@@ -88,6 +91,7 @@ CONTROLLER_SET = dict(
     kl_placement="reward",
     resume_without_kl_state=True,
     diversity_metrics=True,
+    diversity_embedder=minilm_path(),  # a sentence-transformers model by its local path
 )
 FIELD_SETS = pytest.mark.parametrize("values", [DYNAMIC_SET, CONTROLLER_SET], ids=["dynamic", "controller"])
 
@@ -107,6 +111,7 @@ BAD = [
     ("target_kl", 0.0),
     ("kl_horizon", 0),
     ("kl_placement", "advantage"),
+    ("diversity_embedder", ""),
     ("beta", -0.1),
 ]
 BAD_VALUES = pytest.mark.parametrize("name,bad", BAD, ids=[name for name, _ in BAD])

@@ -19,12 +19,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 
 import multiprocess_worker as worker
 import pytest
 import torch
-from tiny import run_python
+from tiny import launch_two_processes, run_python
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,31 +35,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch_two_processes(script: str, args: list[str]) -> None:
-    """`accelerate launch` on 2 processes; once more on another port if the free port was taken meanwhile."""
-    for attempt in range(2):
-        launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-        launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
-        try:
-            return run_python(*launch, script, *args, OMP_NUM_THREADS="1")
-        except AssertionError as error:
-            if attempt or "address already in use" not in str(error).lower():
-                raise
-
-
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
     """{config: {"one": record, "two": [record of process 0, record of process 1]}}, records as the worker wrote."""
     one, two = (str(tmp_path_factory.mktemp(name)) for name in ("one-process", "two-processes"))
     script = os.path.join(HERE, "multiprocess_worker.py")
     run_python(script, tiny_model_dir, one, str(2 * PER_DEVICE_BATCH), OMP_NUM_THREADS="1")
-    _launch_two_processes(script, [tiny_model_dir, two, str(PER_DEVICE_BATCH)])
+    launch_two_processes(script, tiny_model_dir, two, str(PER_DEVICE_BATCH))
     assert os.listdir(one) and os.listdir(two), "a worker wrote nothing"
 
     def load(directory, name, rank):

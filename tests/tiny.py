@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -139,3 +140,19 @@ def run_python(*args: str, **env: str) -> subprocess.CompletedProcess:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+def launch_two_processes(*args: str) -> subprocess.CompletedProcess:
+    """`accelerate launch` on 2 CPU processes (gloo) of `python *args` (a script, or `-m module`), one thread each;
+    once more on another port if the free port was taken meanwhile."""
+    for attempt in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+        launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port)]
+        try:
+            return run_python(*launch, *args, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+        except AssertionError as error:
+            if attempt or "address already in use" not in str(error).lower():
+                raise

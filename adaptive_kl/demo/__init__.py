@@ -1,8 +1,11 @@
-"""The `adaptive-kl` command and what it runs: the embedded task and policy, variants, the runner and reports.
+"""The `adaptive-kl` command and what it runs: the embedded task and policy, variants, the runner and reports, and
+the TRL-style training script.
 
 | module | what |
 |---|---|
-| `cli` | the `adaptive-kl` command (`demo`, `compare`) |
+| `cli` | the `adaptive-kl` command (`demo`, `compare`, `grpo`) |
+| `grpo_script` | `adaptive-kl grpo`: TRL's GRPO script with our config (recipes, local datasets, reward functions) |
+| `usage` | the command-line checks shared by the subcommands (`UsageError`) |
 | `task/` | the math task: problems, answer extraction, rewards, the GSM8K loader, accuracy |
 | `embedded` | the shipped reference policy (`reference_policy/`) and the task's datasets |
 | `variants` | the variants a comparison trains, from command-line values to configs |

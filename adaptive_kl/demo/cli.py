@@ -8,6 +8,7 @@
     adaptive-kl compare --kl_placement loss,reward --kl_estimator k1,k3 --set diversity_metrics=true
     adaptive-kl compare --trainer grpo,binomial_kl                                 # GRPO vs the binomial-KL (SPO) loss
     adaptive-kl demo --model Qwen/Qwen2.5-0.5B-Instruct --unsloth --task gsm8k     # a real model on a GPU
+    adaptive-kl grpo --config examples/grpo_recipe.yaml       # train your own model from a TRL recipe (grpo_script)
 
 Every `AdaptiveKLGRPOConfig` (or, with `--trainer binomial_kl`, `BinomialKLConfig`) field can be varied in `compare`
 as `--<field> v1,v2,...` (several give their product) or fixed for all variants with `--set field=value`.
@@ -17,14 +18,11 @@ Results go to `--out`: summary.md, metrics.csv and PNG plots (the plots need the
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import warnings
 
-
-class UsageError(Exception):
-    """Bad input: reported as `adaptive-kl: error: ...` with exit status 2."""
+from .usage import UsageError, check_local_path, check_model, grpo_asks_for_unsloth, import_unsloth
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
         parents=[shared],
         allow_abbrev=False,
         help="the five KL methods (none, clip, sigmoid, length_normalized, dynamic)",
+    )
+    commands.add_parser(  # listed here; `main` hands its arguments to TRL's parser (`grpo_script`)
+        "grpo",
+        add_help=False,
+        help="train a model from a TRL GRPO recipe with adaptive KL: adaptive-kl grpo --config recipe.yaml "
+        "(see adaptive-kl grpo --help)",
     )
     commands.add_parser(
         "compare",
@@ -103,47 +107,32 @@ def _refuse_runner_fields(names) -> None:
             raise UsageError(f"{name} is set by the command; use {RUNNER_FIELDS[name]}")
 
 
-def _looks_local(path: str) -> bool:
-    """A hub id is "name" or "owner/name"; anything else is meant as a local path."""
-    return path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path
+def _check_task(settings) -> None:
+    """The task exists and can supply `--n-validation` held-out problems."""
+    from .embedded import EMBEDDED_TASK
 
-
-def _import_unsloth() -> None:
-    """Imports Unsloth before anything imports TRL (Unsloth patches TRL's trainers on import), or says why not."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UsageError("--unsloth needs a CUDA GPU, and none is available here; drop --unsloth to use plain TRL")
-    if importlib.util.find_spec("unsloth") is None:
-        raise UsageError("--unsloth needs Unsloth: pip install 'adaptive-kl[unsloth]'")
-    import unsloth  # noqa: F401
-
-
-def _check_local_path(option: str, path: str) -> None:
-    """A path meant as local (not a hub id) must exist."""
-    if _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
-        raise UsageError(f"{option} {path}: no such file or directory")
-
-
-def _check_model(model: str | None) -> None:
-    """Fails before any training when the model cannot be loaded."""
-    if model is None:
+    if settings.task != "gsm8k":
+        held_out = EMBEDDED_TASK["n_validation"]
+        if settings.n_validation > held_out:
+            raise UsageError(
+                f"--n-validation {settings.n_validation}: the embedded task holds out {held_out} validation problems "
+                f"(the embedded policy was fine-tuned on the others); use at most {held_out}"
+            )
         return
-    _check_local_path("--model", model)
-    from transformers import AutoConfig
+    if settings.model is None:
+        raise UsageError("--task gsm8k needs --model: the embedded policy only knows the embedded task's characters")
+    check_local_path("--gsm8k-path", settings.gsm8k_path)
+    from .task import load_gsm8k
 
     try:
-        AutoConfig.from_pretrained(os.path.expanduser(model))
+        available = len(load_gsm8k("test", settings.gsm8k_path))
     except (OSError, ValueError) as error:
-        raise UsageError(f"--model {model}: cannot load its config ({str(error).splitlines()[0]})") from None
-
-
-def _check_task(task: str, gsm8k_path: str, model: str | None) -> None:
-    if task != "gsm8k":
-        return
-    if model is None:
-        raise UsageError("--task gsm8k needs --model: the embedded policy only knows the embedded task's characters")
-    _check_local_path("--gsm8k-path", gsm8k_path)
+        raise UsageError(f"--gsm8k-path {settings.gsm8k_path}: cannot load its test split ({error})") from None
+    if settings.n_validation > available:
+        raise UsageError(
+            f"--n-validation {settings.n_validation}: the GSM8K test split at {settings.gsm8k_path} has "
+            f"{available} problems"
+        )
 
 
 def _check_output(out: str) -> None:
@@ -204,8 +193,8 @@ def build(argv: list[str] | None = None):
             if value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
             setattr(settings, name, value)
-    _check_model(settings.model)
-    _check_task(settings.task, settings.gsm8k_path, settings.model)
+    check_model("--model", settings.model)
+    _check_task(settings)
     _check_output(settings.out)
     try:
         check_variants(variants, settings)
@@ -217,21 +206,39 @@ def build(argv: list[str] | None = None):
 def _quiet_host_libraries() -> None:
     """Deprecation notices between TRL and Transformers versions are not the user's to act on here, and per-model
     loading bars would interleave with the run's own progress bar."""
+    import datasets
     from transformers.utils import logging as transformers_logging
 
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|trl)\b")
     transformers_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+
+
+def run_grpo(argv: list[str]) -> int:
+    """`adaptive-kl grpo ...`: Unsloth first when asked for, then TRL's script with our config."""
+    if grpo_asks_for_unsloth(argv):
+        import_unsloth()
+    _quiet_host_libraries()
+    from .grpo_script import main as grpo_main
+
+    return grpo_main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["grpo"]:
+        try:
+            return run_grpo(argv[1:])
+        except UsageError as error:
+            print(f"adaptive-kl: error: {error}", file=sys.stderr)
+            return 2
     try:
         if "--unsloth" in argv:
             if "--model" not in argv and not any(a.startswith("--model=") for a in argv):
                 raise UsageError(
                     "--unsloth loads a real model: give it with --model (e.g. Qwen/Qwen2.5-0.5B-Instruct)"
                 )
-            _import_unsloth()
+            import_unsloth()
         _quiet_host_libraries()
         settings, variants, title, progress = build(argv)
     except UsageError as error:

@@ -24,3 +24,8 @@ def is_positive_int(value) -> bool:
 def is_finite_number(value) -> bool:
     """A finite real number, not a bool."""
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def looks_like_local_path(text: str) -> bool:
+    """Whether `text` is meant as a local path rather than a hub id ("name" or "owner/name")."""
+    return text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text

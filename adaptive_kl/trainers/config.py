@@ -22,6 +22,7 @@ from ..kl.controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS  # 
 from ..kl.estimators import ESTIMATORS  # noqa: E402
 from ..kl.placement import KL_PLACEMENTS  # noqa: E402
 from ..kl.validation import is_finite_number, is_int, require  # noqa: E402
+from .embedding import HASHED, MINILM, check_embedder  # noqa: E402
 from .unsloth import check_import_order, is_unsloth_class, keep_host_init  # noqa: E402
 
 
@@ -113,6 +114,10 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         diversity_metrics (`bool`, *optional*, defaults to `False`):
             Log `diversity/*` metrics of each generation batch (unique completions, distinct-n, embedding
             similarity within groups, token entropy).
+        diversity_embedder (`str`, *optional*, defaults to `"hashed"`):
+            Embedder of `diversity/embedding_similarity`: `"hashed"` (character n-grams, no dependency),
+            `"minilm"` (all-MiniLM-L6-v2 through sentence-transformers, offline, from the `diversity` extra) or the
+            path or hub id of a sentence-transformers model. Needs `diversity_metrics=True`.
     """
 
     kl_estimator: str = field(
@@ -201,6 +206,14 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             "mean pairwise embedding similarity within groups, token entropy."
         },
     )
+    diversity_embedder: str = field(
+        default=HASHED,
+        metadata={
+            "help": "Embedder of diversity/embedding_similarity: 'hashed' (character n-grams, no dependency), "
+            "'minilm' (all-MiniLM-L6-v2 via sentence-transformers, offline; pip install 'adaptive-kl[diversity]') or "
+            "the path or hub id of a sentence-transformers model. Needs diversity_metrics=True."
+        },
+    )
 
     def __post_init__(self):
         check_import_order(GRPOConfig, trl.GRPOConfig, "GRPOConfig")
@@ -231,6 +244,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         return bool(self.kl_methods) or chosen != ("none", "k3", "fixed", "loss")
 
     def _validate_adaptive_kl(self) -> None:
+        check_training_arguments(self)
         methods = parse_kl_adaptation_method(self.kl_adaptation_method)
         require(self.kl_scaling in KL_SCALINGS, f"kl_scaling must be one of {KL_SCALINGS}, got {self.kl_scaling!r}.")
         require(
@@ -243,6 +257,18 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         for name in ("diversity_metrics", "resume_without_kl_state"):
             value = getattr(self, name)
             require(isinstance(value, bool), f"{name} must be True or False, got {value!r}.")
+        require(
+            isinstance(self.diversity_embedder, str) and self.diversity_embedder.strip() != "",
+            f"diversity_embedder must be {HASHED!r}, {MINILM!r} or a sentence-transformers model's path or hub id, "
+            f"got {self.diversity_embedder!r}.",
+        )
+        if self.diversity_embedder != HASHED:
+            require(
+                self.diversity_metrics,
+                f"diversity_embedder={self.diversity_embedder!r} is used only by the diversity metrics: set "
+                "diversity_metrics=True too.",
+            )
+            check_embedder(self.diversity_embedder)
         require(
             self.kl_controller in KL_CONTROLLERS,
             f"kl_controller must be one of {KL_CONTROLLERS}, got {self.kl_controller!r}.",
@@ -313,6 +339,16 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
                 UserWarning,
                 stacklevel=4,  # the caller of AdaptiveKLGRPOConfig(...)
             )
+
+
+def check_training_arguments(config) -> None:
+    """Checks of inherited `TrainingArguments` fields that Transformers leaves to the optimizer, which would fail (or
+    silently not train) only inside `train()`: shared by every config of this package."""
+    require(
+        is_finite_number(config.learning_rate) and config.learning_rate > 0,
+        f"learning_rate must be a finite number > 0, got {config.learning_rate!r} (at 0 the policy never changes; "
+        "a negative one is refused by the optimizer only once training starts).",
+    )
 
 
 if is_unsloth_class(GRPOConfig):  # `import unsloth` came first: keep Unsloth's __init__ and its defaults

@@ -26,6 +26,7 @@ from ..kl.metrics import STAT_INDEX, kl_metrics
 from ..kl.placement import group_advantages, sequence_kl_penalty, total_rewards
 from ..kl.term import adapted_kl_term
 from .config import AdaptiveKLGRPOConfig
+from .embedding import build_embedder
 from .hooks import (
     MULTIMODAL_INPUTS,
     HostHooks,
@@ -35,6 +36,7 @@ from .hooks import (
     replace_logged_advantages,
     resolve_args,
 )
+from .inputs import check_train_dataset, train_dataset_argument
 from .state import AdaptiveKLStateCallback, missing_kl_state_message, read_checkpoint_kl_state, resolve_checkpoint
 from .unsloth import (
     install_capture_shim,
@@ -81,8 +83,8 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
 
     Args:
         diversity_embedder (`Callable[[list[str]], torch.Tensor]`, *optional*, keyword only):
-            Embeds completions for `diversity/embedding_similarity` (with `diversity_metrics=True`); the default is
-            `HashedNgramEmbedder()`.
+            Embeds completions for `diversity/embedding_similarity` (with `diversity_metrics=True`); takes precedence
+            over the config's `diversity_embedder`, which names one (`"hashed"`: `HashedNgramEmbedder()`).
 
     Attributes:
         beta_controller (`BetaController`): owns β; saved in every checkpoint and restored on resume.
@@ -93,6 +95,7 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *more, diversity_embedder=None, **kwargs):
         args = resolve_args(GRPOTrainer, AdaptiveKLGRPOConfig, model, args, "AdaptiveKLGRPOTrainer", "GRPO")
         check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", HOST_HOOKS, own_loss=args.beta > 0)
+        check_train_dataset(train_dataset_argument(more, kwargs))
         self._unsloth_module = unsloth_host_module(GRPOTrainer)
         if self._unsloth_module is not None:
             if args.kl_placement == "reward":
@@ -116,6 +119,8 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         self._kl_methods = args.kl_methods
         self._kl_transform = args.kl_transform
         self._generation_mean_reward = float("nan")
+        if diversity_embedder is None and args.diversity_metrics:
+            diversity_embedder = build_embedder(args.diversity_embedder)
         self.diversity_embedder = diversity_embedder
         self._step_stats: torch.Tensor | None = None  # summed statistics of the optimizer step in progress
         self._log_stats: dict[str, torch.Tensor | None] = {"train": None, "eval": None}

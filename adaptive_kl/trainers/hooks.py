@@ -28,6 +28,7 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from .inputs import checking_reward_outputs
 from .unsloth import capturing_efficient_grpo, check_import_order
 
 
@@ -138,7 +139,8 @@ def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, r
 class HostHooks:
     """Mixin for the subclasses of `GRPOTrainer` (listed before it): the host hooks every trainer here shares.
 
-    - Rewards: `_calculate_rewards` keeps the gathered `(N, K)` rewards of the batch being scored; once the host's
+    - Rewards: `_calculate_rewards` checks what each reward function returns (`inputs.checking_reward_outputs`) and
+      keeps the gathered `(N, K)` rewards of the batch being scored; once the host's
       `_generate_and_score_completions` returns, `_on_scored(output, rewards_per_func, mode)` gets them (subclasses
       override it). A host that scored a batch without calling `_calculate_rewards` is refused.
     - Policy scoring: inside `host_loss_without_kl()`, the host's loss runs with β = 0 and every
@@ -150,7 +152,8 @@ class HostHooks:
     _policy_scorings: list[torch.Tensor] | None = None  # open while the host's loss runs inside ours
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        with checking_reward_outputs(self):  # a reward function's bad output is named, not a torch.tensor error
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._rewards_per_func = rewards_per_func  # (N_global, K), gathered over processes; NaN where None
         return rewards_per_func
 

@@ -10,13 +10,13 @@ The loader renames it to `solution` and puts the gold number in `answer`, which 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import datasets
 
+from ...kl.validation import looks_like_local_path
 from .answers import ANSWER_MARKER, normalize_number
 from .problems import format_prompt
 
@@ -42,15 +42,8 @@ def gsm8k_final_answer(solution: str) -> str:
 
 
 def _looks_like_local_path(path: str) -> bool:
-    # A hub id is `name` or `owner/name`; anything else that names a file or directory is meant to be local, and
-    # a missing one should fail as such rather than as a failed hub lookup.
-    return (
-        os.path.isabs(path)
-        or path.startswith((".", "~"))
-        or path.count("/") > 1
-        or "\\" in path
-        or path.endswith((*_JSON_SUFFIXES, _PARQUET_SUFFIX))
-    )
+    # A missing local file should fail as such rather than as a failed hub lookup.
+    return looks_like_local_path(path) or path.endswith((*_JSON_SUFFIXES, _PARQUET_SUFFIX))
 
 
 def _read_json(path: Path) -> list[dict[str, Any]]:

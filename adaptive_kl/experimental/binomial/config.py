@@ -13,6 +13,7 @@ import trl  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from ...kl.validation import is_finite_number, require  # noqa: E402
+from ...trainers.config import check_training_arguments  # noqa: E402
 from ...trainers.unsloth import check_import_order, is_unsloth_class  # noqa: E402
 from .loss import BINOMIAL_KL_TARGETS  # noqa: E402
 
@@ -81,6 +82,7 @@ class BinomialKLConfig(GRPOConfig):
         )
 
     def _validate_binomial_kl(self) -> None:
+        check_training_arguments(self)
         require(
             self.binomial_kl_target in BINOMIAL_KL_TARGETS,
             f"binomial_kl_target must be one of {BINOMIAL_KL_TARGETS}, got {self.binomial_kl_target!r}.",

@@ -42,6 +42,7 @@ from ...trainers.hooks import (
     resolve_args,
     unsupported_trl,
 )
+from ...trainers.inputs import check_train_dataset, train_dataset_argument
 from ...trainers.unsloth import is_unsloth_class
 from .config import BinomialKLConfig
 from .loss import (
@@ -73,6 +74,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer):
         check_host(GRPOTrainer, args, "BinomialKLTrainer", HOST_HOOKS, own_loss=True)
         if is_unsloth_class(GRPOTrainer):  # its compute_loss never calls `_compute_loss`
             raise NotImplementedError("BinomialKLTrainer does not support Unsloth's GRPOTrainer; use plain TRL.")
+        check_train_dataset(train_dataset_argument(more, kwargs))
         super().__init__(model, reward_funcs, args, *more, **kwargs)
 
     # --- advantages -----------------------------------------------------------------------------------------------

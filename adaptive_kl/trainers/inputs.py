@@ -1,0 +1,142 @@
+"""Checks of what users hand the trainers: their data and what their reward functions return.
+
+TRL trusts both, so a bad value surfaces deep inside training as a message about something else: an empty prompt
+as an `IndexError` from `generate`, a reward function returning strings as `too many dimensions 'str'` from
+`torch.tensor`. These checks name the culprit instead:
+
+- `check_train_dataset`: before any model is loaded, every prompt of a map-style dataset (an iterable one is not
+  read ahead of training);
+- `checking_reward_outputs`: while a batch is scored, wraps each reward function so that what it returns is checked
+  on every call, before TRL converts it (one float, `None` or a number-like scalar per completion); a bad output raises
+  `RewardOutputError` (a `TypeError`) naming the function, the value and the completion.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from contextlib import contextmanager
+from numbers import Real
+
+import torch
+
+
+def _is_empty_prompt(prompt) -> bool:
+    """A prompt that gives the model nothing to continue: missing, an empty string, or no messages."""
+    return prompt is None or (isinstance(prompt, str | list | tuple) and len(prompt) == 0)
+
+
+def check_train_dataset(dataset, name: str = "train_dataset") -> None:
+    """Raises `ValueError` for a map-style dataset without a `"prompt"` column or with an empty prompt.
+
+    Args:
+        dataset: a `datasets.Dataset`, a list of dicts, or anything else (then nothing is checked: an
+            `IterableDataset` is only read by training, and a custom dataset may compute its prompts).
+        name (`str`): the argument name for the message.
+    """
+    column_names = getattr(dataset, "column_names", None)
+    if isinstance(column_names, list):  # datasets.Dataset (a dict of columns for a DatasetDict, checked by TRL)
+        if "prompt" not in column_names:
+            raise ValueError(
+                f"{name} has no 'prompt' column (its columns: {column_names}); GRPO generates completions for the "
+                "prompts of that column. Rename your prompt column to 'prompt'."
+            )
+        prompts = dataset["prompt"]
+    elif isinstance(dataset, list) and all(isinstance(row, dict) for row in dataset):
+        prompts = [row.get("prompt") for row in dataset]
+    else:
+        return
+    empty = [i for i, prompt in enumerate(prompts) if _is_empty_prompt(prompt)]
+    if empty:
+        shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
+        raise ValueError(
+            f"{name} has {len(empty)} empty prompt(s) (rows {shown}): a prompt must be a non-empty string or a "
+            "non-empty list of chat messages. Drop those rows, e.g. dataset.filter(lambda row: row['prompt'])."
+        )
+
+
+class RewardOutputError(TypeError):
+    """A reward function returned something that is not one reward per completion."""
+
+
+def train_dataset_argument(more: tuple, kwargs: dict):
+    """The `train_dataset` of a call `GRPOTrainer.__init__(model, reward_funcs, args, *more, **kwargs)`: the first
+    argument after `args`, or the keyword."""
+    return more[0] if more else kwargs.get("train_dataset")
+
+
+def _is_reward(value) -> bool:
+    """Whether TRL can take `value` as one completion's reward: None, a real number (a bool too: True is 1.0), or a
+    one-element real tensor or NumPy array."""
+    if value is None or isinstance(value, Real):
+        return True
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    if type(value).__module__ == "numpy":
+        return getattr(value, "size", 0) == 1 and getattr(getattr(value, "dtype", None), "kind", "") in "biuf"
+    return False
+
+
+def _check_rewards(rewards, name: str, num_completions: int):
+    """`rewards`, after checking that it is a sequence of rewards (`_is_reward`); else a `TypeError` naming `name`."""
+    if isinstance(rewards, str | bytes) or not (hasattr(rewards, "__len__") and hasattr(rewards, "__iter__")):
+        raise RewardOutputError(
+            f"The reward function {name!r} returned {type(rewards).__name__} {rewards!r:.80}; it must return a list "
+            f"with one float (or None) per completion ({num_completions} here)."
+        )
+    for i, value in enumerate(rewards):
+        if not _is_reward(value):
+            raise RewardOutputError(
+                f"The reward function {name!r} returned {value!r:.80} ({type(value).__name__}) for completion {i}; "
+                "rewards must be numbers (float, int, bool) or None where the function does not apply."
+            )
+    return rewards
+
+
+def _num_completions(kwargs: dict) -> int:
+    completions = kwargs.get("completions")
+    return len(completions) if completions is not None else -1
+
+
+def _is_async(func: Callable) -> bool:
+    """Whether calling `func` returns a coroutine, as TRL decides it: through partials, and for callable instances by
+    their `__call__`."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
+def checked_reward_func(func: Callable, name: str) -> Callable:
+    """`func`, wrapped so that each call's output is checked by `_check_rewards` (sync or async alike); keeps the
+    name TRL logs under."""
+    if _is_async(func):
+
+        async def checked(*args, **kwargs):
+            return _check_rewards(await func(*args, **kwargs), name, _num_completions(kwargs))
+
+    else:
+
+        def checked(*args, **kwargs):
+            return _check_rewards(func(*args, **kwargs), name, _num_completions(kwargs))
+
+    functools.update_wrapper(checked, func)  # attributes `func` lacks (a partial's __name__) are skipped
+    checked.__name__ = name
+    return checked
+
+
+@contextmanager
+def checking_reward_outputs(trainer):
+    """While the host scores a batch: `trainer.reward_funcs` holds `checked_reward_func` wrappers of the reward
+    functions (reward models stay as they are), so every output is checked before TRL converts it. Outside, the list
+    is the user's own, object for object."""
+    funcs = trainer.reward_funcs
+    checked = [
+        func if isinstance(func, torch.nn.Module) else checked_reward_func(func, name)
+        for func, name in zip(funcs, trainer.reward_func_names, strict=True)
+    ]
+    trainer.reward_funcs = checked
+    try:
+        yield
+    finally:
+        trainer.reward_funcs = funcs

@@ -1,0 +1,237 @@
+"""Every row of docs/errors.md, run: the bad input, its exit status or exception type, and the documented message.
+
+Each case builds its input (files in `tmp_path`, the tiny model) and returns what the user sees: for the command,
+`"<exit status>: <stderr>"`; for Python, `"<exception type>: <message>"`. The row's quoted excerpt must be in it, and
+no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from datasets import Dataset
+from tiny import TRAIN_KWARGS, prompt_dataset
+
+from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
+from adaptive_kl.demo.cli import main
+from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLE = os.path.join(REPO, "docs", "errors.md")
+ROW = re.compile(r"^\| `(?P<id>[a-z0-9-]+)` \| .* \| `(?P<excerpt>.*)` \|$")
+
+
+def documented_rows() -> dict[str, str]:
+    rows = {}
+    with open(TABLE, encoding="utf-8") as table:
+        for line in table:
+            match = ROW.match(line.strip())
+            if match:
+                rows[match["id"]] = match["excerpt"]
+    return rows
+
+
+class Context:
+    """What a case needs: a scratch directory, the captured output, the tiny model."""
+
+    def __init__(self, tmp_path, capsys, tiny_model_dir):
+        self.tmp, self.capsys, self.model = tmp_path, capsys, tiny_model_dir
+        self.stderr = ""
+
+    def command(self, *argv: str) -> str:
+        """`"<exit status>: <last line of stderr>"` (progress bars of dataset loading may come before it)."""
+        status = main(list(argv))
+        self.stderr = self.capsys.readouterr().err
+        lines = self.stderr.strip().splitlines()
+        return f"{status}: {lines[-1] if lines else ''}"
+
+    def write(self, name: str, text: str) -> str:
+        path = self.tmp / name
+        path.write_text(text)
+        return str(path)
+
+    def jsonl(self, name: str, rows: list[dict]) -> str:
+        return self.write(name, "".join(json.dumps(row) + "\n" for row in rows))
+
+    def recipe(self, **fields) -> str:
+        """A CPU recipe on the tiny model and a 16-row local dataset, with `fields` changed (None: removed)."""
+        rows = [{"prompt": f"Q: {i}+1? A: ", "answer": str(i + 1)} for i in range(16)]
+        base = dict(
+            model_name_or_path=self.model, dataset_name=self.jsonl("train.jsonl", rows),
+            reward_funcs=["format_reward"], output_dir=str(self.tmp / "out"), max_steps=1, learning_rate=1e-4,
+            per_device_train_batch_size=8, num_generations=4, max_completion_length=8, use_cpu=True, bf16=False,
+            report_to="none", save_strategy="no", beta=0.1, gradient_checkpointing=False,
+        )  # fmt: skip
+        merged = {k: v for k, v in {**base, **fields}.items() if v is not None}
+        return self.write("recipe.yaml", json.dumps(merged))  # JSON is YAML
+
+    def grpo(self, *argv: str, **fields) -> str:
+        return self.command("grpo", "--config", self.recipe(**fields), *argv)
+
+    def user_rewards(self, monkeypatch, source: str) -> None:
+        monkeypatch.chdir(self.tmp)
+        monkeypatch.delitem(__import__("sys").modules, "my_rewards", raising=False)
+        self.write("my_rewards.py", source)
+
+
+def raised(call) -> str:
+    try:
+        call()
+    except (ValueError, TypeError) as error:
+        return f"{type(error).__name__}: {error}"
+    raise AssertionError("no error was raised")
+
+
+def api_trainer_error(ctx, reward, dataset=None, binomial=False) -> str:
+    """The error of building, then training, a trainer on the tiny model with `reward` and `dataset`."""
+    config_cls, trainer_cls = (
+        (BinomialKLConfig, BinomialKLTrainer) if binomial else (AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer)
+    )
+
+    def build_and_train():
+        args = config_cls(**{**TRAIN_KWARGS, "output_dir": str(ctx.tmp / "api"), "max_steps": 1})
+        dataset_ = prompt_dataset() if dataset is None else dataset
+        trainer_cls(model=ctx.model, reward_funcs=[reward], args=args, train_dataset=dataset_).train()
+
+    return raised(build_and_train)
+
+
+def forgot_return(completions, **kwargs):
+    """A reward function without its return statement."""
+
+
+def nested(completions, **kwargs):
+    return [[1.0] for _ in completions]
+
+
+CASES = {
+    "demo-negative-learning-rate": lambda c, m: c.command("demo", "--set", "learning_rate=-1", "--out", str(c.tmp)),
+    "demo-zero-learning-rate": lambda c, m: c.command("demo", "--set", "learning_rate=0", "--out", str(c.tmp)),
+    "demo-too-many-validation-problems": lambda c, m: c.command(
+        "demo", "--n-validation", "100000", "--out", str(c.tmp)
+    ),
+    "demo-unknown-field": lambda c, m: c.command("compare", "--kl_estimater", "k1,k3", "--out", str(c.tmp)),
+    "demo-zero-steps": lambda c, m: c.command("demo", "--steps", "0", "--out", str(c.tmp)),
+    "demo-missing-model": lambda c, m: c.command("demo", "--model", "./no-such-model", "--out", str(c.tmp)),
+    "grpo-unknown-recipe-key": lambda c, m: c.grpo(kl_estimater="k2"),
+    "grpo-unknown-flag": lambda c, m: c.grpo("--learnig_rate", "1e-5"),
+    "grpo-missing-recipe": lambda c, m: (m.chdir(c.tmp), c.command("grpo", "--config", "missing.yaml"))[1],
+    "grpo-recipe-not-a-mapping": lambda c, m: c.command("grpo", "--config", c.write("list.yaml", "- a\n- b\n")),
+    "grpo-bad-kl-field": lambda c, m: c.grpo("--kl_estimator", "k9"),
+    "grpo-zero-learning-rate": lambda c, m: c.grpo("--learning_rate", "0"),
+    "grpo-missing-model": lambda c, m: (m.chdir(c.tmp), c.grpo("--model_name_or_path", "./no-such-model"))[1],
+    "grpo-no-reward": lambda c, m: c.grpo(reward_funcs=None),
+    "grpo-unknown-reward": lambda c, m: c.grpo("--reward_funcs", "acuracy_reward"),
+    "grpo-reward-module-missing": lambda c, m: c.grpo("--reward_funcs", "no_such_module:score"),
+    "grpo-reward-function-missing": lambda c, m: (
+        c.user_rewards(m, "def score(completions, **kw):\n    return [1.0] * len(completions)\n"),
+        c.grpo("--reward_funcs", "my_rewards:scor"),
+    )[1],
+    "grpo-reward-not-callable": lambda c, m: (
+        c.user_rewards(m, "THRESHOLD = 0.5\n"),
+        c.grpo("--reward_funcs", "my_rewards:THRESHOLD"),
+    )[1],
+    "grpo-missing-dataset": lambda c, m: (m.chdir(c.tmp), c.grpo("--dataset_name", "./missing.jsonl"))[1],
+    "grpo-unsupported-data-file": lambda c, m: (
+        m.chdir(c.tmp),
+        c.write("notes.txt", "prompt\n"),
+        c.grpo("--dataset_name", "notes.txt"),
+    )[2],
+    "grpo-unknown-split": lambda c, m: (
+        (c.tmp / "splits").mkdir(),
+        c.jsonl("splits/train.jsonl", [{"prompt": "Q: 1+1? A: "}] * 8),
+        c.jsonl("splits/test.jsonl", [{"prompt": "Q: 2+2? A: "}] * 8),
+        c.grpo("--dataset_name", str(c.tmp / "splits"), "--dataset_train_split", "validation"),
+    )[3],
+    "grpo-no-prompt-column": lambda c, m: c.grpo(
+        dataset_name=c.jsonl("questions.jsonl", [{"question": "1+1?", "answer": "2"}] * 8)
+    ),
+    "grpo-empty-prompt": lambda c, m: c.grpo(
+        dataset_name=c.jsonl(
+            "gaps.jsonl", [{"prompt": "Q: 1+1? A: " if i != 2 else "", "answer": "2"} for i in range(8)]
+        )
+    ),
+    "grpo-string-rewards": lambda c, m: (
+        c.user_rewards(m, "def as_text(completions, **kw):\n    return ['1.0'] * len(completions)\n"),
+        c.grpo("--reward_funcs", "my_rewards:as_text"),
+    )[1],
+    "grpo-embedder-path": lambda c, m: (
+        m.chdir(c.tmp),
+        c.grpo("--diversity_metrics", "true", "--diversity_embedder", "./no-such-embedder"),
+    )[1],
+    "grpo-embedder-without-metrics": lambda c, m: c.grpo("--diversity_embedder", "minilm"),
+    "api-negative-learning-rate": lambda c, m: raised(
+        lambda: AdaptiveKLGRPOConfig(str(c.tmp), learning_rate=-1, use_cpu=True, bf16=False)
+    ),
+    "api-empty-prompt": lambda c, m: api_trainer_error(
+        c, forgot_return, Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1?"}], []]})
+    ),
+    "api-no-prompt-column": lambda c, m: api_trainer_error(
+        c, forgot_return, Dataset.from_dict({"text": ["a", "b"]}), binomial=True
+    ),
+    "api-reward-returns-none": lambda c, m: api_trainer_error(c, forgot_return),
+    "api-reward-returns-list-per-completion": lambda c, m: api_trainer_error(c, nested),
+}
+
+
+def test_every_documented_row_has_a_case_and_every_case_a_row():
+    assert sorted(documented_rows()) == sorted(CASES)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_documented_message(case, tmp_path, capsys, monkeypatch, tiny_model_dir):
+    context = Context(tmp_path, capsys, tiny_model_dir)
+    seen = CASES[case](context, monkeypatch)
+    excerpt = documented_rows()[case]
+    if case.startswith("api-"):
+        assert excerpt in seen, seen
+    else:
+        assert seen.startswith("2: adaptive-kl: error: "), seen
+        assert excerpt in seen, seen
+    assert "Traceback" not in seen + getattr(context, "stderr", "")
+
+
+# --- the reward output check itself ------------------------------------------------------------------------------
+
+
+def test_reward_check_passes_every_reward_trl_accepts_unchanged():
+    import asyncio
+
+    import numpy as np
+    import torch
+
+    from adaptive_kl.trainers.inputs import checked_reward_func
+
+    rewards = [1.0, 0, True, None, np.float32(0.5), np.int64(2), torch.tensor(0.25), torch.tensor([3.0]), float("nan")]
+    check = checked_reward_func(lambda completions, **kw: rewards, "fine")
+    assert check(completions=["x"] * len(rewards)) is rewards
+    torch.tensor([float("nan") if r is None else r for r in rewards])  # what TRL does next: it must accept them
+
+    async def scored_remotely(completions, **kwargs):
+        return ["good"] * len(completions)
+
+    checked_async = checked_reward_func(scored_remotely, "scored_remotely")
+    assert asyncio.iscoroutinefunction(checked_async)  # TRL gathers it with the other async reward functions
+    with pytest.raises(TypeError, match=r"'scored_remotely' returned 'good' \(str\) for completion 0"):
+        asyncio.run(checked_async(completions=["a"]))
+
+
+def test_reward_functions_are_the_users_own_outside_scoring(tiny_model_dir, tmp_path):
+    """The check wraps the functions only while a batch is scored: `trainer.reward_funcs` stays the user's list."""
+
+    def seen(completions, **kwargs):
+        calls.append(list(completions))
+        return [float(len(c)) for c in completions]
+
+    calls = []
+    args = AdaptiveKLGRPOConfig(**{**TRAIN_KWARGS, "output_dir": str(tmp_path), "max_steps": 1, "beta": 0.1})
+    trainer = AdaptiveKLGRPOTrainer(
+        model=tiny_model_dir, reward_funcs=[seen], args=args, train_dataset=prompt_dataset()
+    )
+    trainer.train()
+    assert trainer.reward_funcs == [seen] and len(calls) == 1
+    assert [e["rewards/seen/mean"] for e in trainer.state.log_history if "rewards/seen/mean" in e]
