@@ -235,3 +235,20 @@ def test_reward_functions_are_the_users_own_outside_scoring(tiny_model_dir, tmp_
     trainer.train()
     assert trainer.reward_funcs == [seen] and len(calls) == 1
     assert [e["rewards/seen/mean"] for e in trainer.state.log_history if "rewards/seen/mean" in e]
+
+
+def test_empty_prompts_are_named_by_the_datasets_own_rows():
+    """Text and chat prompts, nulls, and a dataset seen through `select` (its rows, not the underlying table's)."""
+    from adaptive_kl.trainers.inputs import check_train_dataset
+
+    text = Dataset.from_dict({"prompt": ["Q: 1? A: ", "", "Q: 2? A: ", None, "Q: 3? A: "]})
+    with pytest.raises(ValueError, match=r"has 2 empty prompt\(s\) \(rows 1, 3\)"):
+        check_train_dataset(text)
+    with pytest.raises(ValueError, match=r"has 1 empty prompt\(s\) \(rows 2\)"):
+        check_train_dataset(text.select([4, 0, 1]))
+    check_train_dataset(text.select([0, 2, 4]))  # no empty prompt left: accepted
+    chat = Dataset.from_dict({"prompt": [[{"role": "user", "content": "1?"}], [], [{"role": "user", "content": ""}]]})
+    with pytest.raises(ValueError, match=r"has 1 empty prompt\(s\) \(rows 1\)"):  # a message, even empty, is a prompt
+        check_train_dataset(chat)
+    with pytest.raises(ValueError, match=r"has 7 empty prompt\(s\) \(rows 0, 1, 2, 3, 4, \.\.\.\)"):
+        check_train_dataset([{"prompt": ""}] * 7)

@@ -25,6 +25,7 @@ Importing this module imports TRL: `adaptive_kl.demo.cli` imports Unsloth first 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import importlib.util
 import os
@@ -286,6 +287,23 @@ def build_trainer(script_args, training_args, model_args, dataset_args) -> Adapt
         raise UsageError(str(error)) from None
 
 
+def close_processes(trainer) -> None:
+    """Ends the run on every process together. Ranks pass a barrier first, then drop the DDP wrapper (its reducer holds
+    the process group) while the group still serves them, then destroy the group. On gloo (CPU), a rank whose
+    reducer outlived the group it shared with a rank that had already exited hung in the group's destructor."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    trainer.accelerator.wait_for_everyone()
+    trainer.model_wrapped = trainer.model
+    trainer.accelerator.free_memory()  # releases accelerate's references to the prepared (wrapped) model
+    gc.collect()
+    trainer.accelerator.wait_for_everyone()
+    if hasattr(trainer, "end"):  # Transformers >= 5.18: finishes the trackers too
+        trainer.end()
+    else:
+        torch.distributed.destroy_process_group()
+
+
 def main(argv: list[str]) -> int:
     """Runs `adaptive-kl grpo` (the `argv` after `grpo`); a bad input raises `UsageError` before any training."""
     script_args, training_args, model_args, dataset_args = parse(argv)
@@ -303,9 +321,5 @@ def main(argv: list[str]) -> int:
     trainer.accelerator.print(f"Training completed; model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-    if hasattr(trainer, "end"):  # Transformers >= 5.18: finish the trackers and the process group
-        trainer.end()
-    elif torch.distributed.is_available() and torch.distributed.is_initialized():  # leave together, then close
-        trainer.accelerator.wait_for_everyone()
-        torch.distributed.destroy_process_group()
+    close_processes(trainer)
     return 0

@@ -27,6 +27,23 @@ def _is_empty_prompt(prompt) -> bool:
     return prompt is None or (isinstance(prompt, str | list | tuple) and len(prompt) == 0)
 
 
+def _empty_prompt_rows(dataset) -> list[int]:
+    """Rows of a `datasets.Dataset` whose prompt is null, `""` or `[]`: computed in Arrow (milliseconds for millions
+    of rows), on the dataset's own rows (after `select`, `shuffle`, `filter`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = dataset.with_format("arrow")["prompt"]
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        lengths = pc.utf8_length(column)
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        lengths = pc.list_value_length(column)
+    else:  # another type (e.g. all null): row by row
+        return [i for i, prompt in enumerate(column.to_pylist()) if _is_empty_prompt(prompt)]
+    return pc.indices_nonzero(pc.fill_null(pc.equal(lengths, 0), True)).to_pylist()
+
+
 def check_train_dataset(dataset, name: str = "train_dataset") -> None:
     """Raises `ValueError` for a map-style dataset without a `"prompt"` column or with an empty prompt.
 
@@ -36,18 +53,17 @@ def check_train_dataset(dataset, name: str = "train_dataset") -> None:
         name (`str`): the argument name for the message.
     """
     column_names = getattr(dataset, "column_names", None)
-    if isinstance(column_names, list):  # datasets.Dataset (a dict of columns for a DatasetDict, checked by TRL)
+    if isinstance(column_names, list) and hasattr(dataset, "with_format"):  # datasets.Dataset
         if "prompt" not in column_names:
             raise ValueError(
                 f"{name} has no 'prompt' column (its columns: {column_names}); GRPO generates completions for the "
                 "prompts of that column. Rename your prompt column to 'prompt'."
             )
-        prompts = dataset["prompt"]
+        empty = _empty_prompt_rows(dataset)
     elif isinstance(dataset, list) and all(isinstance(row, dict) for row in dataset):
-        prompts = [row.get("prompt") for row in dataset]
+        empty = [i for i, row in enumerate(dataset) if _is_empty_prompt(row.get("prompt"))]
     else:
         return
-    empty = [i for i, prompt in enumerate(prompts) if _is_empty_prompt(prompt)]
     if empty:
         shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
         raise ValueError(
