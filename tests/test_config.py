@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import warnings
 
 import pytest
 from transformers import HfArgumentParser
@@ -121,6 +123,18 @@ def test_adaptation_requires_positive_beta(kwargs):
 def test_k1_in_the_loss_warns():
     with pytest.warns(UserWarning, match="zero expected gradient"):
         config(beta=0.1, kl_estimator="k1")
+
+
+@pytest.mark.parametrize("estimator", ["k1+", "k3+"])
+def test_straight_through_estimators_belong_in_the_loss(estimator):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert config(beta=0.1, kl_estimator=estimator).uses_adaptive_kl
+    assert not [w for w in caught if "zero expected gradient" in str(w.message)]  # k1+ has k2's gradient
+    with pytest.raises(
+        ValueError, match=rf"kl_estimator='{re.escape(estimator)}' differs from '{estimator[:2]}' only"
+    ):
+        config(beta=0.1, kl_estimator=estimator, kl_placement="reward")
 
 
 def test_command_line_flags_parse_into_the_config():

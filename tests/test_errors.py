@@ -122,6 +122,7 @@ CASES = {
     "grpo-missing-recipe": lambda c, m: (m.chdir(c.tmp), c.command("grpo", "--config", "missing.yaml"))[1],
     "grpo-recipe-not-a-mapping": lambda c, m: c.command("grpo", "--config", c.write("list.yaml", "- a\n- b\n")),
     "grpo-bad-kl-field": lambda c, m: c.grpo("--kl_estimator", "k9"),
+    "grpo-straight-through-in-reward": lambda c, m: c.grpo("--kl_placement", "reward", "--kl_estimator", "k3+"),
     "grpo-zero-learning-rate": lambda c, m: c.grpo("--learning_rate", "0"),
     "grpo-missing-model": lambda c, m: (m.chdir(c.tmp), c.grpo("--model_name_or_path", "./no-such-model"))[1],
     "grpo-no-reward": lambda c, m: c.grpo(reward_funcs=None),

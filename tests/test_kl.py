@@ -17,8 +17,10 @@ from adaptive_kl.kl.estimators import (
     clip_kl,
     importance_ratio,
     k1,
+    k1_plus,
     k2,
     k3,
+    k3_plus,
     kl_estimate,
     sigmoid_kl,
     transform_kl,
@@ -33,12 +35,16 @@ CLOSED_FORM = {
     "k1": lambda r: r,
     "k2": lambda r: 0.5 * r * r,
     "k3": lambda r: math.exp(-r) + r - 1.0,
+    "k1+": lambda r: r,  # straight-through: the value of k1 ...
+    "k3+": lambda r: math.exp(-r) + r - 1.0,  # ... or of k3
 }
 # d est / d r, for the gradient checks.
 CLOSED_FORM_GRAD = {
     "k1": lambda r: 1.0,
     "k2": lambda r: r,
     "k3": lambda r: 1.0 - math.exp(-r),
+    "k1+": lambda r: r,  # ... with the gradient of k2
+    "k3+": lambda r: r,
 }
 
 
@@ -60,14 +66,14 @@ log_ratio_lists = st.lists(st.floats(min_value=-1e3, max_value=1e3, allow_nan=Fa
 
 
 def test_estimator_names_are_those_of_the_design():
-    assert set(ESTIMATORS) == {"k1", "k2", "k3"}
+    assert set(ESTIMATORS) == {"k1", "k2", "k3", "k1+", "k3+"}
 
 
-@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("name", list(CLOSED_FORM))
 def test_estimator_values_match_closed_form(name):
     r = _f64(LOG_RATIOS).reshape(2, 5)
     expected = [CLOSED_FORM[name](x) for x in LOG_RATIOS]
-    direct = {"k1": k1, "k2": k2, "k3": k3}[name](r)
+    direct = {"k1": k1, "k2": k2, "k3": k3, "k1+": k1_plus, "k3+": k3_plus}[name](r)
     assert direct.shape == r.shape
     np.testing.assert_allclose(direct.flatten().numpy(), expected, rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(kl_estimate(r, name).flatten().numpy(), expected, rtol=1e-13, atol=1e-15)
@@ -79,11 +85,48 @@ def test_kl_estimate_defaults_to_k3():
     np.testing.assert_allclose(kl_estimate(r).numpy(), expected, rtol=1e-13, atol=1e-15)
 
 
-@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("name", list(CLOSED_FORM))
 def test_estimator_gradient_wrt_log_ratio_matches_closed_form(name):
     r = _f64(LOG_RATIOS).requires_grad_()
     (grad,) = torch.autograd.grad(kl_estimate(r, name).sum(), r)
     np.testing.assert_allclose(grad.numpy(), [CLOSED_FORM_GRAD[name](x) for x in LOG_RATIOS], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("name,value_of", [("k1+", "k1"), ("k3+", "k3")])
+def test_straight_through_is_the_value_of_one_and_the_gradient_of_k2_bit_for_bit(name, value_of, dtype):
+    """k1+/k3+ report exactly k1/k3 and backpropagate exactly k2's gradient, clamped tokens (|r| > 20) included."""
+    logp = torch.tensor([-0.3, -2.0, -0.01, -5.0, -1.2, -30.0, -0.5], dtype=dtype)
+    ref_logp = torch.tensor([-0.5, -1.0, -0.02, -4.0, -3.0, -0.1, -28.0], dtype=dtype)
+    values, grads = {}, {}
+    for estimator in (name, value_of, "k2"):
+        policy = logp.clone().requires_grad_()
+        estimate = kl_estimate(policy - ref_logp, estimator)
+        (grads[estimator],) = torch.autograd.grad(estimate.sum(), policy)
+        values[estimator] = estimate.detach()
+    assert torch.equal(values[name], values[value_of])
+    assert torch.equal(grads[name], grads["k2"])
+    assert grads[name][5] == 0 and grads[name][6] == 0  # beyond the clamp, as for every estimator
+
+
+def test_straight_through_expected_gradient_is_the_reverse_kl_gradient():
+    """Over y ~ π exactly: E_π[∇_θ k3+(y)] = Σ_y π(y) r(y) ∇ log π(y) = ∇_θ KL(π‖π_ref), while k3's is the forward
+    KL's gradient ∇_θ KL(π_ref‖π) (Tang & Munos, 2025), for a softmax policy with logits θ."""
+    theta = torch.tensor([0.3, -1.2, 0.8, 0.0], dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([1.0, 0.0, -0.5, 0.2], dtype=torch.float64), -1)
+    logp = torch.log_softmax(theta, -1)
+    probs = logp.exp().detach()  # the sampling distribution: expectation weights, not differentiated
+
+    def expected_gradient(estimator):
+        (grad,) = torch.autograd.grad((probs * kl_estimate(logp - ref, estimator)).sum(), theta, retain_graph=True)
+        return grad
+
+    (reverse,) = torch.autograd.grad((logp.exp() * (logp - ref)).sum(), theta, retain_graph=True)
+    (forward,) = torch.autograd.grad((ref.exp() * (ref - logp)).sum(), theta, retain_graph=True)
+    torch.testing.assert_close(expected_gradient("k3+"), reverse, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(expected_gradient("k1+"), reverse, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(expected_gradient("k3"), forward, rtol=1e-12, atol=1e-14)
+    assert not torch.allclose(reverse, forward)  # the two gradients differ on this pair
 
 
 def test_k2_gradient_wrt_policy_logp_equals_log_ratio():
@@ -96,7 +139,7 @@ def test_k2_gradient_wrt_policy_logp_equals_log_ratio():
     np.testing.assert_allclose(grad.numpy(), [a - b for a, b in zip(logp, ref_logp)], rtol=1e-14)
 
 
-@pytest.mark.parametrize("name", ["k1", "k3"])
+@pytest.mark.parametrize("name", ["k1", "k3", "k1+", "k3+"])
 def test_unbiased_estimator_monte_carlo_mean_converges_to_exact_kl(name):
     """Sample y ~ p, r = log p(y) − log q(y): E_p[k1] = E_p[k3] = KL(p‖q) = Σ p log(p/q).
 

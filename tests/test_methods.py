@@ -47,11 +47,13 @@ def logp_gradient(trainer, inputs):
 
 
 def estimator_derivative(r, estimator):
-    return {"k1": torch.ones_like(r), "k2": r, "k3": 1 - torch.exp(-r)}[estimator]
+    # The straight-through k1+/k3+ backpropagate k2's derivative, r.
+    return {"k1": torch.ones_like(r), "k2": r, "k3": 1 - torch.exp(-r), "k1+": r, "k3+": r}[estimator]
 
 
 def estimate(r, estimator):
-    return {"k1": r, "k2": r**2 / 2, "k3": torch.exp(-r) + r - 1}[estimator]
+    k3 = torch.exp(-r) + r - 1
+    return {"k1": r, "k2": r**2 / 2, "k3": k3, "k1+": r, "k3+": k3}[estimator]
 
 
 def transform_and_derivative(k, method):
@@ -82,6 +84,11 @@ def aggregation_weights(mask, loss_type, length_normalized, inputs, max_completi
 
 
 CASES = [
+    ("none", "k3+", "dapo"),
+    ("none", "k1+", "grpo"),
+    ("clip", "k3+", "bnpo"),  # the clip acts on k3's value; clipped tokens carry no gradient
+    ("sigmoid", "k1+", "dr_grpo"),  # the gate σ(k − τ) of k1's value, times k2's gradient
+    ("length_normalized", "k3+", "dapo"),
     ("none", "k3", "dapo"),
     ("none", "k1", "grpo"),
     ("none", "k2", "bnpo"),

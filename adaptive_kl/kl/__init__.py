@@ -3,7 +3,7 @@ peft or accelerate; `docs/design.md` gives the semantics).
 
 | module | what |
 |---|---|
-| `estimators` | per-token estimates k1, k2, k3 of the log-ratio r; transforms f(k) (clip, sigmoid); importance ratio |
+| `estimators` | per-token estimates k1, k2, k3, k1+, k3+ of the log-ratio r; transforms f(k); importance ratio |
 | `aggregation` | Agg(·): the host's loss-type aggregation and the length-normalized mean |
 | `term` | the whole KL term of one micro-batch, estimate → transform → aggregate, and its statistics |
 | `metrics` | the additive statistics behind the `adaptive_kl/*` metrics |
@@ -15,7 +15,18 @@ peft or accelerate; `docs/design.md` gives the semantics).
 
 from .aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, token_sum_normalizer
 from .controller import KL_CONTROLLERS, KL_SCALINGS, BetaController, step_scale
-from .estimators import ESTIMATORS, importance_ratio, k1, k2, k3, kl_estimate, transform_kl
+from .estimators import (
+    ESTIMATORS,
+    STRAIGHT_THROUGH_ESTIMATORS,
+    importance_ratio,
+    k1,
+    k1_plus,
+    k2,
+    k3,
+    k3_plus,
+    kl_estimate,
+    transform_kl,
+)
 from .metrics import METRIC_NAMES, kl_metrics, kl_statistics
 from .placement import KL_PLACEMENTS, group_advantages, sequence_kl_penalty, total_rewards
 from .term import adapted_kl_term
@@ -28,14 +39,17 @@ __all__ = [
     "KL_SCALINGS",
     "LOSS_TYPES",
     "METRIC_NAMES",
+    "STRAIGHT_THROUGH_ESTIMATORS",
     "BetaController",
     "adapted_kl_term",
     "aggregate_like_host",
     "group_advantages",
     "importance_ratio",
     "k1",
+    "k1_plus",
     "k2",
     "k3",
+    "k3_plus",
     "kl_estimate",
     "kl_metrics",
     "kl_statistics",

@@ -13,7 +13,9 @@ import torch
 from .aggregation import token_counts
 
 
-ESTIMATORS = ("k1", "k2", "k3")
+ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+")
+# Straight-through estimators: the value of k1 or k3, the gradient of k2 (verl's "k1+"/"k3+").
+STRAIGHT_THROUGH_ESTIMATORS = ("k1+", "k3+")
 
 # Log-ratios are clamped to ±LOG_RATIO_CLAMP before any estimator. exp(20) ≈ 4.9e8 is finite in float32 and
 # bfloat16, and no realistic policy drifts that far from its reference on a sampled token; outside the range the
@@ -54,7 +56,27 @@ def k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return torch.expm1(-log_ratio) + log_ratio
 
 
-_ESTIMATOR_FNS = {"k1": k1, "k2": k2, "k3": k3}
+def straight_through(value: torch.Tensor, log_ratio: torch.Tensor) -> torch.Tensor:
+    """`value` in the forward pass, the gradient of k2 = r²/2 in the backward pass: sg(value) + k2 − sg(k2).
+
+    The forward value is `value` to the last bit (k2 − sg(k2) is exactly zero), and the gradient is r·∇r, the
+    on-policy reverse-KL gradient of k2 in the loss, whatever the value reports.
+    """
+    surrogate = k2(log_ratio)
+    return value.detach() + (surrogate - surrogate.detach())
+
+
+def k1_plus(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k1+: the value of k1 (r, unbiased, may be negative) with the gradient of k2."""
+    return straight_through(k1(log_ratio), log_ratio)
+
+
+def k3_plus(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3+: the value of k3 (≥ 0, TRL's `kl`) with the gradient of k2."""
+    return straight_through(k3(log_ratio), log_ratio)
+
+
+_ESTIMATOR_FNS = {"k1": k1, "k2": k2, "k3": k3, "k1+": k1_plus, "k3+": k3_plus}
 
 
 def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
@@ -62,7 +84,8 @@ def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
 
     Args:
         log_ratio (`torch.Tensor` of shape `(B, T)`): `log π_θ − log π_ref` at the sampled tokens.
-        estimator (`str`): one of `"k1"`, `"k2"`, `"k3"`.
+        estimator (`str`): one of `"k1"`, `"k2"`, `"k3"`, or the straight-through `"k1+"`, `"k3+"` (the value of
+            k1/k3, the gradient of k2).
 
     Returns:
         `torch.Tensor` of shape `(B, T)`.

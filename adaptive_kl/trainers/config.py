@@ -19,7 +19,7 @@ from trl import GRPOConfig  # noqa: E402
 
 from ..kl.aggregation import LOSS_TYPES  # noqa: E402
 from ..kl.controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS  # noqa: E402
-from ..kl.estimators import ESTIMATORS  # noqa: E402
+from ..kl.estimators import ESTIMATORS, STRAIGHT_THROUGH_ESTIMATORS  # noqa: E402
 from ..kl.placement import KL_PLACEMENTS  # noqa: E402
 from ..kl.validation import is_finite_number, is_int, require  # noqa: E402
 from .embedding import HASHED, MINILM, check_embedder  # noqa: E402
@@ -67,7 +67,8 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         > Parameters that control the per-token KL estimate k and its transform f(k)
 
         kl_estimator (`str`, *optional*, defaults to `"k3"`):
-            Per-token estimator of KL(π_θ‖π_ref): `"k1"` (r), `"k2"` (r²/2) or `"k3"` (exp(−r) + r − 1).
+            Per-token estimator of KL(π_θ‖π_ref): `"k1"` (r), `"k2"` (r²/2) or `"k3"` (exp(−r) + r − 1); or the
+            straight-through `"k1+"`/`"k3+"`: the value of k1/k3 with the gradient of k2 (in the loss only).
         kl_adaptation_method (`str`, *optional*, defaults to `"none"`):
             `"none"`, `"clip"`, `"sigmoid"`, `"length_normalized"`, `"dynamic"`, or several joined by `"+"` (at most
             one of clip/sigmoid), e.g. `"dynamic+length_normalized"`.
@@ -124,7 +125,8 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         default="k3",
         metadata={
             "help": "Per-token KL estimator of the log-ratio r = log pi - log pi_ref: 'k1' (r), 'k2' (r^2/2) or 'k3' "
-            "(exp(-r) + r - 1, TRL's)."
+            "(exp(-r) + r - 1, TRL's); or the straight-through 'k1+'/'k3+' (the value of k1/k3, the gradient of k2; "
+            "in the loss only)."
         },
     )
     kl_adaptation_method: str = field(
@@ -321,6 +323,12 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             "model at beta=0.",
         )
         if self.kl_placement == "reward":
+            require(
+                self.kl_estimator not in STRAIGHT_THROUGH_ESTIMATORS,
+                f"kl_estimator={self.kl_estimator!r} differs from {self.kl_estimator[:-1]!r} only in its gradient, "
+                "and kl_placement='reward' uses no gradient of the penalty: use "
+                f"kl_estimator={self.kl_estimator[:-1]!r} there, or kl_placement='loss'.",
+            )
             require(
                 self.multi_objective_aggregation == "sum_then_normalize",
                 "kl_placement='reward' subtracts the KL penalty from the total reward before the group normalization, "
