@@ -14,7 +14,6 @@ as an `IndexError` from `generate`, a reward function returning strings as `too 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable
 from contextlib import contextmanager
 from numbers import Real
@@ -115,18 +114,14 @@ def _num_completions(kwargs: dict) -> int:
     return len(completions) if completions is not None else -1
 
 
-def _is_async(func: Callable) -> bool:
-    """Whether calling `func` returns a coroutine, as TRL decides it: through partials, and for callable instances by
-    their `__call__`."""
-    while isinstance(func, functools.partial):
-        func = func.func
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
-
-
 def checked_reward_func(func: Callable, name: str) -> Callable:
     """`func`, wrapped so that each call's output is checked by `_check_rewards` (sync or async alike); keeps the
     name TRL logs under."""
-    if _is_async(func):
+    # TRL's own test (imported here: `hooks` imports this module before TRL is version-checked), so that the wrapper is
+    # dispatched as the function itself would be.
+    from trl.trainer.utils import is_async_callable
+
+    if is_async_callable(func):
 
         async def checked(*args, **kwargs):
             return _check_rewards(await func(*args, **kwargs), name, _num_completions(kwargs))
