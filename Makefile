@@ -15,10 +15,12 @@ quickstart:  ## a short run with an adaptive KL method on a tiny offline model
 test:  ## the test suite (CPU, offline)
 	$(PYTHON) -m pytest tests -q
 
-bench:  ## speed and memory vs stock GRPOTrainer on the CPU (tiny and 30M models, KL term alone); ~30 min
+bench:  ## speed and memory vs stock GRPOTrainer on the CPU (tiny and 30M models, the reference, KL term alone); ~40 min
 	$(PYTHON) benchmarks/step_overhead.py --steps 40 --warmup 5 --rounds 5 --output benchmarks/results/cpu-step-tiny.md
 	$(PYTHON) benchmarks/step_overhead.py --shape small-30m --steps 16 --warmup 2 --rounds 3 --completion-length 16 \
 		--scalings none --output benchmarks/results/cpu-step-small-30m.md
+	$(PYTHON) benchmarks/reference_cost.py --shape small-30m --steps 14 --warmup 2 --rounds 3 --completion-length 16 \
+		--output benchmarks/results/cpu-reference-cost-small-30m.md
 	$(PYTHON) benchmarks/kl_term.py --output benchmarks/results/cpu-kl-term.md
 	$(PYTHON) benchmarks/kl_term.py --shape tiny --output benchmarks/results/cpu-kl-term-tiny.md
 

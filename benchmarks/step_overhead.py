@@ -170,12 +170,13 @@ class TurnTimer(TrainerCallback):
         self.times.append(self._now() - self._start)
 
 
-def interleaved_round(table: dict, order: list[str], model_dir: str, opts) -> dict[str, dict]:
-    """Builds one trainer per variant and trains them one step each in turn; returns step times and lengths."""
+def interleaved_round(build, order: list[str], opts) -> dict[str, dict]:
+    """Builds one trainer per variant (`build(label, steps)`) and trains them one step each in turn; returns step
+    times and lengths."""
     turns = TakeTurns(order)
     trainers, timers, errors, threads = {}, {}, {}, []
     for label in order:
-        trainers[label] = build_trainer(table[label], model_dir, opts, steps=opts.steps)
+        trainers[label] = build(label, opts.steps)
         timers[label] = TurnTimer(turns, label)
         trainers[label].add_callback(timers[label])
 
@@ -208,42 +209,66 @@ def interleaved_round(table: dict, order: list[str], model_dir: str, opts) -> di
     return results
 
 
+def interleaved_rounds(build, labels: list[str], opts) -> dict[str, list[dict]]:
+    """`opts.rounds` interleaved rounds; each starts one variant later, so that no variant always goes first."""
+    times = {label: [] for label in labels}
+    for r in range(opts.rounds):
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]
+        for label, result in interleaved_round(build, order, opts).items():
+            times[label].append(result)
+        print(f"round {r + 1}/{opts.rounds} done", file=sys.stderr, flush=True)
+    return times
+
+
 # --- memory: one variant at a time ---
 
 
-def peak_memory_run(fields: dict | None, model_dir: str, opts) -> dict[str, float]:
-    """Builds and trains one variant alone; its peak memory and the peak above the memory before it was built."""
+def peak_memory_run(build, label: str, steps: int) -> dict[str, float]:
+    """Builds (`build(label, steps)`) and trains one variant alone; its peak memory and the peak above the memory
+    before it was built."""
     reset_peak_memory()
     baseline = current_memory_mib()
-    build_trainer(fields, model_dir, opts, steps=opts.warmup + 1).train()  # the next reset collects it
+    build(label, steps).train()  # the next reset collects it
     peak = peak_memory_mib()
     return {"peak": peak, "above_baseline": peak - baseline}
 
 
-def summarize(times: dict[str, list[dict]], memory: dict[str, dict]) -> list[str]:
-    """The markdown table: medians, ratios ours/stock and their spread."""
-    stock_time = statistics.median(t for run in times[STOCK] for t in run["times"])
+def peak_memories(build, labels: list[str], opts) -> dict[str, dict]:
+    """Each variant's peak memory, trained alone for `opts.warmup` + 1 steps."""
+    if not torch.cuda.is_available():
+        precise_cpu_memory()
+    peak_memory_run(build, labels[0], opts.warmup + 1)  # settles the allocator in its new mode
+    return {label: peak_memory_run(build, label, opts.warmup + 1) for label in labels}
+
+
+def summarize(times: dict[str, list[dict]], memory: dict[str, dict], baselines: dict[str, str] | None = None):
+    """The markdown table: medians, ratios to each variant's baseline (`baselines[label]`, stock by default) and their
+    spread."""
+    baselines = baselines or {}
     lines = [
         "| variant | median step (s) | time ratio | paired ratios, IQR | peak memory (MiB) | memory ratio "
         "| above baseline (MiB) | tokens/completion |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, runs in times.items():
+        base = baselines.get(label, STOCK)
+        base_time = statistics.median(t for run in times[base] for t in run["times"])
         step_time = statistics.median(t for run in runs for t in run["times"])
-        paired = [t / s for run, stock in zip(runs, times[STOCK]) for t, s in zip(run["times"], stock["times"])]
+        paired = [t / s for run, other in zip(runs, times[base]) for t, s in zip(run["times"], other["times"])]
         low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
         peak, above = memory[label]["peak"], memory[label]["above_baseline"]
-        stock_peak, stock_above = memory[STOCK]["peak"], memory[STOCK]["above_baseline"]
+        base_peak, base_above = memory[base]["peak"], memory[base]["above_baseline"]
         length = statistics.fmean(run["length"] for run in runs)
         lines.append(
-            f"| {label} | {step_time:.4f} | **{step_time / stock_time:.3f}** | {low:.3f}–{high:.3f} "
-            f"| {peak:.0f} | **{peak / stock_peak:.4f}** | {above:.0f} ({above / stock_above:.3f}) | {length:.1f} |"
+            f"| {label} | {step_time:.4f} | **{step_time / base_time:.3f}** | {low:.3f}–{high:.3f} "
+            f"| {peak:.0f} | **{peak / base_peak:.4f}** | {above:.0f} ({above / base_above:.3f}) | {length:.1f} |"
         )
     return lines
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+def timing_arguments(description: str, *, lora: bool = True) -> argparse.ArgumentParser:
+    """The options of the interleaved step benchmarks (this one and `reference_cost.py`)."""
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
     parser.add_argument("--shape", default="tiny", choices=sorted(MODEL_SHAPES))
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per variant and round")
     parser.add_argument("--warmup", type=int, default=3, help="first steps of each round left out of the median")
@@ -253,19 +278,40 @@ def parse_args(argv):
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--completion-length", type=int, default=32)
     parser.add_argument("--beta", type=float, default=0.04)
-    parser.add_argument("--methods", default=",".join(KL_METHODS), help="comma-separated kl_adaptation_method values")
-    parser.add_argument("--scalings", default=",".join(KL_SCALINGS), help="comma-separated kl_scaling values")
-    parser.add_argument("--lora", action="store_true")
+    if lora:
+        parser.add_argument("--lora", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1 leaves the OS a core: much less timing jitter)"
     )
     parser.add_argument("--output", help="also write the results to this markdown file")
+    return parser
+
+
+def checked_timing_options(parser: argparse.ArgumentParser, argv):
     opts = parser.parse_args(argv)
     if opts.warmup >= opts.steps:
         parser.error(f"--warmup ({opts.warmup}) must be smaller than --steps ({opts.steps}).")
     return opts
+
+
+def timing_settings(opts) -> str:
+    """The settings line of a report."""
+    return (
+        f"- settings: shape {opts.shape}, bf16 {opts.bf16}, gradient checkpointing {opts.gradient_checkpointing}, "
+        f"batch {opts.batch}, generations {opts.num_generations}, gradient accumulation {opts.grad_accum}, "
+        f"completion {opts.completion_length} tokens, beta {opts.beta}; time: {opts.steps} interleaved steps per "
+        f"variant (first {opts.warmup} left out) x {opts.rounds} rounds; memory: {opts.warmup + 1} steps per "
+        "variant, alone"
+    )
+
+
+def parse_args(argv):
+    parser = timing_arguments(__doc__.split("\n")[0])
+    parser.add_argument("--methods", default=",".join(KL_METHODS), help="comma-separated kl_adaptation_method values")
+    parser.add_argument("--scalings", default=",".join(KL_SCALINGS), help="comma-separated kl_scaling values")
+    return checked_timing_options(parser, argv)
 
 
 def main(argv=None):
@@ -276,25 +322,13 @@ def main(argv=None):
     labels = list(table)
     model_dir = save_random_model(tempfile.mkdtemp(), opts.shape, torch.bfloat16 if opts.bf16 else torch.float32)
 
-    times = {label: [] for label in labels}
-    for r in range(opts.rounds):  # each round starts one variant later, so that no variant always goes first
-        order = labels[r % len(labels) :] + labels[: r % len(labels)]
-        for label, result in interleaved_round(table, order, model_dir, opts).items():
-            times[label].append(result)
-        print(f"round {r + 1}/{opts.rounds} done", file=sys.stderr, flush=True)
-    if not torch.cuda.is_available():
-        precise_cpu_memory()
-    peak_memory_run(None, model_dir, opts)  # settles the allocator in its new mode before anything is compared
-    memory = {label: peak_memory_run(table[label], model_dir, opts) for label in labels}
+    def build(label, steps):
+        return build_trainer(table[label], model_dir, opts, steps)
 
-    settings = (
-        f"- settings: shape {opts.shape}, lora {opts.lora}, bf16 {opts.bf16}, gradient checkpointing "
-        f"{opts.gradient_checkpointing}, batch {opts.batch}, generations {opts.num_generations}, "
-        f"gradient accumulation "
-        f"{opts.grad_accum}, completion {opts.completion_length} tokens, beta {opts.beta}; time: {opts.steps} "
-        f"interleaved steps per variant (first {opts.warmup} left out) x {opts.rounds} rounds; memory: "
-        f"{opts.warmup + 1} steps per variant, alone"
-    )
+    times = interleaved_rounds(build, labels, opts)
+    memory = peak_memories(build, labels, opts)
+
+    settings = f"{timing_settings(opts)}, lora {opts.lora}"
     notes = [f"- note: {scorer_note}"] if scorer_note else []
     report("step_overhead.py", argv, [settings, *notes], summarize(times, memory), opts.output)
 

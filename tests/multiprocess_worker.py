@@ -51,6 +51,8 @@ CONFIGS = {
     "reward-adaptive": dict(
         kl_placement="reward", kl_estimator="k1", kl_controller="adaptive", target_kl=0.1, kl_horizon=100
     ),
+    # A reference reset after step 2 (applied before step 3), on every process.
+    "resets": dict(kl_controller="adaptive", target_kl=0.1, kl_horizon=100, ref_reset_steps=2),
 }
 
 

@@ -45,6 +45,36 @@ def test_step_overhead_reports_every_variant(tmp_path):
     assert _positive(rows["stock"][0][2]) == 1.0
 
 
+def test_reference_cost_reports_every_variant_against_its_baseline(tmp_path):
+    output = tmp_path / "reference.md"
+    run_python(
+        os.path.join(BENCHMARKS, "reference_cost.py"),
+        *("--steps", "3", "--warmup", "1", "--rounds", "1", "--batch", "4", "--num-generations", "4"),
+        *("--completion-length", "4", "--reset-steps", "2", "--output", str(output)),
+    )
+    text = output.read_text()
+    rows = _rows(text)
+    ours = [
+        "full, β > 0, ours",
+        "full, β > 0, ours, ref_reset_steps=2",
+        "LoRA, β > 0, ours",
+        "LoRA, β > 0, ours, ref_reset_steps=2 ('ref' adapter)",
+    ]
+    stock = ["full, β > 0, stock (reference copy)", "LoRA, β > 0, stock (adapter disabled)"]
+    baselines = ["full, β = 0, stock", "LoRA, β = 0, stock"]
+    assert set(rows) == {*ours, *stock, *baselines, "full, β = 0, stock, again"}
+    for label in [*ours, *stock]:  # in both tables: against β = 0, and ours against stock at the same β
+        assert len(rows[label]) == 2, label
+    for label in stock:
+        assert _positive(rows[label][1][2]) == 1.0 and _positive(rows[label][1][5]) == 1.0
+    for label in baselines:
+        assert len(rows[label]) == 1 and _positive(rows[label][0][2]) == 1.0 and _positive(rows[label][0][5]) == 1.0
+    for cells_list in rows.values():
+        for cells in cells_list:
+            _positive(cells[2]), _positive(cells[5])
+            assert _positive(cells[7]) == 4.0
+
+
 def test_kl_term_micro_benchmark_reports_every_term(tmp_path):
     output = tmp_path / "term.md"
     run_python(

@@ -30,6 +30,9 @@ NEW_FIELD_DEFAULTS = {
     "resume_without_kl_state": False,
     "diversity_metrics": False,
     "diversity_embedder": "hashed",
+    "ref_reset_steps": 0,
+    "ref_reset_kl": 0.0,
+    "ref_reset_optimizer": False,
 }
 
 
@@ -94,6 +97,14 @@ INVALID = [
     (dict(kl_adaptation_method="dynamic", kl_controller="adaptive"), "kl_controller", "both steer beta"),
     (dict(beta=float("nan")), "beta", ">= 0"),
     (dict(loss_type="reinforce"), "loss_type", "'dapo'"),
+    (dict(ref_reset_steps=-1), "ref_reset_steps", ">= 0"),
+    (dict(ref_reset_steps=2.5), "ref_reset_steps", "integer"),
+    (dict(ref_reset_kl=float("nan")), "ref_reset_kl", ">= 0"),
+    (dict(ref_reset_kl=-0.1), "ref_reset_kl", ">= 0"),
+    (dict(ref_reset_optimizer="yes", ref_reset_steps=2), "ref_reset_optimizer", "True or False"),
+    (dict(ref_reset_optimizer=True), "ref_reset_optimizer", "ref_reset_steps or ref_reset_kl"),
+    (dict(ref_reset_steps=2, beta=0.0), "beta", "beta > 0"),
+    (dict(ref_reset_kl=0.1, sync_ref_model=True), "sync_ref_model", "use one of them"),
 ]
 
 

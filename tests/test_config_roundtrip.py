@@ -48,6 +48,9 @@ DOCUMENTED_KL_FIELDS = (
     "target_kl",
     "kl_horizon",
     "beta_min",
+    "ref_reset_steps",
+    "ref_reset_kl",
+    "ref_reset_optimizer",
     "resume_without_kl_state",
     "diversity_metrics",
     "diversity_embedder",
@@ -70,6 +73,9 @@ DYNAMIC_SET = dict(
     target_kl=0.02,
     kl_horizon=5000,
     kl_placement="reward",
+    ref_reset_steps=25,
+    ref_reset_kl=0.5,
+    ref_reset_optimizer=True,
     resume_without_kl_state=True,
     diversity_metrics=True,
     diversity_embedder="minilm",
@@ -89,6 +95,9 @@ CONTROLLER_SET = dict(
     target_kl=0.03,
     kl_horizon=20000,
     kl_placement="reward",
+    ref_reset_steps=3,
+    ref_reset_kl=0.2,
+    ref_reset_optimizer=True,
     resume_without_kl_state=True,
     diversity_metrics=True,
     diversity_embedder=minilm_path(),  # a sentence-transformers model by its local path
@@ -112,6 +121,8 @@ BAD = [
     ("kl_horizon", 0),
     ("kl_placement", "advantage"),
     ("diversity_embedder", ""),
+    ("ref_reset_steps", -1),
+    ("ref_reset_kl", -0.5),
     ("beta", -0.1),
 ]
 BAD_VALUES = pytest.mark.parametrize("name,bad", BAD, ids=[name for name, _ in BAD])
@@ -161,7 +172,11 @@ def test_kl_fields_are_read_off_the_dataclass_and_documented():
     assert KL_FIELDS and KL_FIELDS == DOCUMENTED_KL_FIELDS
     params = AdaptiveKLGRPOConfig.__doc__.split("Parameters:")[1]
     assert tuple(re.findall(r"^\s+(\w+) \(`", params, re.M)) == KL_FIELDS
-    assert {name for name, _ in BAD} == set(CHECKED) - {"diversity_metrics", "resume_without_kl_state"}  # bools
+    assert {name for name, _ in BAD} == set(CHECKED) - {
+        "diversity_metrics",
+        "resume_without_kl_state",
+        "ref_reset_optimizer",
+    }  # bools
 
 
 def test_field_sets_give_every_field_a_non_default_value(tmp_path):

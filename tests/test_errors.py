@@ -165,8 +165,12 @@ CASES = {
         c.grpo("--diversity_metrics", "true", "--diversity_embedder", "./no-such-embedder"),
     )[1],
     "grpo-embedder-without-metrics": lambda c, m: c.grpo("--diversity_embedder", "minilm"),
+    "grpo-resets-with-sync-ref-model": lambda c, m: c.grpo("--ref_reset_steps", "50", "--sync_ref_model", "true"),
     "api-negative-learning-rate": lambda c, m: raised(
         lambda: AdaptiveKLGRPOConfig(str(c.tmp), learning_rate=-1, use_cpu=True, bf16=False)
+    ),
+    "api-reset-optimizer-alone": lambda c, m: raised(
+        lambda: AdaptiveKLGRPOConfig(str(c.tmp), beta=0.04, ref_reset_optimizer=True, use_cpu=True, bf16=False)
     ),
     "api-empty-prompt": lambda c, m: api_trainer_error(
         c, forgot_return, Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1?"}], []]})

@@ -134,6 +134,18 @@ def test_logged_means_are_global(runs, name):
     assert discriminating, "the mean of per-process means equals the token-weighted mean at every step: no check"
 
 
+def test_reference_resets_are_identical_on_every_rank(runs):
+    """The reset after step 2 is applied on both processes at once: step 3 measures KL 0 on each, both log the reset,
+    and the replicas (and the 1-process run) stay identical afterwards (checked with the parameters above)."""
+    ranks = runs["resets"]["two"]
+    for record in ranks:
+        logs = {h["step"]: h for h in record["log_history"]}
+        assert logs[2]["adaptive_kl/raw_kl"] > 1e-4
+        assert abs(logs[3]["adaptive_kl/raw_kl"]) < 1e-6
+        assert [logs[t]["adaptive_kl/ref_resets"] for t in range(1, 5)] == [0, 0, 1, 1]
+        assert abs(record["kl"]["3"][1]) < 1e-6 * record["kl"]["3"][0]  # this process's own KL sum, too
+
+
 @CONFIG_NAMES
 def test_two_processes_match_one_process(runs, name):
     """(c) Same global batch on 1 and 2 processes: same losses, KL, gradient norms, β and final parameters."""

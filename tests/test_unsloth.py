@@ -56,6 +56,12 @@ def test_shim_captures_only_inside_our_loss(tiny_model_dir, tmp_path):
     run_check("capture", tiny_model_dir, tmp_path)
 
 
+def test_hidden_states_branch_matches_and_trains(tiny_model_dir, tmp_path):
+    """Unsloth's GPU branch (`UNSLOTH_RETURN_HIDDEN_STATES`: hidden states through its chunked LM head), driven on the
+    CPU by a stand-in forward that honours it: exact log-probabilities, parity with Unsloth's β loss, training."""
+    run_check("hidden_states", tiny_model_dir, tmp_path)
+
+
 def test_method_none_matches_unsloth_beta_loss(tiny_model_dir, tmp_path):
     """Loss and every parameter gradient equal Unsloth's own β loss, per loss type (train and eval), with bias
     correction, and where k3 exceeds Unsloth's bound of 10."""

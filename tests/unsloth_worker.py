@@ -57,7 +57,8 @@ import torch  # noqa: E402
 import trl  # noqa: E402
 from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, prompt_dataset  # noqa: E402
 from tiny import assert_close_to_stock as assert_close  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, Qwen2ForCausalLM  # noqa: E402
+from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer  # noqa: E402
 from adaptive_kl.experimental.binomial import BinomialKLConfig  # noqa: E402
@@ -74,18 +75,36 @@ BETA = 0.3
 UNSLOTH_KWARGS = {**TRAIN_KWARGS, "optim": "adamw_torch", "bf16": False, "loss_type": "grpo"}
 
 
-def unsloth_model():
+def unsloth_model(model_cls=AutoModelForCausalLM):
     """The tiny model with the two methods Unsloth's trainer calls on a `FastLanguageModel` (GPU-only to load)."""
-    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR)
+    model = model_cls.from_pretrained(MODEL_DIR)
     model.for_training = types.MethodType(lambda self, **kwargs: self.train(), model)
     model.for_inference = types.MethodType(lambda self, **kwargs: self.eval(), model)
     return model
 
 
-def make(trainer_cls, config_cls, **kwargs):
+class HiddenStatesQwen2(Qwen2ForCausalLM):
+    """A stand-in for the forward Unsloth generates on a GPU: with `UNSLOTH_RETURN_HIDDEN_STATES=1` it returns the
+    final hidden states as `.logits`, and says so with the class marker Unsloth's compiler sets. Unsloth's trainer
+    then takes the GPU branch: log-probabilities from the hidden states through its chunked LM head."""
+
+    __UNSLOTH_SUPPORTS_RETURN_HIDDEN_STATES__ = True
+    hidden_state_calls = 0  # forwards that returned hidden states
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, logits_to_keep=0, **kwargs):
+        if os.environ.get("UNSLOTH_RETURN_HIDDEN_STATES") != "1":
+            return super().forward(input_ids, attention_mask, position_ids, logits_to_keep=logits_to_keep, **kwargs)
+        type(self).hidden_state_calls += 1
+        kwargs.pop("labels", None)
+        hidden = self.model(input_ids, attention_mask, position_ids, **kwargs).last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) and logits_to_keep else slice(None)
+        return CausalLMOutputWithPast(logits=hidden[:, keep])
+
+
+def make(trainer_cls, config_cls, model_cls=AutoModelForCausalLM, **kwargs):
     args = config_cls(**{**UNSLOTH_KWARGS, "output_dir": f"{MODEL_DIR}/out-{trainer_cls.__name__}", **kwargs})
     return trainer_cls(
-        model=unsloth_model(),
+        model=unsloth_model(model_cls),
         reward_funcs=[length_reward],
         args=args,
         train_dataset=prompt_dataset(),
@@ -209,12 +228,12 @@ def check_capture():
     shim.original.apply = original_apply
 
 
-def check_parity():
+def check_parity(model_cls=AutoModelForCausalLM, loss_types=LOSS_TYPES):
     """Method "none" equals Unsloth's own β loss, in loss and every parameter gradient, per loss type; also where
     k3 > 10 (Unsloth's bound) and in evaluation."""
-    stock = make(trl.GRPOTrainer, trl.GRPOConfig, beta=BETA)
-    ours = make(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, beta=BETA)
-    cases = [(loss_type, "sequence" if loss_type == "luspo" else "token", False, 0.0) for loss_type in LOSS_TYPES]
+    stock = make(trl.GRPOTrainer, trl.GRPOConfig, model_cls, beta=BETA)
+    ours = make(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, model_cls, beta=BETA)
+    cases = [(loss_type, "sequence" if loss_type == "luspo" else "token", False, 0.0) for loss_type in loss_types]
     cases += [("grpo", "token", True, 0.0), ("dapo", "sequence", True, 0.0), ("grpo", "token", False, 12.0)]
     for loss_type, level, bias, drift in cases:
         for trainer in (stock, ours):
@@ -239,12 +258,13 @@ def check_parity():
         assert_close(our_eval, stock_eval, eval_policy, f"{what} eval loss")
 
 
-def check_train():
+def check_train(model_cls=AutoModelForCausalLM):
     """Training through Unsloth's compiled loss: β follows the rule, our KL metrics are logged, nothing is NaN."""
     for method, extra in [("dynamic+clip", {"reward_threshold": 0.0}), ("none", {"kl_controller": "adaptive"})]:
         trainer = make(
             AdaptiveKLGRPOTrainer,
             AdaptiveKLGRPOConfig,
+            model_cls,
             beta=0.04,
             max_steps=3,
             kl_adaptation_method=method,
@@ -265,6 +285,32 @@ def check_train():
         assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+def check_hidden_states():
+    """Unsloth's GPU branch, on the CPU: the policy log-probabilities come from hidden states through Unsloth's
+    chunked LM head and equal log-softmax of the model's own logits; method "none" keeps parity with Unsloth's β loss
+    and trains there."""
+    ours = make(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, HiddenStatesQwen2, beta=BETA)
+    inputs = unsloth_inputs(ours)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    width = inputs["completion_ids"].size(1)
+    before = HiddenStatesQwen2.hidden_state_calls
+    with torch.no_grad():
+        logps, _, _ = ours._get_per_token_logps_and_entropies(ours.model, input_ids, attention_mask, width, 4)
+        logits = ours.model(input_ids, attention_mask).logits[:, -width - 1 : -1].float() / ours.temperature
+    assert HiddenStatesQwen2.hidden_state_calls > before, "Unsloth did not ask for hidden states"
+    assert logits.shape[-1] == ours.model.config.vocab_size  # outside the scoring, the forward gives logits
+    expected = logits.log_softmax(-1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+    mask = inputs["completion_mask"].bool()
+    assert torch.allclose(logps[mask], expected[mask], atol=1e-5), (logps[mask] - expected[mask]).abs().max()
+    calls = HiddenStatesQwen2.hidden_state_calls
+    check_parity(HiddenStatesQwen2, loss_types=("grpo", "dapo"))
+    check_train(HiddenStatesQwen2)
+    assert HiddenStatesQwen2.hidden_state_calls > calls
+
+
 if __name__ == "__main__":
-    {"config": check_config, "capture": check_capture, "parity": check_parity, "train": check_train}[CHECK]()
+    checks = {"config": check_config, "capture": check_capture, "parity": check_parity, "train": check_train}
+    checks["hidden_states"] = check_hidden_states
+    checks[CHECK]()
     print(f"OK {CHECK}")

@@ -1,2 +1,3 @@
-"""Scaffolding for tests, examples and benchmarks: tiny random-weight models built offline (`tiny_model`) and a
-plain-torch stand-in for TRL 1.15's GPU-only log-probability kernel (`cpu_scorer`). Library code never imports it."""
+"""Scaffolding for tests, examples and benchmarks: tiny random-weight models built offline (`tiny_model`), a
+plain-torch stand-in for TRL 1.15's GPU-only log-probability kernel (`cpu_scorer`), and fabricated micro-batches to
+compare two trainers' losses and gradients (`batches`). Library code never imports it."""

@@ -103,6 +103,18 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         beta_min (`float`, *optional*, defaults to `0.0`):
             Lower bound of β under `dynamic` and the target-KL controllers.
 
+        > Parameters that control the reference policy
+
+        ref_reset_steps (`int`, *optional*, defaults to `0`):
+            Reference resets (ProRL): after every this many optimizer steps the reference becomes the current policy
+            (a full model's weights, or a PEFT model's adapter copied into a frozen `"ref"` adapter). 0: never.
+        ref_reset_kl (`float`, *optional*, defaults to `0.0`):
+            Reset the reference after an optimizer step whose mean raw KL (`adaptive_kl/raw_kl`) exceeds this value.
+            0: never.
+        ref_reset_optimizer (`bool`, *optional*, defaults to `False`):
+            Also clear the optimizer's state (Adam's moments) at each reset, as ProRL does. The learning-rate
+            schedule goes on.
+
         > Parameters that control checkpoints
 
         resume_without_kl_state (`bool`, *optional*, defaults to `False`):
@@ -193,6 +205,24 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         default=0.0,
         metadata={"help": "Lower bound of beta under 'dynamic' and the target-KL controllers. In [0, beta]."},
     )
+    ref_reset_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Reference resets: after every this many optimizer steps the reference becomes the current policy "
+            "(full model: its weights; PEFT: the adapter, copied into a frozen 'ref' adapter). 0: never."
+        },
+    )
+    ref_reset_kl: float = field(
+        default=0.0,
+        metadata={
+            "help": "Reset the reference after an optimizer step whose mean raw KL (adaptive_kl/raw_kl) exceeds this "
+            "value. 0: never."
+        },
+    )
+    ref_reset_optimizer: bool = field(
+        default=False,
+        metadata={"help": "Also clear the optimizer state (Adam's moments) at each reference reset, as ProRL does."},
+    )
     resume_without_kl_state: bool = field(
         default=False,
         metadata={
@@ -256,7 +286,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             self.kl_placement in KL_PLACEMENTS,
             f"kl_placement must be one of {KL_PLACEMENTS}, got {self.kl_placement!r}.",
         )
-        for name in ("diversity_metrics", "resume_without_kl_state"):
+        for name in ("diversity_metrics", "resume_without_kl_state", "ref_reset_optimizer"):
             value = getattr(self, name)
             require(isinstance(value, bool), f"{name} must be True or False, got {value!r}.")
         require(
@@ -322,6 +352,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             f"kl_controller={self.kl_controller!r}, kl_placement={self.kl_placement!r}): TRL loads no reference "
             "model at beta=0.",
         )
+        self._validate_reference_resets()
         if self.kl_placement == "reward":
             require(
                 self.kl_estimator not in STRAIGHT_THROUGH_ESTIMATORS,
@@ -347,6 +378,39 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
                 UserWarning,
                 stacklevel=4,  # the caller of AdaptiveKLGRPOConfig(...)
             )
+
+    @property
+    def resets_reference(self) -> bool:
+        """Whether reference resets are on (`ref_reset_steps` or `ref_reset_kl`)."""
+        return self.ref_reset_steps > 0 or self.ref_reset_kl > 0
+
+    def _validate_reference_resets(self) -> None:
+        require(
+            is_int(self.ref_reset_steps) and self.ref_reset_steps >= 0,
+            f"ref_reset_steps must be an integer >= 0 (0: no resets), got {self.ref_reset_steps!r}.",
+        )
+        require(
+            is_finite_number(self.ref_reset_kl) and self.ref_reset_kl >= 0,
+            f"ref_reset_kl must be a finite number >= 0 (0: no resets), got {self.ref_reset_kl!r}.",
+        )
+        if not self.resets_reference:
+            require(
+                not self.ref_reset_optimizer,
+                "ref_reset_optimizer=True clears the optimizer at each reference reset, but no reset is set: set "
+                "ref_reset_steps or ref_reset_kl too.",
+            )
+            return
+        settings = f"ref_reset_steps={self.ref_reset_steps}, ref_reset_kl={self.ref_reset_kl}"
+        require(
+            self.beta > 0,
+            f"Reference resets ({settings}) need beta > 0: at beta=0 TRL loads no reference model to reset.",
+        )
+        require(
+            not self.sync_ref_model,
+            f"Reference resets ({settings}) and sync_ref_model=True both move the reference: use one of them "
+            "(ref_reset_steps=N is sync_ref_model with ref_model_mixup_alpha=1 and ref_model_sync_steps=N, and also "
+            "works for PEFT models).",
+        )
 
 
 def check_training_arguments(config) -> None:

@@ -12,11 +12,15 @@ host goes through `adaptive_kl.trainers.hooks`.
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 
+import peft
 import torch
 from accelerate.utils import gather_object
+from packaging.version import Version
 from peft import PeftModel
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
@@ -37,7 +41,21 @@ from .hooks import (
     resolve_args,
 )
 from .inputs import check_train_dataset, train_dataset_argument
-from .state import AdaptiveKLStateCallback, missing_kl_state_message, read_checkpoint_kl_state, resolve_checkpoint
+from .reference import (
+    REFERENCE_ADAPTER,
+    ReferenceResets,
+    add_reference_adapter,
+    copy_policy_to_reference,
+    load_reference,
+    save_reference,
+)
+from .state import (
+    AdaptiveKLStateCallback,
+    checkpoint_reference_resets,
+    missing_kl_state_message,
+    read_checkpoint_kl_state,
+    resolve_checkpoint,
+)
 from .unsloth import (
     install_capture_shim,
     unsloth_host_module,
@@ -116,6 +134,9 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
                 stacklevel=2,
             )
         self.beta_controller = BetaController.from_args(args)
+        self.reference_resets = ReferenceResets(every_steps=args.ref_reset_steps, kl_threshold=args.ref_reset_kl)
+        if args.resets_reference:
+            self._prepare_reference_resets()
         self._kl_methods = args.kl_methods
         self._kl_transform = args.kl_transform
         self._generation_mean_reward = float("nan")
@@ -126,12 +147,75 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         self._log_stats: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
         self._last_beta: dict[str, tuple[float, float]] = {}
         self._warned: set[str] = set()  # the once-per-run warnings already given
-        self.add_callback(AdaptiveKLStateCallback(self.beta_controller))
+        self.add_callback(AdaptiveKLStateCallback(self.beta_controller, resets=self.reference_resets))
 
     __init__.__signature__ = with_keyword_only(
         inspect.signature(GRPOTrainer.__init__),
         [inspect.Parameter("diversity_embedder", inspect.Parameter.KEYWORD_ONLY, default=None)],
     )
+
+    # --- reference resets -------------------------------------------------------------------------------------------
+
+    def _prepare_reference_resets(self) -> None:
+        """Refuses what a reset cannot handle, and gives a PEFT policy the `"ref"` adapter a reset copies into."""
+        if self.is_fsdp_enabled or (
+            self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        ):
+            raise ValueError(
+                "Reference resets (ref_reset_steps, ref_reset_kl) are not supported with FSDP or DeepSpeed ZeRO-3, "
+                "whose sharded parameters a reset would have to gather: use DDP or ZeRO-1/2, or no resets."
+            )
+        if self.args.ref_reset_optimizer and self.is_deepspeed_enabled:
+            raise ValueError(
+                "ref_reset_optimizer=True is not supported with DeepSpeed, whose optimizer state lives in its engine: "
+                "set ref_reset_optimizer=False."
+            )
+        if isinstance(self.model, PeftModel) and REFERENCE_ADAPTER not in self.model.peft_config:
+            config = self.model.peft_config[self.model.active_adapter]
+            if getattr(config, "target_parameters", None) and Version(peft.__version__) < Version("0.20.0"):
+                raise ValueError(
+                    "Reference resets of a LoRA adapter with target_parameters need a second adapter, which "
+                    "peft<0.20 cannot add (peft#3340): upgrade peft, or use no resets."
+                )
+            add_reference_adapter(self.model)
+
+    def _reference_models(self):
+        """The unwrapped policy and TRL's reference model (`None` for PEFT: the `"ref"` adapter)."""
+        return self.accelerator.unwrap_model(self.model), self.ref_model
+
+    def _reset_reference(self) -> None:
+        """The reference becomes the policy (applied before a generation batch is scored; see `reference.py`)."""
+        copy_policy_to_reference(*self._reference_models())
+        if self.args.ref_reset_optimizer and self.optimizer is not None:
+            self.optimizer.state.clear()  # each parameter's moments start afresh at its next step
+        self.reference_resets.applied(self.state.global_step)
+
+    def _generate_and_score_completions(self, inputs):
+        if self.model.training and self.reference_resets.pending:
+            self._reset_reference()
+        return super()._generate_and_score_completions(inputs)
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.reference_resets.num_resets > 0 and self.args.should_save:
+            # The reference no longer equals the loaded model: a resume needs its weights.
+            checkpoint = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            save_reference(checkpoint, *self._reference_models())
+
+    def _load_reset_reference(self, checkpoint: str) -> None:
+        """On resume: the reference's weights saved in `checkpoint`, when its run had reset the reference."""
+        num_resets = checkpoint_reference_resets(checkpoint)
+        if num_resets == 0:
+            return
+        if not self.args.resets_reference:
+            raise ValueError(
+                f"{checkpoint} was saved after {num_resets} reference reset(s), but this run sets no resets "
+                "(ref_reset_steps=0, ref_reset_kl=0): its reference would silently go back to the loaded model. "
+                "Resume with the run's ref_reset_steps / ref_reset_kl."
+            )
+        load_reference(checkpoint, *self._reference_models())
 
     # --- generation batches ---------------------------------------------------------------------------------------
 
@@ -160,10 +244,10 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
     def _load_callback_state(self):
         super()._load_callback_state()
         # With `restore_callback_states_from_checkpoint=True` Transformers re-instantiates callbacks from their
-        # saved args; give the new instance our controller (its `on_train_begin` then loads the saved state).
+        # saved args; give the new instance our controller and resets (its `on_train_begin` then loads their state).
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, AdaptiveKLStateCallback) and callback.controller is None:
-                callback.controller = self.beta_controller
+                callback.controller, callback.resets = self.beta_controller, self.reference_resets
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         # An exception (e.g. from a reward function) can interrupt an optimizer step after some of its micro-batches
@@ -182,8 +266,11 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         """Before anything is loaded: refuses a damaged saved β state, and a missing one (a stock TRL checkpoint)
         when β's trajectory depends on it, unless `resume_without_kl_state=True` (β then starts afresh)."""
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        if checkpoint is None or read_checkpoint_kl_state(checkpoint) is not None:
-            return  # no checkpoint (Transformers says so), or a sound state that `on_train_begin` loads
+        if checkpoint is None:
+            return  # Transformers says so
+        if read_checkpoint_kl_state(checkpoint) is not None:
+            self._load_reset_reference(checkpoint)
+            return  # a sound state, which `on_train_begin` loads
         if self.beta_controller.has_training_state:
             if not self.args.resume_without_kl_state:
                 raise ValueError(missing_kl_state_message(checkpoint, self.args.beta))
@@ -357,6 +444,7 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
                     f"stays at {controller.beta_base:g} until a step gives a finite value; "
                     "adaptive_kl/skipped_updates counts such steps. Warned once per run.",
                 )
+            self.reference_resets.end_of_step(step, mean_kl)
             self._step_stats = None
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -370,5 +458,8 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
                 self._metrics[mode][key] = [value]  # TRL averages and prefixes (`eval_`) its metrics
             if mode == "train" and self.beta_controller.has_training_state:
                 self._metrics[mode]["adaptive_kl/skipped_updates"] = [float(self.beta_controller.num_skipped_updates)]
+            if mode == "train" and self.reference_resets.enabled:
+                self._metrics[mode]["adaptive_kl/ref_resets"] = [float(self.reference_resets.num_resets)]
+                self._metrics[mode]["adaptive_kl/ref_reset_step"] = [float(self.reference_resets.last_reset_step)]
             self._log_stats[mode] = None
         super().log(logs, start_time)

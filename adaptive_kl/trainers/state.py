@@ -1,10 +1,11 @@
-"""Checkpointing of the β controller through the Transformers stateful-callback mechanism.
+"""Checkpointing of the β controller (and of the reference resets) through the Transformers stateful-callback
+mechanism.
 
-Every checkpoint's `trainer_state.json` carries the `BetaController` state under
-`stateful_callbacks["AdaptiveKLStateCallback"]`. A resumed run reads it back, so it follows the β trajectory of an
-uninterrupted run. `read_checkpoint_kl_state` checks a checkpoint before training resumes: a damaged state is refused
-naming the file, and a missing one (a stock TRL checkpoint, or a damaged one) is reported to the trainer, which refuses
-it unless `resume_without_kl_state=True`.
+Every checkpoint's `trainer_state.json` carries the `BetaController` state, and the `ReferenceResets` state when
+resets are on, under `stateful_callbacks["AdaptiveKLStateCallback"]`. A resumed run reads them back, so it follows the
+β trajectory (and resets at the steps) of an uninterrupted run. `read_checkpoint_kl_state` checks a checkpoint before
+training resumes: a damaged state is refused naming the file, and a missing one (a stock TRL checkpoint, or a damaged
+one) is reported to the trainer, which refuses it unless `resume_without_kl_state=True`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..kl.controller import BetaController
+from .reference import ReferenceResets
 
 
 TRAINER_STATE_FILE = "trainer_state.json"  # Transformers' name for it
@@ -30,31 +32,51 @@ class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
     current one otherwise. This does not depend on `restore_callback_states_from_checkpoint`.
     """
 
-    def __init__(self, controller: BetaController | None = None, controller_state: dict | None = None):
+    def __init__(
+        self,
+        controller: BetaController | None = None,
+        controller_state: dict | None = None,
+        resets: ReferenceResets | None = None,
+        reference_reset_state: dict | None = None,
+    ):
         self.controller = controller
         self.controller_state = controller_state
+        self.resets = resets
+        self.reference_reset_state = reference_reset_state
 
     def state(self) -> dict:
-        return {"args": {}, "attributes": {"controller_state": self.controller.state_dict()}}
+        attributes = {"controller_state": self.controller.state_dict()}
+        if self.resets is not None and self.resets.enabled:
+            attributes["reference_reset_state"] = self.resets.state_dict()
+        return {"args": {}, "attributes": attributes}
 
     def on_train_begin(self, args, state, control, **kwargs):
         name = type(self).__name__
-        controller_state = saved_controller_state(state.stateful_callbacks.get(name)) or self.controller_state
+        saved = state.stateful_callbacks.get(name)
+        controller_state = saved_controller_state(saved) or self.controller_state
         if controller_state is not None:
             self.controller.load_state_dict(controller_state)
+        reset_state = saved_attribute(saved, "reference_reset_state") or self.reference_reset_state
+        if reset_state is not None and self.resets is not None:
+            self.resets.load_state_dict(reset_state)
         # A state resumed from a checkpoint without ours (stock TRL's) has no entry, and Transformers' save would
         # fail with a KeyError before writing trainer_state.json: give it the entry every later save updates.
         state.stateful_callbacks.setdefault(name, self.state())
 
 
-def saved_controller_state(saved) -> dict | None:
-    """The controller state inside a `stateful_callbacks` entry of ours (the last one when several were saved)."""
+def saved_attribute(saved, name: str):
+    """Attribute `name` inside a `stateful_callbacks` entry of ours (the last one when several were saved)."""
     if isinstance(saved, list):
         saved = saved[-1] if saved else None
     if not isinstance(saved, dict):
         return None
     attributes = saved.get("attributes")
-    return attributes.get("controller_state") if isinstance(attributes, dict) else None
+    return attributes.get(name) if isinstance(attributes, dict) else None
+
+
+def saved_controller_state(saved) -> dict | None:
+    """The controller state inside a `stateful_callbacks` entry of ours."""
+    return saved_attribute(saved, "controller_state")
 
 
 def resolve_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
@@ -65,34 +87,54 @@ def resolve_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
     return str(resume_from_checkpoint) if os.path.isdir(resume_from_checkpoint) else None
 
 
-def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
-    """The β controller state saved in `checkpoint`, checked; `None` if the checkpoint carries none.
+def saved_entry(checkpoint: str) -> tuple[str, dict | list | None]:
+    """The path of `checkpoint`'s `trainer_state.json` and our `stateful_callbacks` entry in it (`None`: none).
 
     Raises:
-        ValueError: naming the file, when `trainer_state.json` is not valid JSON, or when our entry is there but its
-            state is damaged (missing, non-finite or negative β_base, counters that are not whole numbers >= 0).
+        ValueError: naming the file, when it is not valid JSON.
     """
     path = os.path.join(checkpoint, TRAINER_STATE_FILE)
     if not os.path.isfile(path):
-        return None
+        return path, None
     try:
         with open(path) as f:
             trainer_state = json.load(f)
     except (OSError, ValueError) as error:
         raise ValueError(f"Cannot read the checkpoint state {path}: {error}") from None
     callbacks = trainer_state.get("stateful_callbacks") if isinstance(trainer_state, dict) else None
-    saved = callbacks.get(AdaptiveKLStateCallback.__name__) if isinstance(callbacks, dict) else None
+    return path, callbacks.get(AdaptiveKLStateCallback.__name__) if isinstance(callbacks, dict) else None
+
+
+def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
+    """The β controller state saved in `checkpoint`, checked (and the reference-reset state beside it, when there is
+    one); `None` if the checkpoint carries none.
+
+    Raises:
+        ValueError: naming the file, when `trainer_state.json` is not valid JSON, or when our entry is there but its
+            state is damaged (missing, non-finite or negative β_base, counters that are not whole numbers >= 0, a
+            reset `pending` that is not a bool).
+    """
+    path, saved = saved_entry(checkpoint)
     if saved is None:
         return None
     controller_state = saved_controller_state(saved)
+    reset_state = saved_attribute(saved, "reference_reset_state")
     try:
-        BetaController(1.0).load_state_dict(controller_state)  # the same check as on resume, on a scratch controller
+        BetaController(1.0).load_state_dict(controller_state)  # the same checks as on resume, on scratch objects
+        if reset_state is not None:
+            ReferenceResets().load_state_dict(reset_state)
     except ValueError as error:
         raise ValueError(
             f"{path}: stateful_callbacks[{AdaptiveKLStateCallback.__name__!r}] is damaged: {error} Restore the file "
             "from a copy, or resume from another checkpoint."
         ) from None
     return controller_state
+
+
+def checkpoint_reference_resets(checkpoint: str) -> int:
+    """How many reference resets the run saved in `checkpoint` had applied (0 when it records none)."""
+    reset_state = saved_attribute(saved_entry(checkpoint)[1], "reference_reset_state")
+    return int(reset_state["num_resets"]) if isinstance(reset_state, dict) else 0
 
 
 def missing_kl_state_message(checkpoint: str, beta: float) -> str:

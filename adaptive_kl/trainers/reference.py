@@ -1,0 +1,174 @@
+"""Reference resets: every so often the reference policy becomes the current policy.
+
+ProRL (Liu et al., 2025) pairs the KL penalty with a periodic hard reset of the reference, so that a long run is
+regularized towards where it is now rather than towards where it started; slime calls it `--ref-update-interval`. TRL's
+`sync_ref_model` is the soft version and refuses PEFT models; here a reset works for both:
+
+- a full model: the reference model's parameters are overwritten by the policy's;
+- a PEFT model: the policy's adapter is copied into the frozen `"ref"` adapter, which TRL scores the reference with
+  whenever it exists (`add_reference_adapter` creates it, as a copy of the adapter, when TRL uses the
+  adapter-disabled base instead). A reset then copies only the adapter's weights.
+
+`ReferenceResets` decides when (`ref_reset_steps`, `ref_reset_kl`) and carries the state a checkpoint saves. A reset
+that falls due at the end of optimizer step t is applied before the next generation batch is scored, so the reference
+log-probabilities of every buffered batch come from one reference; with one generation per optimizer step (TRL's
+default) the reference is the policy after step t and step t + 1 measures a KL of 0. After at least one reset the
+reference's weights differ from the model that was loaded, so every checkpoint also holds them (`REFERENCE_FILE`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..kl.validation import is_finite_number
+
+
+REFERENCE_ADAPTER = "ref"  # the name TRL scores a PEFT model's reference with, when that adapter exists
+REFERENCE_FILE = "adaptive_kl_reference.safetensors"  # in a checkpoint: the reference's weights after a reset
+
+
+@dataclass
+class ReferenceResets:
+    """When the reference is reset, and how often it was.
+
+    Args:
+        every_steps (`int`): `ref_reset_steps`; a reset falls due after every optimizer step that is a multiple of it
+            (0: never).
+        kl_threshold (`float`): `ref_reset_kl`; a reset falls due after an optimizer step whose mean raw KL exceeds
+            it (0: never).
+        num_resets (`int`): resets applied so far.
+        last_reset_step (`int`): the optimizer step after which the last reset was applied (0: the reference is the
+            initial model).
+        pending (`bool`): a reset fell due and is applied before the next generation batch is scored.
+    """
+
+    every_steps: int = 0
+    kl_threshold: float = 0.0
+    num_resets: int = 0
+    last_reset_step: int = 0
+    pending: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_steps > 0 or self.kl_threshold > 0
+
+    def end_of_step(self, step: int, mean_kl: float) -> None:
+        """Called once per finished optimizer step with its global mean raw KL: marks a reset as due."""
+        if self.every_steps > 0 and step % self.every_steps == 0:
+            self.pending = True
+        if self.kl_threshold > 0 and mean_kl > self.kl_threshold:  # False for NaN: a broken step triggers nothing
+            self.pending = True
+
+    def applied(self, step: int) -> None:
+        """Records a reset applied after optimizer step `step`."""
+        self.num_resets += 1
+        self.last_reset_step = step
+        self.pending = False
+
+    def state_dict(self) -> dict:
+        return {"num_resets": self.num_resets, "last_reset_step": self.last_reset_step, "pending": self.pending}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores `state_dict()`'s output.
+
+        Raises:
+            ValueError: naming the entry, for counters that are not whole numbers >= 0 or a `pending` that is not a
+                bool. The state is left unchanged.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"Invalid saved reference-reset state: expected a mapping, got {state!r}.")
+        counters = {name: state.get(name) for name in ("num_resets", "last_reset_step")}
+        for name, value in counters.items():
+            if not (is_finite_number(value) and value >= 0 and float(value).is_integer()):
+                raise ValueError(f"Invalid saved reference-reset state: {name}={value!r} (a whole number >= 0).")
+        if not isinstance(state.get("pending"), bool):
+            raise ValueError(f"Invalid saved reference-reset state: pending={state.get('pending')!r} (True or False).")
+        self.num_resets, self.last_reset_step = (int(v) for v in counters.values())
+        self.pending = state["pending"]
+
+
+# --- the reference's parameters -----------------------------------------------------------------------------------
+
+
+def add_reference_adapter(model) -> None:
+    """Gives a PEFT `model` a frozen `"ref"` adapter equal to its active adapter, as TRL does for a model that
+    arrives with a trained adapter. For a new LoRA adapter (B = 0) the reference is unchanged: the base model, to the
+    bit (the adapter adds an exact 0)."""
+    active = model.active_adapter
+    devices = [model.device] if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # its random init is overwritten: leave sampling's streams alone
+        model.add_adapter(REFERENCE_ADAPTER, model.peft_config[active])
+    model.set_adapter(active)  # PEFT marks only the active adapter trainable
+    for _, reference, _ in reference_parameter_pairs(model, None):
+        reference.requires_grad_(False)
+    copy_policy_to_reference(model, None)
+
+
+def reference_parameter_pairs(policy, ref_model) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """`(name, reference parameter, policy parameter)` for every parameter a reset overwrites.
+
+    Args:
+        policy: the unwrapped policy; a `PeftModel` with a `"ref"` adapter when `ref_model` is `None`.
+        ref_model: TRL's reference model (a full copy), or `None` for a PEFT policy.
+
+    Raises:
+        ValueError: the two models' parameters do not correspond name for name.
+    """
+    if ref_model is not None:
+        policy_params, reference_params = dict(policy.named_parameters()), dict(ref_model.named_parameters())
+        if policy_params.keys() != reference_params.keys():
+            different = sorted(policy_params.keys() ^ reference_params.keys())[:5]
+            raise ValueError(
+                "Cannot reset the reference: the reference model's parameters do not correspond to the policy's "
+                f"(e.g. {different}). Pass the policy as a model name or path, so that TRL builds the reference "
+                "from the same checkpoint."
+            )
+        return [(name, reference_params[name], param) for name, param in policy_params.items()]
+    marker = f".{policy.active_adapter}."
+    return [
+        (name, policy.get_parameter(name.replace(marker, f".{REFERENCE_ADAPTER}.")), param)
+        for name, param in policy.named_parameters()
+        if marker in name
+    ]
+
+
+@torch.no_grad()
+def copy_policy_to_reference(policy, ref_model) -> None:
+    """Overwrites the reference's parameters with the policy's (see `reference_parameter_pairs`)."""
+    for _, reference, param in reference_parameter_pairs(policy, ref_model):
+        reference.copy_(param)
+
+
+def save_reference(directory: str, policy, ref_model) -> None:
+    """Writes the reference's parameters to `directory/REFERENCE_FILE`."""
+    tensors = {name: ref.detach().cpu().contiguous() for name, ref, _ in reference_parameter_pairs(policy, ref_model)}
+    save_file(tensors, os.path.join(directory, REFERENCE_FILE))
+
+
+@torch.no_grad()
+def load_reference(directory: str, policy, ref_model) -> None:
+    """Restores the reference's parameters saved by `save_reference` in checkpoint `directory`.
+
+    Raises:
+        ValueError: naming the file, when it is missing or does not hold exactly the reference's parameters.
+    """
+    path = os.path.join(directory, REFERENCE_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{path} is missing: the checkpoint records reference resets, so the reference's weights differ from the "
+            "loaded model and are needed to resume. Restore the file from a copy, or resume from another checkpoint."
+        )
+    saved = load_file(path)
+    pairs = reference_parameter_pairs(policy, ref_model)
+    if saved.keys() != {name for name, _, _ in pairs}:
+        raise ValueError(f"{path} does not hold this model's reference parameters (names differ).")
+    for name, reference, _ in pairs:
+        if saved[name].shape != reference.shape:
+            raise ValueError(
+                f"{path}: {name} has shape {tuple(saved[name].shape)}, expected {tuple(reference.shape)}."
+            )
+        reference.copy_(saved[name])
