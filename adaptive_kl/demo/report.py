@@ -1,4 +1,9 @@
-"""Reports of a comparison: a markdown summary table, per-step metrics as CSV, and PNG plots (one line per variant)."""
+"""Reports of a comparison: a markdown summary table, per-step metrics as CSV, and PNG plots (one line per variant).
+
+With several seeds per variant (`compare --seed 0,1,2`), the table gives each variant's mean over seeds with its 95%
+interval and a `seeds` column, followed by the paired differences from the first variant; the plots draw seed means
+with a shaded 95% band. The CSV keeps every run.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import os
 
 from ..kl.metrics import METRIC_NAMES
 from .runner import VariantRun
+from .seeds import format_interval, mean_interval, paired_differences, seed_groups
 
 
 # Leading CSV columns, in this order; any other metric a run logged follows them, sorted by name.
@@ -87,17 +93,53 @@ def summarize(run: VariantRun) -> dict[str, float]:
     }
 
 
+# The number format of each summary value (after the variant's name), in `summarize`'s order.
+SUMMARY_FORMATS = (".3f", "+.3f", "+.3f", ".4f", ".4f", ".4g", ".1f", ".0f", ".3f", ".4f", "+.4f", ".0f")
+
+
+def _markdown_table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
 def summary_table(runs: list[VariantRun]) -> str:
-    """A markdown table with one row per variant (columns: `SUMMARY_HEADER`)."""
-    lines = ["| " + " | ".join(SUMMARY_HEADER) + " |", "|" + "---|" * len(SUMMARY_HEADER)]
-    for run in runs:
-        s = summarize(run)
-        formats = (".3f", "+.3f", "+.3f", ".4f", ".4f", ".4g", ".1f", ".0f", ".3f", ".4f", "+.4f", ".0f")
-        cells = [run.name] + [
-            "n/a" if math.isnan(v) else format(v, f) for v, f in zip(s.values(), formats, strict=True)
+    """A markdown table with one row per variant (columns: `SUMMARY_HEADER`). With several seeds per variant, the
+    cells are `mean ± half-width` over seeds, a `seeds` column follows the name, and a second table gives each
+    variant's paired difference from the first variant (on the seeds both ran)."""
+    groups = seed_groups(runs)
+    if all(len(group) == 1 for group in groups.values()):
+        rows = [
+            [run.name]
+            + ["n/a" if math.isnan(v) else format(v, f) for v, f in zip(summarize(run).values(), SUMMARY_FORMATS)]
+            for run in runs
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        return _markdown_table(SUMMARY_HEADER, rows)
+    keys = list(summarize(runs[0]))
+    header = (SUMMARY_HEADER[0], "seeds", *SUMMARY_HEADER[1:])
+    rows, differences = [], []
+    (first_name, first), *others = groups.items()
+    for name, group in groups.items():
+        summaries = [summarize(run) for run in group]
+        cells = [
+            format_interval(*mean_interval(s[key] for s in summaries)[:2], f) for key, f in zip(keys, SUMMARY_FORMATS)
+        ]
+        rows.append([name, str(len(group)), *cells])
+    for name, group in others:
+        cells, shared = [], 0
+        for key, spec in zip(keys, SUMMARY_FORMATS):
+            deltas = paired_differences(group, first, lambda run, key=key: summarize(run)[key])
+            mean, half_width, _ = mean_interval(deltas)
+            shared = len(deltas)
+            cells.append(format_interval(mean, half_width, "+" + spec.lstrip("+")))
+        differences.append([name, str(shared), *cells])
+    paired = (
+        f"\nPaired differences from {first_name} (the mean over the seeds both ran of variant − {first_name}, "
+        "± the 95% half-width):\n\n" + _markdown_table(header, differences)
+        if differences
+        else ""
+    )
+    intro = "Means over seeds ± the half-width of the 95% t-interval over seeds.\n\n"
+    return intro + _markdown_table(header, rows) + paired
 
 
 def diversity_table(runs: list[VariantRun]) -> str:
@@ -152,9 +194,35 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
 
 
+EVALUATED_PANELS = {"validation_accuracy": "evaluations", "retention": "retention"}  # evaluated every eval_every steps
+
+
+def _series(run: VariantRun, panel: str, metric: str) -> dict[int, float]:
+    """Step → value of a panel's metric in one run (smoothed over steps for per-step metrics, but β)."""
+    if panel in EVALUATED_PANELS:
+        return {e["step"]: e[metric] for e in getattr(run, EVALUATED_PANELS[panel]) if metric in e}
+    points = [(h["step"], h[metric]) for h in run.history if metric in h]
+    if not points:
+        return {}
+    steps, values = zip(*points)
+    window = max(1, len(values) // 20) if panel != "beta" else 1
+    return dict(zip(steps, _smooth(list(values), window)))
+
+
+def _seed_curve(series: list[dict[int, float]]):
+    """`(steps, mean, low, high)` over the steps every seed logged; the band is the 95% t-interval (none for one
+    seed)."""
+    steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    stats = [mean_interval([s[step] for s in series]) for step in steps]
+    mean = [m for m, _, _ in stats]
+    half = [0.0 if math.isnan(h) else h for _, h, _ in stats]
+    return steps, mean, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)]
+
+
 def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
-    """`metrics.png` with every panel, and one `<panel>.png` per panel; returns the paths written (none without
-    matplotlib, which the `demo` extra installs)."""
+    """`metrics.png` with every panel some run has data for, and one `<panel>.png` per such panel; one curve per
+    variant (the mean over its seeds, with a shaded 95% band when it has several). Returns the paths written (none
+    without matplotlib, which the `demo` extra installs)."""
     try:
         import matplotlib
     except ImportError:
@@ -163,43 +231,43 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    groups = seed_groups(runs)
+    panels = [p for p in PANELS if any(_series(run, p[0], p[1]) for run in runs)]  # an empty panel is not drawn
+
     def draw(ax, panel, metric, title):
-        for i, run in enumerate(runs):
+        for i, (name, group) in enumerate(groups.items()):
             color = f"C{i % 10}"
-            if panel in ("validation_accuracy", "retention"):  # evaluated every eval_every steps, step 0 included
-                points = run.evaluations if panel == "validation_accuracy" else run.retention
-                ax.plot([e["step"] for e in points], [e[metric] for e in points], "o-", color=color, label=run.name,
-                        markersize=3)  # fmt: skip
+            steps, mean, low, high = _seed_curve([_series(run, panel, metric) for run in group])
+            if not steps:
                 continue
-            series = [(h["step"], h[metric]) for h in run.history if metric in h]
-            if not series:
-                continue
-            steps, values = zip(*series)
-            window = max(1, len(values) // 20) if panel != "beta" else 1
-            ax.plot(steps, _smooth(list(values), window), color=color, label=run.name)
+            style = dict(marker="o", markersize=3) if panel in EVALUATED_PANELS else {}
+            ax.plot(steps, mean, color=color, label=name, **style)
+            if len(group) > 1:
+                ax.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
             if panel == "kl":
-                adapted = [h.get("adaptive_kl/adapted_kl", math.nan) for h in run.history if metric in h]
-                ax.plot(steps, _smooth(adapted, window), "--", color=color)
+                adapted = _seed_curve([_series(run, panel, "adaptive_kl/adapted_kl") for run in group])
+                ax.plot(adapted[0], adapted[1], "--", color=color)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
 
     paths = []
-    fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
-    for ax, (panel, metric, title) in zip(axes.flat, PANELS):
+    columns = 4
+    rows = -(-(len(panels) + 1) // columns)  # the panels and the legend
+    fig, axes = plt.subplots(rows, columns, figsize=(18, 3.75 * rows), squeeze=False)
+    for ax, (panel, metric, title) in zip(axes.flat, panels):
         draw(ax, panel, metric, title)
-    legend = axes.flat[-1]  # the last cell holds the legend
-    legend.axis("off")
-    legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center", title="variant")
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    axes.flat[len(panels)].legend(*axes.flat[0].get_legend_handles_labels(), loc="center", title="variant")
     fig.tight_layout()
     paths.append(os.path.join(directory, "metrics.png"))
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
-    for panel, metric, title in PANELS:
+    for panel, metric, title in panels:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         draw(ax, panel, metric, title)
-        if ax.get_legend_handles_labels()[0]:  # a metric no run logged leaves an empty panel
-            ax.legend(fontsize=8)
+        ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(os.path.join(directory, f"{panel}.png"))
         fig.savefig(paths[-1], dpi=110)

@@ -47,6 +47,7 @@ from .reference import (
     add_reference_adapter,
     copy_policy_to_reference,
     load_reference,
+    restore_trained_adapter,
     save_reference,
 )
 from .state import (
@@ -189,6 +190,12 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         if self.args.ref_reset_optimizer and self.optimizer is not None:
             self.optimizer.state.clear()  # each parameter's moments start afresh at its next step
         self.reference_resets.applied(self.state.global_step)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        policy = self.accelerator.unwrap_model(self.model)
+        if isinstance(policy, PeftModel) and REFERENCE_ADAPTER in policy.peft_config:
+            restore_trained_adapter(policy, resume_from_checkpoint)
 
     def _generate_and_score_completions(self, inputs):
         if self.model.training and self.reference_resets.pending:

@@ -29,6 +29,7 @@ from ..kl.validation import is_finite_number
 
 REFERENCE_ADAPTER = "ref"  # the name TRL scores a PEFT model's reference with, when that adapter exists
 REFERENCE_FILE = "adaptive_kl_reference.safetensors"  # in a checkpoint: the reference's weights after a reset
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")  # PEFT's names for an adapter's weights
 
 
 @dataclass
@@ -103,9 +104,29 @@ def add_reference_adapter(model) -> None:
     with torch.random.fork_rng(devices=devices):  # its random init is overwritten: leave sampling's streams alone
         model.add_adapter(REFERENCE_ADAPTER, model.peft_config[active])
     model.set_adapter(active)  # PEFT marks only the active adapter trainable
+    freeze_reference_adapter(model)
+    copy_policy_to_reference(model, None)
+
+
+def freeze_reference_adapter(model) -> None:
+    """Keeps the `"ref"` adapter of a PEFT `model` out of training (`requires_grad=False`)."""
     for _, reference, _ in reference_parameter_pairs(model, None):
         reference.requires_grad_(False)
-    copy_policy_to_reference(model, None)
+
+
+def restore_trained_adapter(model, checkpoint: str) -> None:
+    """Loads the trained (active) adapter of a PEFT `model` with a `"ref"` adapter from `checkpoint`'s root.
+
+    PEFT saves every adapter but the default one in a sub-folder. Transformers 5.17's resume, seeing sub-folders,
+    loads only those and never the trained adapter at the root: the policy would silently restart from its initial
+    adapter (Transformers 5.23 loads both; loading it again there is harmless).
+    """
+    if not any(os.path.isfile(os.path.join(checkpoint, name)) for name in ADAPTER_FILES):
+        return
+    active = model.active_adapter
+    model.load_adapter(checkpoint, active, is_trainable=True)
+    model.set_adapter(active)
+    freeze_reference_adapter(model)
 
 
 def reference_parameter_pairs(policy, ref_model) -> list[tuple[str, torch.Tensor, torch.Tensor]]:

@@ -1,0 +1,127 @@
+"""Several seeds per variant (`compare --seed 0,1,...`): means with 95% t-intervals, paired differences, seed bands
+in the plots, no empty panels; checked against independent computations, and end to end on the embedded task."""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+
+import pytest
+from test_demo import check_png
+from tiny import run_python
+
+from adaptive_kl.demo.report import SUMMARY_HEADER, summarize, summary_table, write_plots
+from adaptive_kl.demo.runner import VariantRun
+from adaptive_kl.demo.seeds import T_975, group_name, mean_interval, paired_differences, seed_groups, t_975
+
+
+def test_t_quantiles_are_students():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 31):
+        assert T_975[df - 1] == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=1e-5)
+    assert t_975(200) == T_975[-1] > scipy_stats.t.ppf(0.975, 200)  # conservative beyond 30
+    with pytest.raises(ValueError):
+        t_975(0)
+
+
+def test_mean_interval_by_hand():
+    mean, half, n = mean_interval([0.4, 0.5, 0.6, float("nan"), None])
+    assert (mean, n) == (pytest.approx(0.5), 3)
+    assert half == pytest.approx(4.302653 * 0.1 / math.sqrt(3))  # t_{0.975,2} · s / √n, s = 0.1
+    assert mean_interval([0.7])[1] != mean_interval([0.7])[1]  # NaN: no interval from one seed
+    assert all(math.isnan(v) for v in mean_interval([])[:2])
+
+
+def run(variant: str, seed: int, accuracy: float, kl: float) -> VariantRun:
+    """A fabricated run of `variant` with `seed`: final accuracy `accuracy`, KL `kl` at both steps."""
+    history = [
+        {"step": 1, "reward": 1.0 + seed, "adaptive_kl/raw_kl": kl, "adaptive_kl/adapted_kl": kl,
+         "adaptive_kl/current_beta": 0.1, "completions/mean_length": 10.0},
+        {"step": 2, "reward": 2.0 + seed, "adaptive_kl/raw_kl": kl, "adaptive_kl/adapted_kl": kl,
+         "adaptive_kl/current_beta": 0.1, "completions/mean_length": 12.0},
+    ]  # fmt: skip
+    evaluations = [{"step": 0, "val_accuracy": 0.3}, {"step": 2, "val_accuracy": accuracy}]
+    name = f"{variant}, seed={seed}" if variant else f"seed={seed}"
+    return VariantRun(name, {"kl_scaling": variant, "seed": seed}, history, evaluations, wall_time=5.0)
+
+
+# Accuracies chosen so that the paired differences (0.05, 0.07, 0.06) vary far less than the accuracies themselves.
+RUNS = [
+    run("kl_scaling=none", 0, 0.40, 0.01),
+    run("kl_scaling=none", 1, 0.50, 0.02),
+    run("kl_scaling=none", 2, 0.45, 0.03),
+    run("kl_scaling=log", 0, 0.45, 0.02),
+    run("kl_scaling=log", 1, 0.57, 0.02),
+    run("kl_scaling=log", 2, 0.51, 0.05),
+]
+
+
+def test_runs_group_by_variant_without_the_seed():
+    assert group_name(RUNS[4]) == "kl_scaling=log" and group_name(run("", 3, 0.1, 0.1)) == "default"
+    groups = seed_groups(RUNS)
+    assert list(groups) == ["kl_scaling=none", "kl_scaling=log"] and [len(g) for g in groups.values()] == [3, 3]
+    accuracy = lambda r: r.evaluations[-1]["val_accuracy"]  # noqa: E731
+    assert paired_differences(groups["kl_scaling=log"], groups["kl_scaling=none"], accuracy) == pytest.approx(
+        [0.05, 0.07, 0.06]
+    )
+    assert paired_differences(groups["kl_scaling=log"][:2], groups["kl_scaling=none"][1:], accuracy) == (
+        pytest.approx([0.07])  # only seed 1 is shared
+    )
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_the_table_gives_means_intervals_seeds_and_paired_differences():
+    text = summary_table(RUNS)
+    tables = [[cells(line) for line in block.splitlines() if line.startswith("| ")] for block in text.split("\n\n")]
+    means, differences = [t for t in tables if t]
+    assert means[0] == [SUMMARY_HEADER[0], "seeds", *SUMMARY_HEADER[1:]] == differences[0]
+    none, log = means[1], means[2]
+    assert none[:2] == ["kl_scaling=none", "3"] and log[:2] == ["kl_scaling=log", "3"]
+    for row, accuracies in ((none, [0.40, 0.50, 0.45]), (log, [0.45, 0.57, 0.51])):
+        half = 4.302653 * statistics.stdev(accuracies) / math.sqrt(3)
+        assert row[2] == f"{statistics.fmean(accuracies):.3f} ± {half:.3f}"
+    kl_column = SUMMARY_HEADER.index("mean raw KL") + 1
+    assert none[kl_column] == f"0.0200 ± {4.302653 * 0.01 / math.sqrt(3):.4f}"
+    assert summarize(RUNS[0])["final_accuracy"] == 0.40
+    (log_vs_none,) = differences[1:]
+    assert log_vs_none[:2] == ["kl_scaling=log", "3"]
+    assert log_vs_none[2] == f"+0.060 ± {4.302653 * 0.01 / math.sqrt(3):.3f}"  # paired: s of (0.05, 0.07, 0.06)
+    assert "Paired differences from kl_scaling=none" in text
+
+
+def test_one_seed_per_variant_keeps_the_plain_table():
+    table = summary_table([RUNS[0], RUNS[3]]).splitlines()
+    assert cells(table[0]) == list(SUMMARY_HEADER)  # the two runs have different seeds, but one each
+    assert "±" not in "\n".join(table)
+
+
+def test_plots_draw_no_empty_panel_and_seed_bands(tmp_path):
+    pytest.importorskip("matplotlib")
+    paths = write_plots(RUNS, str(tmp_path))
+    names = sorted(p.rsplit("/", 1)[-1] for p in paths)
+    # no retention, no diversity: those panels are not drawn at all
+    assert names == sorted(["metrics.png", "reward.png", "validation_accuracy.png", "kl.png", "beta.png",
+                            "completion_length.png"])  # fmt: skip
+    for path in paths:
+        check_png(path)
+
+
+def test_compare_over_seeds_end_to_end(tmp_path):
+    """`adaptive-kl compare --seed 0,1 --quick`: the printed table has `±` and `seeds`, the CSV every run."""
+    out = tmp_path / "compare"
+    result = run_python(
+        "-m", "adaptive_kl", "compare", "--kl_scaling", "none,log", "--seed", "0,1", "--quick", "--steps", "2",
+        "--eval-every", "2", "--n-validation", "8", "--no-progress", "--out", str(out),
+    )  # fmt: skip
+    lines = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert cells(lines[0])[:2] == ["variant", "seeds"]
+    rows = {cells(line)[0]: cells(line) for line in lines[1:3]}  # the first table
+    assert rows["kl_scaling=none"][1] == rows["kl_scaling=log"][1] == "2" and "±" in rows["kl_scaling=none"][2]
+    assert "Paired differences from kl_scaling=none" in result.stdout
+    with open(out / "metrics.csv") as f:
+        variants = {r["variant"] for r in csv.DictReader(f)}
+    assert variants == {f"kl_scaling={k}, seed={s}" for k in ("none", "log") for s in (0, 1)}
