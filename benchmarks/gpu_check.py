@@ -154,8 +154,9 @@ def build(opts, fields: dict | None, steps: int, beta: float = BETA):
         bf16=not opts.dry_run,
         use_cpu=opts.dry_run,
     )
-    config_cls, trainer_cls = (trl.GRPOConfig, trl.GRPOTrainer) if fields is None else (None, None)
-    if fields is not None:
+    if fields is None:
+        config_cls, trainer_cls = trl.GRPOConfig, trl.GRPOTrainer
+    else:
         config_cls, trainer_cls, common = AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, {**common, **fields}
     model, peft_config = load_policy(opts)
     return trainer_cls(

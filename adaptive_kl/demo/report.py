@@ -110,28 +110,31 @@ def summary_table(runs: list[VariantRun]) -> str:
     if all(len(group) == 1 for group in groups.values()):
         rows = [
             [run.name]
-            + ["n/a" if math.isnan(v) else format(v, f) for v, f in zip(summarize(run).values(), SUMMARY_FORMATS)]
+            + [
+                "n/a" if math.isnan(v) else format(v, f)
+                for v, f in zip(summarize(run).values(), SUMMARY_FORMATS, strict=True)
+            ]
             for run in runs
         ]
         return _markdown_table(SUMMARY_HEADER, rows)
-    keys = list(summarize(runs[0]))
+    summaries = {id(run): summarize(run) for run in runs}
+    keys = list(summaries[id(runs[0])])
     header = (SUMMARY_HEADER[0], "seeds", *SUMMARY_HEADER[1:])
     rows, differences = [], []
     (first_name, first), *others = groups.items()
     for name, group in groups.items():
-        summaries = [summarize(run) for run in group]
         cells = [
-            format_interval(*mean_interval(s[key] for s in summaries)[:2], f) for key, f in zip(keys, SUMMARY_FORMATS)
+            format_interval(*mean_interval(summaries[id(run)][key] for run in group)[:2], spec)
+            for key, spec in zip(keys, SUMMARY_FORMATS, strict=True)
         ]
         rows.append([name, str(len(group)), *cells])
     for name, group in others:
-        cells, shared = [], 0
-        for key, spec in zip(keys, SUMMARY_FORMATS):
-            deltas = paired_differences(group, first, lambda run, key=key: summarize(run)[key])
-            mean, half_width, _ = mean_interval(deltas)
-            shared = len(deltas)
-            cells.append(format_interval(mean, half_width, "+" + spec.lstrip("+")))
-        differences.append([name, str(shared), *cells])
+        deltas = {key: paired_differences(group, first, lambda run, key=key: summaries[id(run)][key]) for key in keys}
+        cells = [
+            format_interval(*mean_interval(deltas[key])[:2], "+" + spec.lstrip("+"))
+            for key, spec in zip(keys, SUMMARY_FORMATS, strict=True)
+        ]
+        differences.append([name, str(len(deltas[keys[0]])), *cells])
     paired = (
         f"\nPaired differences from {first_name} (the mean over the seeds both ran of variant − {first_name}, "
         "± the 95% half-width):\n\n" + _markdown_table(header, differences)

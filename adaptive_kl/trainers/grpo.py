@@ -52,7 +52,6 @@ from .reference import (
 )
 from .state import (
     AdaptiveKLStateCallback,
-    checkpoint_reference_resets,
     missing_kl_state_message,
     read_checkpoint_kl_state,
     resolve_checkpoint,
@@ -136,7 +135,7 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
             )
         self.beta_controller = BetaController.from_args(args)
         self.reference_resets = ReferenceResets(every_steps=args.ref_reset_steps, kl_threshold=args.ref_reset_kl)
-        if args.resets_reference:
+        if self.reference_resets.enabled:
             self._prepare_reference_resets()
         self._kl_methods = args.kl_methods
         self._kl_transform = args.kl_transform
@@ -211,12 +210,13 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
             )
             save_reference(checkpoint, *self._reference_models())
 
-    def _load_reset_reference(self, checkpoint: str) -> None:
-        """On resume: the reference's weights saved in `checkpoint`, when its run had reset the reference."""
-        num_resets = checkpoint_reference_resets(checkpoint)
+    def _load_reset_reference(self, checkpoint: str, reset_state: dict | None) -> None:
+        """On resume: the reference's weights saved in `checkpoint`, when its run (`reset_state`, checked) had reset
+        the reference."""
+        num_resets = int(reset_state["num_resets"]) if reset_state is not None else 0
         if num_resets == 0:
             return
-        if not self.args.resets_reference:
+        if not self.reference_resets.enabled:
             raise ValueError(
                 f"{checkpoint} was saved after {num_resets} reference reset(s), but this run sets no resets "
                 "(ref_reset_steps=0, ref_reset_kl=0): its reference would silently go back to the loaded model. "
@@ -275,8 +275,9 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if checkpoint is None:
             return  # Transformers says so
-        if read_checkpoint_kl_state(checkpoint) is not None:
-            self._load_reset_reference(checkpoint)
+        saved = read_checkpoint_kl_state(checkpoint)
+        if saved is not None:
+            self._load_reset_reference(checkpoint, saved["reference_reset_state"])
             return  # a sound state, which `on_train_begin` loads
         if self.beta_controller.has_training_state:
             if not self.args.resume_without_kl_state:

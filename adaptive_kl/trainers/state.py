@@ -87,34 +87,25 @@ def resolve_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
     return str(resume_from_checkpoint) if os.path.isdir(resume_from_checkpoint) else None
 
 
-def saved_entry(checkpoint: str) -> tuple[str, dict | list | None]:
-    """The path of `checkpoint`'s `trainer_state.json` and our `stateful_callbacks` entry in it (`None`: none).
-
-    Raises:
-        ValueError: naming the file, when it is not valid JSON.
-    """
-    path = os.path.join(checkpoint, TRAINER_STATE_FILE)
-    if not os.path.isfile(path):
-        return path, None
-    try:
-        with open(path) as f:
-            trainer_state = json.load(f)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"Cannot read the checkpoint state {path}: {error}") from None
-    callbacks = trainer_state.get("stateful_callbacks") if isinstance(trainer_state, dict) else None
-    return path, callbacks.get(AdaptiveKLStateCallback.__name__) if isinstance(callbacks, dict) else None
-
-
 def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
-    """The β controller state saved in `checkpoint`, checked (and the reference-reset state beside it, when there is
-    one); `None` if the checkpoint carries none.
+    """What `checkpoint` saved of ours, checked: `{"controller_state": ..., "reference_reset_state": ... or None}`;
+    `None` if the checkpoint carries none.
 
     Raises:
         ValueError: naming the file, when `trainer_state.json` is not valid JSON, or when our entry is there but its
             state is damaged (missing, non-finite or negative β_base, counters that are not whole numbers >= 0, a
             reset `pending` that is not a bool).
     """
-    path, saved = saved_entry(checkpoint)
+    path = os.path.join(checkpoint, TRAINER_STATE_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            trainer_state = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"Cannot read the checkpoint state {path}: {error}") from None
+    callbacks = trainer_state.get("stateful_callbacks") if isinstance(trainer_state, dict) else None
+    saved = callbacks.get(AdaptiveKLStateCallback.__name__) if isinstance(callbacks, dict) else None
     if saved is None:
         return None
     controller_state = saved_controller_state(saved)
@@ -128,13 +119,7 @@ def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
             f"{path}: stateful_callbacks[{AdaptiveKLStateCallback.__name__!r}] is damaged: {error} Restore the file "
             "from a copy, or resume from another checkpoint."
         ) from None
-    return controller_state
-
-
-def checkpoint_reference_resets(checkpoint: str) -> int:
-    """How many reference resets the run saved in `checkpoint` had applied (0 when it records none)."""
-    reset_state = saved_attribute(saved_entry(checkpoint)[1], "reference_reset_state")
-    return int(reset_state["num_resets"]) if isinstance(reset_state, dict) else 0
+    return {"controller_state": controller_state, "reference_reset_state": reset_state}
 
 
 def missing_kl_state_message(checkpoint: str, beta: float) -> str:
