@@ -1,12 +1,12 @@
 # Targets named in the README. PYTHON is the interpreter of the environment to use (e.g. a virtualenv's).
 PYTHON ?= python
 
-.PHONY: install demo quickstart test bench soak ci
+.PHONY: install demo quickstart test bench soak studies ci
 
 install:  ## the package with its test dependencies (install torch first: pip install torch==2.13.0 on CPU)
 	$(PYTHON) -m pip install -e ".[dev]"
 
-demo:  ## the main job: the five KL methods on the embedded policy and task (CPU, 5-8 min); results in adaptive-kl-demo/
+demo:  ## the main job: the five KL methods on the embedded policy and task (CPU, about 5 min); results in adaptive-kl-demo/
 	$(PYTHON) -m adaptive_kl demo
 
 quickstart:  ## a short run with an adaptive KL method on a tiny offline model
@@ -26,6 +26,9 @@ bench:  ## speed and memory vs stock GRPOTrainer on the CPU (tiny and 30M models
 
 soak:  ## 300 steps of every KL method on the tiny model: no NaN, resident memory growth < 5% after warm-up; ~5 min
 	$(PYTHON) benchmarks/soak.py --output benchmarks/results/cpu-soak.md
+
+studies:  ## the seed studies of docs/studies/ (5 seeds each, two side by side on 2 cores; ~90 min; skips finished ones)
+	$(PYTHON) scripts/run_studies.py
 
 ci:  ## what CI runs: fresh environments for the newest TRL and TRL 1.15, each running the test suite
 	bash .ci/run

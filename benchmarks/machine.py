@@ -10,28 +10,14 @@ memory is trimmed before each run.
 from __future__ import annotations
 
 import ctypes
-import datetime
 import gc
-import os
-import platform
 import re
 import sys
 import warnings
 
 import torch
 
-
-def device_name() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    name = model or platform.processor() or platform.machine()
-    return f"CPU: {name}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+from adaptive_kl.testing.environment import device_name, environment_lines  # noqa: F401  (re-exported)
 
 
 def report(script: str, argv: list[str] | None, details: list[str], table: list[str], output: str | None) -> None:
@@ -42,23 +28,6 @@ def report(script: str, argv: list[str] | None, details: list[str], table: list[
     if output:
         with open(output, "w") as f:
             f.write(text)
-
-
-def environment_lines(command: str) -> list[str]:
-    """Markdown lines naming the date, machine, versions and the command that produced a result."""
-    import transformers
-    import trl
-
-    versions = f"Python {platform.python_version()}, torch {torch.__version__}"
-    versions += f", transformers {transformers.__version__}, trl {trl.__version__}"
-    if "unsloth" in sys.modules:  # only when the run used it: importing it here would patch TRL after the fact
-        versions += f", unsloth {sys.modules['unsloth'].__version__}"
-    return [
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- device: {device_name()}",
-        f"- versions: {versions}",
-        f"- command: `{command}`",
-    ]
 
 
 def _rss_mib(field: str) -> float:

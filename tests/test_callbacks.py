@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
-from tiny import make_trainer
+from tiny import make_trainer, perturb
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.trainers import callbacks as callbacks_module
@@ -197,6 +197,38 @@ def test_loglik_matches_unpadded_forward(trainer, padding_side, batch_size, monk
     assert tokenizer.padding_side == padding_side
 
 
+def test_kl_to_start_is_the_exact_kl_to_the_starting_policy(trainer):
+    """The first evaluation records the starting policy (KL 0); after the weights move, the KL is Σ_v p (log p − log q)
+    over every completion position, averaged over tokens, computed here from unpadded forwards before and after."""
+    model, tokenizer = trainer.model, trainer.processing_class
+
+    def completion_logps():  # per row: (completion tokens, vocab) log-probabilities, one unpadded forward each
+        rows = []
+        for prompt, completion in zip(SFT["prompt"], SFT["completion"], strict=True):
+            n_prompt = len(tokenizer(prompt)["input_ids"])
+            ids = torch.tensor([tokenizer(prompt + completion)["input_ids"]], device=model.device)
+            with torch.no_grad():
+                rows.append(model(input_ids=ids).logits.double().log_softmax(-1)[0, n_prompt - 1 : -1])
+        return rows
+
+    callback = RetentionCallback(trainer, Dataset.from_dict(SFT), batch_size=2, kl_to_start=True)
+    assert callback.evaluate()["retention/kl_to_start"] == 0.0
+    start = completion_logps()
+    original = {name: p.detach().clone() for name, p in model.named_parameters()}
+    try:
+        perturb(model)
+        scores = callback.evaluate()
+        now = completion_logps()
+    finally:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(original[name])
+    kl = sum(torch.nn.functional.kl_div(q, p, log_target=True, reduction="sum") for p, q in zip(now, start))  # KL(p‖q)
+    expected = kl.item() / sum(len(p) for p in now)
+    assert expected > 1e-3
+    assert scores["retention/kl_to_start"] == pytest.approx(expected, rel=1e-4)
+
+
 def test_loglik_shards_rows_evenly_across_processes(trainer):
     callback = RetentionCallback(trainer, Dataset.from_dict(SFT), batch_size=2)
     shards = []
@@ -268,6 +300,8 @@ def test_accuracy_accepts_a_task_reward_function(trainer):
         ({"dataset": {"prompt": [[{"role": "user", "content": "x"}]], "completion": ["y"]}}, "plain strings"),
         ({"dataset": {"prompt": ["x", "y"], "completion": ["z", ""]}}, "row 1: the completion"),
         ({"metric": "accuracy", "max_new_tokens": 4}, "score_fn must be a callable"),
+        ({"kl_to_start": 1}, "^kl_to_start must be True or False"),
+        ({"kl_to_start": True, "metric": "accuracy"}, "^kl_to_start=True needs metric='loglik'"),
         ({"metric": "accuracy", "score_fn": lambda completions, **k: [1.0]}, "max_new_tokens must be an int >= 1"),
         (
             {"metric": "accuracy", "max_new_tokens": 4, "score_fn": lambda completions, answer, **k: [1.0]},
@@ -352,7 +386,7 @@ sys.path.insert(0, {tests!r})
 from datasets import Dataset
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.trainers.callbacks import RetentionCallback
-from tiny import make_trainer
+from tiny import make_trainer, perturb
 
 sft = {sft!r}
 trainer = make_trainer(
@@ -366,6 +400,10 @@ scores.update(
         trainer, Dataset.from_dict(data), metric="accuracy", max_new_tokens=3, batch_size=2, score_fn=score
     ).evaluate()
 )
+drift = RetentionCallback(trainer, Dataset.from_dict(sft), batch_size=2, kl_to_start=True)
+drift.evaluate()  # records the starting policy
+perturb(trainer.model)
+scores["retention/kl_to_start"] = drift.evaluate()["retention/kl_to_start"]
 with open(f"{out}/scores{{trainer.accelerator.process_index}}.json", "w") as f:
     json.dump(scores, f)
 # Leave together: a rank exiting while gloo's threads still serve the other aborts it ("terminate called without an
@@ -392,8 +430,18 @@ def test_two_processes_shard_and_reduce_to_the_global_value(trainer, tiny_model_
     launch_two_processes(str(script))
     results = [json.loads((tmp_path / f"scores{i}.json").read_text()) for i in range(2)]
     token_mean, seq_mean = reference_loglik(trainer.model, trainer.processing_class, SFT["prompt"], SFT["completion"])
+    drift = RetentionCallback(trainer, Dataset.from_dict(SFT), batch_size=2, kl_to_start=True)
+    drift.evaluate()
+    original = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    perturb(trainer.model)
+    one_process = drift.evaluate()["retention/kl_to_start"]
+    with torch.no_grad():
+        for name, p in trainer.model.named_parameters():
+            p.copy_(original[name])
     for scores in results:
         assert scores["retention/loglik"] == pytest.approx(token_mean, rel=1e-5)
         assert scores["retention/seq_loglik"] == pytest.approx(seq_mean, rel=1e-5)
         assert scores["retention/accuracy"] == pytest.approx(2.0)  # mean of 0..4: every row once, padding left out
+        assert scores["retention/kl_to_start"] == pytest.approx(one_process, rel=1e-5)
+    assert one_process > 1e-3
     assert results[0] == results[1]

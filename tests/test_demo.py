@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny import run_python
 
-from adaptive_kl.demo.cli import main
+from adaptive_kl.demo.cli import build, main
 from adaptive_kl.demo.report import (
     CSV_COLUMNS,
     SUMMARY_HEADER,
@@ -95,6 +95,18 @@ def test_unsloth_needs_a_model(capsys, tmp_path):
         (["demo", "--task", "gsm8k"], ["--task gsm8k needs --model"]),
         (["compare", "--reward_weights", "1,2"], ["reward_weights", "cannot be varied"]),
         (["demo", "--set", "reward_weights=1,2"], ["reward_weights"]),
+        (
+            ["compare", "--variant", "beta=0", "--kl_scaling", "log"],
+            ["--variant lists whole variants", "--kl_scaling"],
+        ),
+        (["compare", "--variant", "beta"], ["--variant 'beta'", "FIELD=VALUE"]),
+        (["compare", "--variant", "beta=0 beta=0.1"], ["sets beta twice"]),
+        (["compare", "--variant", "beta=0", "--variant", "beta=0"], ["listed more than once"]),
+        (["compare", "--variant", "beta=0", "--set", "beta=0.1"], ["beta is both varied and fixed"]),
+        (["compare", "--variant", "bta=0"], ["Unknown", "bta", "beta"]),
+        (["compare", "--variant", "max_steps=3"], ["max_steps", "--steps"]),
+        (["compare", "--variant", "reward_weights=[1,2]"], ["reward_weights", "--set"]),
+        (["demo", "--variant", "beta=0"], ["unrecognized arguments"]),
     ],
 )
 def test_conflicting_or_malformed_options(capsys, tmp_path, argv, fragments):
@@ -144,6 +156,31 @@ def test_variant_grid_is_the_product_in_order():
     assert [v.name for v in variant_grid({"beta": ["0", "0.1"]})] == ["beta=0", "beta=0.1"]  # a bare number is unclear
     with pytest.raises(ValueError, match="more than once"):
         variant_grid({"kl_scaling": ["log", "log"]})
+
+
+def test_listed_variants_are_written_out_one_by_one_and_crossed_with_seeds(tmp_path):
+    settings, variants, title, _ = build(
+        ["compare", "--variant", "beta=0", "--variant", "kl_placement=reward kl_estimator=k1", "--seed", "3,4",
+         "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert [v.name for v in variants] == [
+        "beta=0, seed=3",
+        "beta=0, seed=4",
+        "kl_placement=reward, kl_estimator=k1, seed=3",
+        "kl_placement=reward, kl_estimator=k1, seed=4",
+    ]
+    assert variants[3].overrides == {"kl_placement": "reward", "kl_estimator": "k1", "seed": 4}
+    assert variants[0].overrides == {"beta": 0.0, "seed": 3}
+    assert title == "adaptive-kl compare: beta=0; kl_placement=reward, kl_estimator=k1"
+    assert settings.seed == 3
+    # one seed: the names carry no seed, and each variant keeps the other's defaults
+    _, variants, _, _ = build(
+        ["compare", "--variant", "beta=0", "--variant", "kl_estimator=k2", "--out", str(tmp_path)]
+    )
+    assert [(v.name, v.overrides) for v in variants] == [
+        ("beta=0", {"beta": 0.0}),
+        ("kl_estimator=k2", {"kl_estimator": "k2"}),
+    ]
 
 
 # --- report on a fabricated run: numbers against hand computation --------------------------------------------------

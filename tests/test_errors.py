@@ -115,6 +115,12 @@ CASES = {
         "demo", "--n-validation", "100000", "--out", str(c.tmp)
     ),
     "demo-unknown-field": lambda c, m: c.command("compare", "--kl_estimater", "k1,k3", "--out", str(c.tmp)),
+    "compare-variant-with-field-lists": lambda c, m: c.command(
+        "compare", "--variant", "beta=0", "--kl_scaling", "none,log", "--out", str(c.tmp)
+    ),
+    "compare-variant-without-value": lambda c, m: c.command(
+        "compare", "--variant", "kl_placement", "--out", str(c.tmp)
+    ),
     "demo-zero-steps": lambda c, m: c.command("demo", "--steps", "0", "--out", str(c.tmp)),
     "demo-missing-model": lambda c, m: c.command("demo", "--model", "./no-such-model", "--out", str(c.tmp)),
     "grpo-unknown-recipe-key": lambda c, m: c.grpo(kl_estimater="k2"),

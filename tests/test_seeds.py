@@ -122,6 +122,17 @@ def test_compare_over_seeds_end_to_end(tmp_path):
     rows = {cells(line)[0]: cells(line) for line in lines[1:3]}  # the first table
     assert rows["kl_scaling=none"][1] == rows["kl_scaling=log"][1] == "2" and "±" in rows["kl_scaling=none"][2]
     assert "Paired differences from kl_scaling=none" in result.stdout
+    header = cells(lines[0])
+    drift = rows["kl_scaling=log"][header.index("held-out KL to start (final)")]
+    assert float(drift.split(" ± ")[0]) > 0  # measured whatever β, from the held-out solutions
+    summary = (out / "summary.md").read_text()
+    for line in (
+        "- versions: Python",
+        "- command: `adaptive-kl compare --kl_scaling none,log --seed 0,1",
+        "- wall time: ",
+    ):
+        assert line in summary
+    assert "seed(s) 0, 1;" in summary
     with open(out / "metrics.csv") as f:
         variants = {r["variant"] for r in csv.DictReader(f)}
     assert variants == {f"kl_scaling={k}, seed={s}" for k in ("none", "log") for s in (0, 1)}

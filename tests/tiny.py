@@ -97,3 +97,11 @@ def launch_two_processes(*args: str) -> subprocess.CompletedProcess:
         except AssertionError as error:
             if attempt or "address already in use" not in str(error).lower():
                 raise
+
+
+def perturb(model, scale: float = 0.05) -> None:
+    """Moves every parameter by seeded noise (the same on every process and in every run)."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator).to(p))

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
+import time
 import warnings
 
 from .usage import UsageError, check_local_path, check_model, grpo_asks_for_unsloth, import_unsloth
@@ -59,11 +61,19 @@ def _parser() -> argparse.ArgumentParser:
         help="train a model from a TRL GRPO recipe with adaptive KL: adaptive-kl grpo --config recipe.yaml "
         "(see adaptive-kl grpo --help)",
     )
-    commands.add_parser(
+    compare = commands.add_parser(
         "compare",
         parents=[shared],
         allow_abbrev=False,
         help="any variants: --<config_field> v1,v2,... (e.g. --kl_scaling none,linear,sqrt,log)",
+    )
+    compare.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="'FIELD=VALUE ...'",
+        help="one variant, written out (repeat for each; instead of --<field> lists): e.g. --variant beta=0 "
+        "--variant 'kl_placement=reward kl_estimator=k1'",
     )
     return parser
 
@@ -150,7 +160,8 @@ def build(argv: list[str] | None = None):
     """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
     run."""
     from .runner import DemoSettings, check_variants, quick
-    from .variants import DEMO_METHODS, method_variants, parse_field_value, variant_grid
+    from .seeds import group_name
+    from .variants import DEMO_METHODS, listed_variants, method_variants, parse_field_value, variant_grid
 
     parser = _parser()
     opts, extra = parser.parse_known_args(argv)
@@ -170,15 +181,25 @@ def build(argv: list[str] | None = None):
             variants, title = method_variants(DEMO_METHODS), "adaptive-kl demo: the five KL methods"
         else:
             varied = _varied_fields(extra)
-            if len(seeds) > 1:
-                varied["seed"] = seeds
-            if not varied:
-                raise UsageError("compare needs at least one varied field, e.g. --kl_scaling none,linear,sqrt,log")
+            if opts.variant:
+                if varied:
+                    raise UsageError(
+                        "--variant lists whole variants; it cannot be combined with --<field> lists "
+                        f"({', '.join('--' + name for name in varied)}): write each variant out instead"
+                    )
+                variants = listed_variants(opts.variant, seeds)
+                varied = {name: None for v in variants for name in v.overrides}
+                title = "adaptive-kl compare: " + "; ".join(dict.fromkeys(group_name(v) for v in variants))
+            else:
+                if len(seeds) > 1:
+                    varied["seed"] = seeds
+                if not varied:
+                    raise UsageError("compare needs at least one varied field, e.g. --kl_scaling none,linear,sqrt,log")
+                variants, title = variant_grid(varied), "adaptive-kl compare: " + ", ".join(varied)
             _refuse_runner_fields(varied)
             both = sorted(set(fixed) & set(varied))
             if both:
                 raise UsageError(f"{', '.join(both)} is both varied and fixed with --set; keep one")
-            variants, title = variant_grid(varied), "adaptive-kl compare: " + ", ".join(varied)
     except ValueError as error:
         raise UsageError(str(error)) from None
     settings = DemoSettings(
@@ -244,13 +265,23 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2
+    from ..testing.environment import environment_lines
     from .report import summary_table, write_report
     from .runner import run_comparison
 
+    start = time.perf_counter()
     runs = run_comparison(variants, settings, progress=progress)
-    notes = (
-        f"Model: {settings.model or 'embedded reference policy'}; task: {settings.task}; {settings.steps} steps per "
-        f"variant; seed {settings.seed}; validation accuracy by greedy decoding on {settings.n_validation} problems."
+    wall_time = time.perf_counter() - start
+    seeds = ", ".join(map(str, sorted({run.config.get("seed", settings.seed) for run in runs})))
+    notes = "\n".join(
+        [
+            f"Model: {settings.model or 'embedded reference policy'}; task: {settings.task}; "
+            f"{settings.steps} steps per variant; seed(s) {seeds}; validation accuracy by greedy decoding on "
+            f"{settings.n_validation} problems.",
+            "",
+            *environment_lines("adaptive-kl " + shlex.join(argv)),
+            f"- wall time: {wall_time / 60:.1f} min for {len(runs)} runs",
+        ]
     )
     paths = write_report(runs, settings.out, title, notes)
     print("\n" + summary_table(runs))

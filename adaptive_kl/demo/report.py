@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import textwrap
 
 from ..kl.metrics import METRIC_NAMES
 from .runner import VariantRun
@@ -46,6 +47,9 @@ SUMMARY_HEADER = (
     "retention loglik (final)",
     "Δ retention",
     "KL-band warnings",
+    "held-out KL to start (final)",
+    "Δ length (last − first quarter)",
+    "KL–length corr. (last quarter)",
 )
 # The diversity table, written when a run logged `diversity/*` (`diversity_metrics=True`): means over the last quarter.
 DIVERSITY_COLUMNS = (
@@ -68,14 +72,25 @@ def _late_mean(run: VariantRun, metric: str) -> float:
     return _mean(values[-max(1, len(values) // 4) :])
 
 
+def _length_drift(run: VariantRun) -> float:
+    """Mean completion length over the last quarter of steps minus that over the first quarter (the same number of
+    steps): how far the policy lengthened (> 0) or shortened its completions."""
+    lengths = [h["completions/mean_length"] for h in run.history if "completions/mean_length" in h]
+    quarter = max(1, len(lengths) // 4)
+    return _mean(lengths[-quarter:]) - _mean(lengths[:quarter]) if lengths else math.nan
+
+
 def summarize(run: VariantRun) -> dict[str, float]:
     """The summary row of one run: final validation accuracy, its change from step 0 and from the best evaluation
     (≤ 0: how much was lost since the best point), mean raw/adapted KL and completion length over steps, final β,
     the reward of the last quarter of steps, the final retention log-likelihood and its change from step 0, and how
-    many times the KL left its band."""
+    many times the KL left its band; then the final exact KL to the starting policy on the held-out solutions (logged
+    whatever β, NaN without held-out solutions), the completion-length drift, and the late correlation between a
+    completion's KL and its length (`adaptive_kl/kl_length_corr`, logged only with β > 0)."""
     accuracies = [e["val_accuracy"] for e in run.evaluations]
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
     retention = [e["retention/loglik"] for e in run.retention]
+    drift = [e["retention/kl_to_start"] for e in run.retention if "retention/kl_to_start" in e]
     final = accuracies[-1] if accuracies else math.nan
     return {
         "final_accuracy": final,
@@ -90,11 +105,16 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "final_retention": retention[-1] if retention else math.nan,
         "delta_retention": retention[-1] - retention[0] if retention else math.nan,
         "kl_warnings": float(len(run.kl_warnings)),
+        "final_kl_to_start": drift[-1] if drift else math.nan,
+        "length_drift": _length_drift(run),
+        "kl_length_corr": _late_mean(run, "adaptive_kl/kl_length_corr"),
     }
 
 
 # The number format of each summary value (after the variant's name), in `summarize`'s order.
-SUMMARY_FORMATS = (".3f", "+.3f", "+.3f", ".4f", ".4f", ".4g", ".1f", ".0f", ".3f", ".4f", "+.4f", ".0f")
+SUMMARY_FORMATS = (
+    ".3f", "+.3f", "+.3f", ".4f", ".4f", ".4g", ".1f", ".0f", ".3f", ".4f", "+.4f", ".0f", ".4f", "+.2f", "+.3f"
+)  # fmt: skip
 
 
 def _markdown_table(header, rows) -> str:
@@ -188,6 +208,7 @@ PANELS = (
     ("beta", "adaptive_kl/current_beta", "β"),
     ("completion_length", "completions/mean_length", "mean completion length (tokens)"),
     ("retention", "retention/loglik", "retention: log-likelihood of held-out solutions"),
+    ("drift", "retention/kl_to_start", "exact KL to the starting policy (held-out solutions)"),
     ("diversity", "diversity/unique_fraction", "unique completions per group"),
 )
 
@@ -197,7 +218,8 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
 
 
-EVALUATED_PANELS = {"validation_accuracy": "evaluations", "retention": "retention"}  # evaluated every eval_every steps
+# Panels evaluated every eval_every steps → the run's attribute holding them.
+EVALUATED_PANELS = {"validation_accuracy": "evaluations", "retention": "retention", "drift": "retention"}
 
 
 def _series(run: VariantRun, panel: str, metric: str) -> dict[int, float]:
@@ -262,7 +284,10 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
         draw(ax, panel, metric, title)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    axes.flat[len(panels)].legend(*axes.flat[0].get_legend_handles_labels(), loc="center", title="variant")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    # Long variant names wrap, so that the legend's cell does not squeeze the panels' columns.
+    labels = [textwrap.fill(label, 40, subsequent_indent="  ") for label in labels]
+    axes.flat[len(panels)].legend(handles, labels, loc="center", title="variant", fontsize=9)
     fig.tight_layout()
     paths.append(os.path.join(directory, "metrics.png"))
     fig.savefig(paths[-1], dpi=110)

@@ -137,6 +137,46 @@ def variant_grid(varied: dict[str, list[str]]) -> list[Variant]:
     return variants
 
 
+def listed_variants(specs: list[str], seeds: list[str] | None = None) -> list[Variant]:
+    """Variants written out one by one, for comparisons that are not a product of fields: each spec is
+    space-separated `FIELD=VALUE` assignments (`"kl_placement=reward kl_estimator=k1"`, or `"beta=0"`), and names its
+    variant by them. With several `seeds`, every variant runs once per seed (`..., seed=<s>`).
+
+    Raises:
+        ValueError: for an empty spec, an assignment without `=`, a field given twice in one spec, an unknown field or
+            value, a list/mapping field, or two specs naming the same variant.
+    """
+    variants = []
+    for spec in specs:
+        assignments = spec.split()
+        if not assignments:
+            raise ValueError("--variant needs FIELD=VALUE assignments, e.g. --variant 'kl_placement=reward beta=0.1'")
+        overrides, labels = {}, []
+        for assignment in assignments:
+            name, sep, text = assignment.partition("=")
+            name = name.replace("-", "_")
+            if not sep or not name or not text:
+                raise ValueError(f"--variant {spec!r}: expected FIELD=VALUE, got {assignment!r}")
+            if name in overrides:
+                raise ValueError(f"--variant {spec!r} sets {name} twice")
+            if _is_container_field(name):
+                raise ValueError(f"{name} takes a list or mapping; set it for every variant with --set '{name}=[...]'")
+            overrides[name] = parse_field_value(name, text)
+            labels.append(f"{name}={text}")
+        variants.append(Variant(", ".join(labels), overrides))
+    names = [v.name for v in variants]
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise ValueError(f"Variants {duplicated} are listed more than once")
+    if seeds and len(seeds) > 1:
+        variants = [
+            Variant(f"{v.name}, seed={s}", {**v.overrides, "seed": parse_field_value("seed", s)})
+            for v in variants
+            for s in seeds
+        ]
+    return variants
+
+
 def method_variants(methods: typing.Iterable[str] = DEMO_METHODS) -> list[Variant]:
     """One variant per `kl_adaptation_method`, named by the method."""
     return variant_grid({"kl_adaptation_method": list(methods)})
