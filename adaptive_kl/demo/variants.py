@@ -109,6 +109,14 @@ def parse_field_value(name: str, text: str) -> object:
         raise ValueError(f"Invalid value for {name}: {error}") from None
 
 
+def _refuse_duplicates(variants: list[Variant]) -> None:
+    """Raises ValueError naming the variants listed more than once (they would share an output directory)."""
+    names = [v.name for v in variants]
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise ValueError(f"Variants {duplicated} are listed more than once")
+
+
 def variant_grid(varied: dict[str, list[str]]) -> list[Variant]:
     """The product of the varied fields' values, as variants named `field=value, ...` (the value alone for a single
     field whose values are not numbers).
@@ -131,9 +139,7 @@ def variant_grid(varied: dict[str, list[str]]) -> list[Variant]:
             for n, (text, value) in zip(names, combination)
         )
         variants.append(Variant(label, {n: value for n, (_, value) in zip(names, combination)}))
-    duplicated = sorted({v.name for v in variants if [w.name for w in variants].count(v.name) > 1})
-    if duplicated:
-        raise ValueError(f"Variants {duplicated} are listed more than once")
+    _refuse_duplicates(variants)
     return variants
 
 
@@ -164,10 +170,7 @@ def listed_variants(specs: list[str], seeds: list[str] | None = None) -> list[Va
             overrides[name] = parse_field_value(name, text)
             labels.append(f"{name}={text}")
         variants.append(Variant(", ".join(labels), overrides))
-    names = [v.name for v in variants]
-    duplicated = sorted({name for name in names if names.count(name) > 1})
-    if duplicated:
-        raise ValueError(f"Variants {duplicated} are listed more than once")
+    _refuse_duplicates(variants)
     if seeds and len(seeds) > 1:
         variants = [
             Variant(f"{v.name}, seed={s}", {**v.overrides, "seed": parse_field_value("seed", s)})
