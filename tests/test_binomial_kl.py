@@ -267,6 +267,9 @@ def test_accumulated_gradient_equals_step_objective(tiny_model_dir, monkeypatch)
         BinomialKLTrainer, BinomialKLConfig, tiny_model_dir, gradient_accumulation_steps=2, temperature=0.7,
         correct_reward_threshold=0.2, **BASE,
     )  # fmt: skip
+    # float64: the float32 loss is a small difference of larger terms whose rounding depends on the CPU's SIMD width
+    # (1.3e-5 relative with torch's scalar kernels); in float64 both sides agree to ~1e-15 on any CPU.
+    trainer.model.double()
     rewards = torch.tensor([1.0, 0.0, 0.5, 2.0, 0.1, 1.5, float("nan"), 0.7])
     lengths = [6, 4, 1, 3, 5, 2, 6, 0]  # 4 correct: not 0.0 and 0.1 (threshold), NaN, nor the empty last one
     generation_batch = fabricated_generation_batch(trainer, rewards, lengths)
@@ -289,17 +292,20 @@ def test_accumulated_gradient_equals_step_objective(tiny_model_dir, monkeypatch)
     objective = naive_step_objective(trainer, [reference_batch])
     objective.backward()
     reference = grads_of(model)
-    assert sum(losses).item() == pytest.approx(objective.item(), rel=1e-5)
+    assert sum(losses).item() == pytest.approx(objective.item(), rel=1e-10)
     assert ours.keys() == reference.keys()
     scale = max(g.abs().max().item() for g in reference.values())
     assert scale > 0
     for name, grad in reference.items():
-        torch.testing.assert_close(ours[name], grad.to(ours[name].dtype), rtol=1e-4, atol=1e-6 * scale, msg=name)
+        torch.testing.assert_close(ours[name], grad, rtol=1e-9, atol=1e-12 * scale, msg=name)
 
 
 def test_micro_batches_share_the_step_normalizer(tiny_model_dir):
     """Slots of the generation buffer: each micro-batch divides by the correct sequences of both."""
     trainer = make_trainer(BinomialKLTrainer, BinomialKLConfig, tiny_model_dir, gradient_accumulation_steps=2, **BASE)
+    # In float64 both sides are exact to ~1e-15: the float32 loss is a small difference of larger terms, whose
+    # rounding depends on the CPU's SIMD width (2.7e-5 relative on AVX2), while a wrong normalizer is off by > 1e-1.
+    trainer.model.double()
     first = fabricated_generation_batch(trainer, [1.0, 0.0, 1.0, 1.0], [6, 4, 1, 3], seed=1)
     second = fabricated_generation_batch(trainer, [0.0, 2.0, 0.0, 0.0], [2, 5, 6, 6], seed=2)
     first["advantages"], second["advantages"] = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0.0, 2.0, 0.0, 0.0])
@@ -310,7 +316,7 @@ def test_micro_batches_share_the_step_normalizer(tiny_model_dir):
         ours = [trainer.compute_loss(trainer.model, batch) for batch in (first, second)]
         reference = naive_step_objective(trainer, [first, second])
     assert trainer._metrics["train"]["binomial_kl/num_correct"] == [4.0, 4.0]
-    assert sum(ours).item() == pytest.approx(reference.item(), rel=1e-5)
+    assert sum(ours).item() == pytest.approx(reference.item(), rel=1e-10)
     # In training, a batch outside a filled buffer cannot be normalized by its step: refused, not scaled wrongly.
     with pytest.raises(RuntimeError, match="generation buffer"):
         trainer.compute_loss(trainer.model, dict(second))
@@ -318,7 +324,7 @@ def test_micro_batches_share_the_step_normalizer(tiny_model_dir):
     trainer._buffered_inputs = [None, None]
     with torch.no_grad():
         alone = trainer.compute_loss(trainer.model, dict(second))
-        assert alone.item() == pytest.approx(naive_step_objective(trainer, [second]).item(), rel=1e-5)
+        assert alone.item() == pytest.approx(naive_step_objective(trainer, [second]).item(), rel=1e-10)
 
 
 def test_trainer_zero_correct_gives_zero_loss_and_gradient(tiny_model_dir):

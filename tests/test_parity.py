@@ -1,9 +1,12 @@
 """Method "none" reproduces stock TRL: same loss and parameter gradients, for every loss type TRL offers.
 
-TRL adds β·k inside its per-token loss and aggregates once; we aggregate the term separately and add it. In float32
-(TRL computes log-probabilities in float32 whatever the model dtype) the two summation orders differ by rounding, so
-"relative" is measured against the magnitude of the terms being summed: the larger of the stock value and the
-policy-only (β = 0) value. Differences are then ~1e-8; a wrong normalizer or estimator gives ~1e-1.
+TRL adds β·k inside its per-token loss and aggregates once; we aggregate the term separately and add it. The two
+summation orders differ by rounding, which cancellation in a gradient (many rows of opposite sign) amplifies: in
+float32 that reached 1.6e-4 relative on an AVX2 CPU and ~1e-7 on AVX-512, so a float32 tolerance is a property of
+the CPU. Both trainers therefore run in float64 here (the model, and a float64 stand-in for TRL's float32 fused
+log-probability scorer, which both trainers share, so the comparison is of the loss assembly alone): differences are
+then below 1e-15 (6.6e-16 measured on AVX2 and AVX-512), "relative" is measured against the magnitude of the terms being summed (the larger of the stock value
+and the policy-only, β = 0, value), and a wrong normalizer or estimator (≥ 1e-6) is caught on every machine.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
+import trl.trainer.utils as trl_utils
 from tiny import assert_close_to_stock as assert_close
 from tiny import fabricated_inputs, loss_and_grads, make_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.aggregation import LOSS_TYPES
+from adaptive_kl.testing.cpu_scorer import Float64LogProbFunction
 
 
 BETA = 0.3
@@ -38,11 +44,19 @@ def test_loss_types_cover_trl():
     assert offered == set(LOSS_TYPES)
 
 
+# float64 end to end: rounding < 1e-15 on any CPU, far below the smallest real difference the tests must catch (1e-6).
+RTOL = 1e-10
+
+
 @pytest.fixture(scope="module")
 def trainers(tiny_model_dir):
     stock = make_trainer(GRPOTrainer, GRPOConfig, tiny_model_dir, beta=BETA)
     ours = make_trainer(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA)
-    return stock, ours
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trl_utils, "_ChunkedLogProbFunction", Float64LogProbFunction)
+        for trainer in (stock, ours):
+            trainer.model.double()
+        yield stock, ours
 
 
 def configure(trainers, loss_type, level, bias):
@@ -69,10 +83,11 @@ def test_method_none_matches_stock_loss_and_gradients(trainers, loss_type, level
     stock_loss, stock_grads = loss_and_grads(stock, inputs)
     our_loss, our_grads = loss_and_grads(ours, inputs)
     policy_loss, policy_grads = policy_only(stock, inputs)
-    assert_close(our_loss, stock_loss, policy_loss, "loss")
+    assert_close(our_loss, stock_loss, policy_loss, "loss", RTOL)
     assert stock_grads.keys() == our_grads.keys() == policy_grads.keys() and stock_grads
     for name in stock_grads:
-        assert_close(our_grads[name], stock_grads[name], policy_grads[name], name)
+        assert_close(our_grads[name], stock_grads[name], policy_grads[name], name, RTOL)
+        assert our_grads[name].dtype == torch.float64
 
     # The comparison is sensitive to the KL term: without it, the stock gradient is measurably different.
     diff = sum((policy_grads[n] - stock_grads[n]).norm() ** 2 for n in stock_grads) ** 0.5
@@ -86,5 +101,5 @@ def test_method_none_matches_stock_eval_loss(trainers, loss_type):
     stock, ours = trainers
     inputs = fabricated_inputs(stock, seed=1)
     ours_loss, stock_loss = (loss_and_grads(t, inputs, train=False)[0] for t in (ours, stock))
-    assert_close(ours_loss, stock_loss, policy_only(stock, inputs, train=False)[0], "loss")
+    assert_close(ours_loss, stock_loss, policy_only(stock, inputs, train=False)[0], "loss", RTOL)
     assert abs(stock_loss - policy_only(stock, inputs, train=False)[0]) > 1e-3 * abs(stock_loss)

@@ -18,13 +18,15 @@ OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 class TorchLogProbFunction:
     """Same call as `ChunkedLogProbFunction.apply`; differentiable through ordinary autograd."""
 
-    @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None, logit_scale=1.0,
-              outputs=OPTIONAL_OUTPUTS):  # fmt: skip
-        with torch.autocast(hidden.device.type, enabled=False):  # like the kernel: float32 logits, always
-            logits = hidden.float() @ weight.float().T
+    compute_dtype = torch.float32  # like the kernel: float32 logits, always
+
+    @classmethod
+    def apply(cls, hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
+              logit_scale=1.0, outputs=OPTIONAL_OUTPUTS):  # fmt: skip
+        with torch.autocast(hidden.device.type, enabled=False):
+            logits = hidden.to(cls.compute_dtype) @ weight.to(cls.compute_dtype).T
         if bias is not None:
-            logits = logits + bias.float()
+            logits = logits + bias.to(cls.compute_dtype)
         logits = logits * logit_scale
         if final_logit_softcapping is not None:
             logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
@@ -37,6 +39,13 @@ class TorchLogProbFunction:
         mean_logits = logits.mean(-1) if "mean_logits" in outputs else None
         is_top1 = (logits.argmax(-1) == targets) if "is_top1" in outputs else None
         return target_log_probs, entropy, log_sum_sq, mean_logits, is_top1
+
+
+class Float64LogProbFunction(TorchLogProbFunction):
+    """The stand-in in float64, for tests that compare two loss assemblies to ~1e-12 on any CPU: in float32 their
+    summation orders differ by rounding that the CPU's SIMD width changes and cancellation amplifies."""
+
+    compute_dtype = torch.float64
 
 
 def install_cpu_scorer_if_needed() -> str | None:
