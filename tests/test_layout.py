@@ -1,6 +1,7 @@
 """The package's layers, checked: the formula sheet imports torch only, and each layer imports only those below it.
 
-Layers, bottom up: `kl` (pure math) → `trainers` (TRL wiring) → `experimental` → `demo` (the command). `testing` is
+Layers, bottom up: `kl` (pure math) → `trainers` (TRL wiring) → `experimental` → `demo` (the command). `models`
+(real models available offline) and `testing` are
 scaffolding that only tests, examples, benchmarks and the demo use.
 """
 
@@ -26,7 +27,8 @@ ALLOWED = {
     "trainers": {"kl"},
     "experimental": {"kl", "trainers"},
     "testing": set(),
-    "demo": {"kl", "trainers", "experimental", "testing"},
+    "models": set(),
+    "demo": {"kl", "trainers", "experimental", "testing", "models"},
 }
 HOST_PACKAGES = ("trl", "transformers", "peft", "accelerate")
 

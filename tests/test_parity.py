@@ -4,9 +4,10 @@ TRL adds β·k inside its per-token loss and aggregates once; we aggregate the t
 summation orders differ by rounding, which cancellation in a gradient (many rows of opposite sign) amplifies: in
 float32 that reached 1.6e-4 relative on an AVX2 CPU and ~1e-7 on AVX-512, so a float32 tolerance is a property of
 the CPU. Both trainers therefore run in float64 here (the model, and a float64 stand-in for TRL's float32 fused
-log-probability scorer, which both trainers share, so the comparison is of the loss assembly alone): differences are
-then below 1e-15 (6.6e-16 measured on AVX2 and AVX-512), "relative" is measured against the magnitude of the terms being summed (the larger of the stock value
-and the policy-only, β = 0, value), and a wrong normalizer or estimator (≥ 1e-6) is caught on every machine.
+log-probability scorer, which both trainers share, so the comparison is of the loss assembly alone). Differences are
+then below 1e-15 (6.6e-16 measured on AVX2 and AVX-512), "relative" is measured against the magnitude of the terms
+being summed (the larger of the stock value and the policy-only, β = 0, value), and a wrong normalizer or estimator
+(≥ 1e-6) is caught on every machine.
 """
 
 from __future__ import annotations

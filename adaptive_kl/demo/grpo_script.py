@@ -41,6 +41,7 @@ from ..testing.cpu_scorer import install_cpu_scorer_if_needed
 from ..trainers.config import AdaptiveKLGRPOConfig
 from ..trainers.grpo import AdaptiveKLGRPOTrainer
 from ..trainers.inputs import RewardOutputError
+from .policies import resolve_policy
 from .task.rewards import accuracy_reward, format_reward
 from .usage import UsageError, check_local_path, check_model, closest
 
@@ -248,6 +249,7 @@ def build_trainer(script_args, training_args, model_args, dataset_args) -> Adapt
     if model_args.model_name_or_path is None:
         raise UsageError("no model: give model_name_or_path (a local directory or a hub id)")
     check_model("model_name_or_path", model_args.model_name_or_path)
+    model_args.model_name_or_path = resolve_policy(model_args.model_name_or_path)  # a named policy: its local path
     reward_funcs = reward_funcs_of(script_args)
     data = load_datasets(script_args, dataset_args)
     source = script_args.dataset_name or "the datasets mixture"

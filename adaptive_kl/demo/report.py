@@ -30,6 +30,7 @@ CSV_COLUMNS = (
     *METRIC_NAMES,
     "loss",
     "val_accuracy",
+    "val_answer_accuracy",
     "val_format",
     "val_completion_length",
 )

@@ -17,13 +17,18 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from datasets import Dataset
+from peft import LoraConfig
 from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
 from ..testing.cpu_scorer import install_cpu_scorer_if_needed
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
+from ..trainers.generation import prompt_texts
 from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
+from .policies import POLICY_DEMOS, resolve_policy
 from .task import TASK_REWARDS, evaluate_accuracy, load_gsm8k
+from .task.chat import chat_datasets
 from .variants import TRAINER_CLASSES, Variant
 
 
@@ -36,9 +41,9 @@ class DemoSettings:
     """What every variant of a comparison shares: model, task, budget, seed and output directory."""
 
     out: str = "adaptive-kl-demo"
-    model: str | None = None  # None: the embedded reference policy
+    model: str | None = None  # None: the embedded reference policy; a named policy (`policies`), hub id or path
     unsloth: bool = False
-    task: str = "embedded"  # or "gsm8k"
+    task: str = "embedded"  # or "chat" (conversations, for chat models) or "gsm8k"
     gsm8k_path: str = "openai/gsm8k"
     steps: int = 200
     eval_every: int = 20
@@ -50,9 +55,31 @@ class DemoSettings:
     def embedded(self) -> bool:
         return self.model is None
 
+    @property
+    def policy_demo(self) -> dict | None:
+        """The named policy's demo budget (`policies.POLICY_DEMOS`), or None."""
+        return POLICY_DEMOS.get(self.model) if self.model is not None and not self.unsloth else None
+
+
+def for_model(settings: DemoSettings) -> DemoSettings:
+    """`settings` with a named policy's task and budget (steps, evaluation schedule, validation size)."""
+    demo = settings.policy_demo
+    if demo is None:
+        return settings
+    return dataclasses.replace(
+        settings,
+        task=demo["task"],
+        steps=demo["steps"],
+        eval_every=demo["eval_every"],
+        n_validation=demo["n_validation"],
+    )
+
 
 def quick(settings: DemoSettings) -> DemoSettings:
-    """The `--quick` budget: a few steps and a small validation set, for smoke tests (< 90 s for five variants)."""
+    """The `--quick` budget: a few steps and a small validation set, for smoke tests (< 90 s for five variants on the
+    embedded policy; 2 steps and 8 problems on a real one)."""
+    if settings.policy_demo is not None:
+        return dataclasses.replace(settings, steps=2, eval_every=2, n_validation=8)
     return dataclasses.replace(settings, steps=6, eval_every=3, n_validation=48)
 
 
@@ -85,8 +112,11 @@ def base_config(settings: DemoSettings) -> dict:
             use_cpu=not on_gpu,
             bf16=on_gpu,
         )
-    # Native bf16 only (a T4 emulates it, and Unsloth then loads the model in fp16).
+    # Native bf16 only (a T4 emulates it, and Unsloth then loads the model in fp16). On a CPU, float32: TRL keeps its
+    # bf16=True default there, which emulates bf16 on CPUs without it (a 135M LoRA step took 143 s instead of 10 s).
     bf16 = on_gpu and torch.cuda.is_bf16_supported(including_emulation=False)
+    if settings.policy_demo is not None:  # its own fields come after the trainer's defaults (`make_config`)
+        return dict(common, bf16=bf16, fp16=on_gpu and not bf16, use_cpu=not on_gpu)
     return dict(
         common,
         learning_rate=2e-5 if settings.unsloth else 1e-6,
@@ -135,7 +165,8 @@ def make_config(variant: Variant, settings: DemoSettings, output_dir: str):
     trainer = variant_trainer(variant, settings)
     config_cls, _ = trainer_classes(trainer)
     chosen = {k: v for k, v in {**settings.fixed, **variant.overrides}.items() if k != "trainer"}
-    fields = {**base_config(settings), **TRAINER_DEFAULTS[trainer], **chosen}
+    policy = settings.policy_demo["config"] if settings.policy_demo is not None and trainer == "grpo" else {}
+    fields = {**base_config(settings), **TRAINER_DEFAULTS[trainer], **policy, **chosen}
     if "seed" in variant.overrides and "data_seed" not in variant.overrides:
         fields["data_seed"] = variant.overrides["seed"]
     if trainer == "grpo" and "beta_min" not in chosen:
@@ -153,6 +184,8 @@ def task_datasets(settings: DemoSettings, n_train: int, seed: int):
     if settings.task == "gsm8k":
         train = load_gsm8k("train", settings.gsm8k_path, limit=n_train)
         validation = load_gsm8k("test", settings.gsm8k_path, limit=settings.n_validation)
+    elif settings.task == "chat":  # conversations: the instruction is part of the user message
+        return chat_datasets(n_train, settings.n_validation, seed=seed)
     else:
         train, validation = embedded_datasets(n_train, settings.n_validation, seed=seed)
     if not settings.embedded:
@@ -165,7 +198,7 @@ def task_datasets(settings: DemoSettings, n_train: int, seed: int):
 
 def load_policy(settings: DemoSettings):
     """`(model, tokenizer)`: a path for TRL to load (plain TRL), or an Unsloth LoRA model (`settings.unsloth`)."""
-    path = embedded_policy_path() if settings.embedded else settings.model
+    path = embedded_policy_path() if settings.embedded else resolve_policy(settings.model)
     if not settings.unsloth:
         return path, AutoTokenizer.from_pretrained(path)
     from unsloth import FastLanguageModel  # noqa: F401  (imported first, as Unsloth requires; checked by the CLI)
@@ -231,11 +264,15 @@ class VariantRun:
     kl_warnings: list[dict] = field(default_factory=list)  # the KL-band episodes `KLHealthCallback` warned about
 
 
-def retention_dataset(validation):
-    """The held-out reference solutions as `prompt`/`completion`, or `None` when the task has none (GSM8K)."""
+def retention_dataset(validation, tokenizer):
+    """The held-out reference solutions as `prompt`/`completion`, or `None` when the task has none (GSM8K).
+
+    Conversational prompts are rendered as the trainer renders them for generation (`prompt_texts`), so that the
+    retention metrics score the solution after the chat template's assistant prompt."""
     if "solution" not in validation.column_names:
         return None
-    return validation.select_columns(["prompt", "solution"]).rename_column("solution", "completion")
+    texts, _ = prompt_texts(tokenizer, validation["prompt"])
+    return Dataset.from_dict({"prompt": texts, "completion": validation["solution"]})
 
 
 def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRun:
@@ -243,9 +280,14 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     install_cpu_scorer_if_needed()
     args = make_config(variant, settings, variant_output_dir(variant, settings))
     model, tokenizer = load_policy(settings)
+    demo = settings.policy_demo
+    peft_config = LoraConfig(task_type="CAUSAL_LM", **demo["lora"]) if demo is not None else None
     prompts_needed = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
     train, validation = task_datasets(settings, prompts_needed // args.num_generations + 1, args.seed)
-    max_new_tokens = EMBEDDED_TASK["max_new_tokens"] if settings.embedded else args.max_completion_length
+    if settings.embedded:
+        max_new_tokens = EMBEDDED_TASK["max_new_tokens"]
+    else:
+        max_new_tokens = demo["max_new_tokens"] if demo is not None else args.max_completion_length
     validation_callback = ValidationCallback(tokenizer, validation, settings.eval_every, max_new_tokens)
     kl_health = KLHealthCallback()
     start = time.perf_counter()
@@ -256,14 +298,16 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         reward_funcs=list(TASK_REWARDS),
         args=args,
         train_dataset=train,
+        peft_config=peft_config,
         callbacks=[validation_callback, kl_health, VariantProgressCallback(bar, variant.name)],
     )
     trainer.remove_callback(PrinterCallback)  # the shared progress bar replaces per-step log dicts on stdout
-    held_out = retention_dataset(validation)
+    held_out = retention_dataset(validation, tokenizer)
     retention = None
     if held_out is not None:
+        # A real model's vocabulary is large: smaller batches keep the (batch, length, vocabulary) logits small.
         retention = RetentionCallback(
-            trainer, held_out, eval_steps=settings.eval_every, batch_size=64, kl_to_start=True
+            trainer, held_out, eval_steps=settings.eval_every, batch_size=64 if demo is None else 16, kl_to_start=True
         )
         trainer.add_callback(retention)
     trainer.train()

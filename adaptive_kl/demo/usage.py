@@ -41,6 +41,14 @@ def check_model(option: str, model: str | None) -> None:
     """Fails before any training when the model's config cannot be loaded."""
     if model is None:
         return
+    from .policies import MissingModelError, is_named_policy, resolve_policy
+
+    if is_named_policy(model):
+        try:
+            resolve_policy(model)  # converts the packaged model on first use
+        except MissingModelError as error:
+            raise UsageError(f"{option} {model}: {error}") from None
+        return
     check_local_path(option, model)
     from transformers import AutoConfig
 

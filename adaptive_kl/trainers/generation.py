@@ -5,9 +5,24 @@ from __future__ import annotations
 import torch
 
 
+def prompt_texts(tokenizer, prompts: list) -> tuple[list[str], bool]:
+    """`(texts, add_special_tokens)` to tokenize `prompts` as `GRPOTrainer` does for generation.
+
+    Plain-text prompts are tokenized with the tokenizer's defaults. Conversational ones (lists of `{"role",
+    "content"}` messages) are rendered with the tokenizer's chat template and the assistant's generation prompt, which
+    already holds every special token the template wants, so nothing more is added.
+    """
+    if prompts and not isinstance(prompts[0], str):
+        texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+        return texts, False
+    return list(prompts), True
+
+
 @torch.no_grad()
-def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 64) -> list[str]:
-    """Greedy completions of `prompts` (left-padded batches), decoded without special tokens."""
+def generate_greedy(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int = 64) -> list[str]:
+    """Greedy completions of `prompts` (plain text or conversations; left-padded batches), decoded without special
+    tokens."""
+    prompts, add_special_tokens = prompt_texts(tokenizer, prompts)
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     was_training = model.training
     model.eval()
@@ -15,7 +30,12 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
     completions = []
     try:
         for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True).to(device)
+            batch = tokenizer(
+                prompts[start : start + batch_size],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=add_special_tokens,
+            ).to(device)
             output = model.generate(
                 **batch,
                 max_new_tokens=max_new_tokens,

@@ -99,6 +99,20 @@ def extract_answer(text: str) -> str | None:
     return None
 
 
+def final_number(text: str) -> str | None:
+    """The answer a reader would take from `text`: `extract_answer`'s, else the last number anywhere in it.
+
+    The task's rewards use `extract_answer` (the format is rewarded); this lenient reading measures what a model knows
+    before it has learned the format, e.g. a chat model that ends with "so 7 + 12 = 19." and no marker."""
+    answer = extract_answer(text)
+    if answer is not None or not isinstance(text, str):
+        return answer
+    if THINK_CLOSE in text:
+        text = text.rsplit(THINK_CLOSE, 1)[1]
+    numbers = _numbers(text)
+    return numbers[-1] if numbers else None
+
+
 def has_answer_format(text: str) -> bool:
     """Whether `text` gives a final answer through a marker (`####` or an `<answer>` block)."""
     # `extract_answer` only ever finds an answer through a marker.

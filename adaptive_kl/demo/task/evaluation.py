@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 from ...trainers.generation import generate_greedy
-from .answers import answers_match, extract_answer, has_answer_format
+from .answers import answers_match, extract_answer, final_number, has_answer_format
 
 
 def evaluate_accuracy(
-    model, tokenizer, prompts: list[str], answers: list, max_new_tokens: int = 32, batch_size: int = 64
+    model, tokenizer, prompts: list, answers: list, max_new_tokens: int = 32, batch_size: int = 64
 ) -> dict[str, float]:
-    """Greedy-decoding accuracy and format rate of `model` on (`prompts`, `answers`).
+    """Greedy-decoding accuracy and format rate of `model` on (`prompts`, `answers`); prompts are plain text or
+    conversations (rendered with the tokenizer's chat template).
 
     Returns:
-        `{"accuracy": fraction with the right final answer, "format": fraction with an answer marker,
-        "completion_length": mean completion length in characters}`.
+        `{"accuracy": fraction with the right final answer given through a marker (what the reward pays),
+        "answer_accuracy": fraction whose final number is right, marker or not (`final_number`), "format": fraction
+        with an answer marker, "completion_length": mean completion length in characters}`.
     """
     completions = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
     n = max(len(completions), 1)
+    pairs = list(zip(completions, answers, strict=True))
     return {
-        "accuracy": sum(answers_match(extract_answer(c), a) for c, a in zip(completions, answers, strict=True)) / n,
+        "accuracy": sum(answers_match(extract_answer(c), a) for c, a in pairs) / n,
+        "answer_accuracy": sum(answers_match(final_number(c), a) for c, a in pairs) / n,
         "format": sum(has_answer_format(c) for c in completions) / n,
         "completion_length": sum(len(c) for c in completions) / n,
     }

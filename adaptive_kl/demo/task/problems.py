@@ -67,10 +67,17 @@ def _two_step(rng: random.Random, name: str, item: str, max_operand: int) -> Pro
     )
 
 
-KINDS = {"add": _add, "subtract": _subtract, "multiply": _multiply, "two_step": _two_step}
+def _sum(rng: random.Random, name: str, item: str, max_operand: int) -> Problem:
+    a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+    return Problem(f"What is {a} + {b}?", f"{a}+{b}", a + b)
 
 
-def generate_problems(n: int, seed: int = 0, max_operand: int = 50, kinds=tuple(KINDS)) -> list[Problem]:
+KINDS = {"add": _add, "subtract": _subtract, "multiply": _multiply, "two_step": _two_step, "sum": _sum}
+# The word problems of the embedded task (what the embedded policy was fine-tuned on); "sum" is the chat task's.
+EMBEDDED_KINDS = ("add", "subtract", "multiply", "two_step")
+
+
+def generate_problems(n: int, seed: int = 0, max_operand: int = 50, kinds=EMBEDDED_KINDS) -> list[Problem]:
     """`n` problems drawn with `random.Random(seed)`: the same arguments always give the same list.
 
     Args:
