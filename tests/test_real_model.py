@@ -267,7 +267,8 @@ def test_a_missing_package_names_the_install_command(monkeypatch, tmp_path):
 
 
 def test_demo_settings_for_the_named_policy(smollm2_dir, tmp_path):
-    """`--model smollm2` picks the chat task and the real-model budget; the embedded policy is refused the chat task."""
+    """`--model smollm2` picks the chat task and the real-model budget; the embedded policy cannot take the chat
+    task."""
     from adaptive_kl.demo.cli import build
     from adaptive_kl.demo.usage import UsageError
 

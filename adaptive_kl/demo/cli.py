@@ -289,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ..testing.environment import environment_lines
     from .report import summary_table, write_report
+    from .run_files import save_runs
     from .runner import run_comparison
 
     start = time.perf_counter()
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     paths = write_report(runs, settings.out, title, notes)
+    save_runs(runs, settings.out)
     print("\n" + summary_table(runs))
     print(f"Wrote {paths['summary']}, {paths['csv']} and {len(paths['plots'])} plots to {settings.out}")
     if not paths["plots"]:

@@ -1,0 +1,205 @@
+"""Runs the real-model studies of `docs/studies/real/` (SmolLM2-135M-Instruct), one run per variant and seed, and
+survives sessions: a finished run is never redone.
+
+    python scripts/run_real_studies.py                          # every run not yet done, two side by side
+    python scripts/run_real_studies.py --only length --seeds 0,1,2
+    python scripts/run_real_studies.py --summarize              # only rewrite the summaries from the runs so far
+    nohup python scripts/run_real_studies.py > real-studies.log 2>&1 &     # in the background (hours on 2 cores)
+
+Each run is one `adaptive-kl compare --model smollm2 --variant ... --seed S` into
+`docs/studies/real/<study>/runs/<variant>/seed-<S>/`, which holds its own `summary.md`, `metrics.csv` and `runs.json`
+(the run, in full). A run whose `runs.json` exists is finished and skipped; one without it (killed mid-way) is rerun
+from its start. After every finished run, the study's `summary.md`, `metrics.csv` and plots are rewritten from all
+the runs found so far, with the seeds each variant has, so a stopped session loses at most the runs in flight.
+Runs are ordered seed by seed (every variant's seed 0, then seed 1, ...), so partial results stay balanced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUDIES_DIR = os.path.join(
+    "docs", "studies", "real"
+)  # relative to the repository: summaries record a portable command
+
+# The real model's budget on a 2-core CPU, measured: ~18 s a step for 2 prompts × 4 completions of at most 64 tokens
+# with one thread (~30 s at 128 tokens). A length-study run (100 steps of up to 128 tokens) takes about 50 min of one
+# core and a β-study run (100 steps of 64 tokens) about 30: the length study (5 variants × 3 seeds) takes ~6 h with
+# two runs side by side, about two sessions of background running, and the β study ~2.5 h more.
+STUDIES = {
+    # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
+    # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
+    # vanish, and placements with opposite length incentives. β = 0 first: paired differences are the KL's effect.
+    "length": {
+        "variants": [
+            "beta=0 loss_type=grpo",
+            "beta=0.2 loss_type=grpo kl_placement=reward kl_estimator=k1 kl_adaptation_method=length_normalized",
+            "beta=0.2 loss_type=grpo kl_placement=reward kl_estimator=k1",
+            "beta=0.2 loss_type=grpo",
+            "beta=0.2 loss_type=dr_grpo",
+        ],
+        "args": [
+            "--model", "smollm2", "--steps", "100", "--eval-every", "25",
+            "--set", "reward_weights=[1.0, 0.0]", "--set", "max_completion_length=128",
+        ],
+    },
+    # Does the KL matter on a real model: no KL, the demo's β and a larger one, on the full task reward.
+    "beta": {
+        "variants": ["beta=0", "beta=0.04", "beta=0.2"],
+        "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
+    },
+}  # fmt: skip
+DEFAULT_SEEDS = "0,1,2"
+
+
+@dataclass(frozen=True)
+class Run:
+    study: str
+    variant: str
+    seed: int
+
+    def directory(self, out: str) -> str:
+        slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in self.variant.replace(" ", "__"))
+        return os.path.join(out, self.study, "runs", slug.replace("=", "-"), f"seed-{self.seed}")
+
+    def command(self, out: str, studies: dict) -> list[str]:
+        return [
+            sys.executable, "-m", "adaptive_kl", "compare", *studies[self.study]["args"], "--variant", self.variant,
+            "--seed", str(self.seed), "--out", self.directory(out), "--no-progress",
+        ]  # fmt: skip
+
+
+def planned_runs(studies: dict, names: list[str], seeds: list[int]) -> list[Run]:
+    """Every run of the studies, seed by seed (all variants of seed 0 first), the studies in their order."""
+    return [Run(name, variant, seed) for name in names for seed in seeds for variant in studies[name]["variants"]]
+
+
+def finished(run: Run, out: str) -> bool:
+    from adaptive_kl.demo.run_files import has_runs
+
+    return has_runs(os.path.join(REPOSITORY, run.directory(out)))
+
+
+def execute(run: Run, out: str, studies: dict, threads: int) -> int:
+    directory = os.path.join(REPOSITORY, run.directory(out))
+    os.makedirs(directory, exist_ok=True)
+    argv = run.command(out, studies)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # runs side by side must not fight over cores
+    start = time.perf_counter()
+    print(f"[{time.strftime('%H:%M:%S')}] {run.study}: {run.variant}, seed {run.seed}", flush=True)
+    with open(os.path.join(directory, "run.log"), "w") as log:
+        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPOSITORY)
+    minutes = (time.perf_counter() - start) / 60
+    print(f"[{time.strftime('%H:%M:%S')}] {run.study}: {run.variant}, seed {run.seed}: exit {code} after "
+          f"{minutes:.1f} min", flush=True)  # fmt: skip
+    return code
+
+
+def summarize(name: str, out: str, studies: dict, seeds: list[int]) -> str | None:
+    """Rewrites `<out>/<name>/summary.md`, `metrics.csv` and plots from the study's finished runs; returns the
+    summary's path (None when no run is finished yet)."""
+    from adaptive_kl.demo.report import write_report
+    from adaptive_kl.demo.run_files import load_runs
+    from adaptive_kl.testing.environment import environment_lines
+
+    variants = [", ".join(v.split()) for v in studies[name]["variants"]]  # as `compare --variant` names them
+    found = [
+        run
+        for run in planned_runs(studies, [name], sorted(set(seeds) | found_seeds(name, out, studies)))
+        if finished(run, out)
+    ]
+    found.sort(key=lambda run: (studies[name]["variants"].index(run.variant), run.seed))  # baseline variant first
+    runs, counts, wall_time = [], {}, 0.0
+    for run in found:
+        (trained,) = load_runs(os.path.join(REPOSITORY, run.directory(out)))
+        # Named and seeded as `compare --seed` names its runs, so the report groups the seeds of a variant.
+        label = ", ".join(run.variant.split())
+        trained.name, trained.config = f"{label}, seed={run.seed}", {**trained.config, "seed": run.seed}
+        runs.append(trained)
+        counts[label] = counts.get(label, 0) + 1
+        wall_time += trained.wall_time
+    if not runs:
+        return None
+    script = os.path.relpath(os.path.abspath(__file__), REPOSITORY)
+    notes = "\n".join(
+        [
+            f"Real-model study `{name}`: SmolLM2-135M-Instruct (LoRA r16), the chat task; every run is "
+            f"`python -m adaptive_kl compare {shlex.join(studies[name]['args'])} --variant <variant> --seed <s>`.",
+            "",
+            "Seeds so far: " + "; ".join(f"{label}: {counts.get(label, 0)}" for label in variants) + ".",
+            "",
+            *environment_lines(f"python {script} --only {name}"),
+            f"- wall time: {wall_time / 3600:.2f} h of single-core training and evaluation over {len(runs)} runs "
+            "(each run's own summary.md records its machine, versions and command)",
+        ]
+    )
+    paths = write_report(runs, os.path.join(REPOSITORY, out, name), f"Real-model study: {name}", notes)
+    return paths["summary"]
+
+
+def found_seeds(name: str, out: str, studies: dict) -> set[int]:
+    """Seeds with a run directory in the study (so a summary also counts seeds run with another --seeds)."""
+    found = set()
+    root = os.path.join(REPOSITORY, out, name, "runs")
+    for variant_dir in os.listdir(root) if os.path.isdir(root) else []:
+        for entry in os.listdir(os.path.join(root, variant_dir)):
+            if entry.startswith("seed-") and entry[5:].lstrip("-").isdigit():
+                found.add(int(entry[5:]))
+    return found
+
+
+def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
+    studies = STUDIES if studies is None else studies
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", nargs="+", choices=list(studies), help="studies to run (default: all)")
+    parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"seeds of every run (default {DEFAULT_SEEDS})")
+    parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each (default 2)")
+    parser.add_argument("--summarize", action="store_true", help="only rewrite the summaries from finished runs")
+    parser.add_argument(
+        "--out", default=STUDIES_DIR, help="parent directory of the studies (default docs/studies/real)"
+    )
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
+    names = args.only or list(studies)
+    codes = []
+    if not args.summarize:
+        todo = [run for run in planned_runs(studies, names, seeds) if not finished(run, args.out)]
+        print(f"{len(todo)} runs to do; finished runs are skipped.", flush=True)
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+
+        lock = threading.Lock()  # one summary at a time: two runs may finish together
+
+        def work(run: Run) -> int:
+            code = execute(run, args.out, studies, threads)
+            if code == 0:
+                with lock:
+                    summarize(run.study, args.out, studies, seeds)
+            return code
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            codes = list(pool.map(work, todo))
+        if any(codes):
+            print(f"{sum(1 for c in codes if c)} runs failed (see their run.log)", file=sys.stderr)
+    for name in names:
+        summary = summarize(name, args.out, studies, seeds)
+        print(f"{name}: {summary or 'no finished run yet'}")
+    return 1 if any(codes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""`scripts/run_real_studies.py`, the runner of the real-model studies, on the tiny policy: one run per variant and
+seed, finished runs skipped when started again, the summary rewritten from whatever runs exist."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from adaptive_kl.demo.cli import build
+from adaptive_kl.demo.run_files import load_runs
+
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "run_real_studies.py")
+TINY = {"tiny": {"variants": ["beta=0", "beta=0.1 kl_estimator=k2"], "args": ["--steps", "2", "--eval-every", "2",
+                                                                             "--n-validation", "8"]}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("run_real_studies", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_real_study_is_a_valid_comparison_on_the_real_model(script, tmp_path, monkeypatch):
+    monkeypatch.setattr("adaptive_kl.demo.cli.check_model", lambda *args: None)  # no conversion needed to parse
+    for name in script.STUDIES:
+        for run in script.planned_runs(script.STUDIES, [name], [0]):
+            settings, variants, _, _ = build(run.command(str(tmp_path), script.STUDIES)[3:])
+            assert settings.model == "smollm2" and settings.task == "chat" and settings.steps == 100
+            assert [v.name for v in variants] == [", ".join(run.variant.split())]
+    assert len(script.STUDIES["length"]["variants"]) >= 4 and script.STUDIES["length"]["variants"][0].startswith(
+        "beta=0"
+    )
+
+
+def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys):
+    out = str(tmp_path / "studies")
+    assert script.main(["--seeds", "0,1", "--out", out], studies=TINY) == 0
+    runs = script.planned_runs(TINY, ["tiny"], [0, 1])
+    directories = [os.path.join(out, *os.path.relpath(run.directory(out), out).split(os.sep)) for run in runs]
+    assert all(os.path.isfile(os.path.join(d, "runs.json")) for d in directories)
+    summary = open(os.path.join(out, "tiny", "summary.md")).read()
+    assert "Seeds so far: beta=0: 2; beta=0.1, kl_estimator=k2: 2." in summary
+    assert "±" in summary and "paired" in summary.lower()
+
+    # A run killed mid-way left no runs.json: only it runs again; the others are not touched.
+    killed = directories[1]
+    os.remove(os.path.join(killed, "runs.json"))
+    before = {d: os.path.getmtime(os.path.join(d, "runs.json")) for d in directories if d != killed}
+    capsys.readouterr()
+    assert script.main(["--seeds", "0,1", "--out", out], studies=TINY) == 0
+    assert "1 runs to do" in capsys.readouterr().out
+    assert {d: os.path.getmtime(os.path.join(d, "runs.json")) for d in before} == before
+    (rerun,) = load_runs(killed)
+    assert rerun.config["beta"] == 0.1 and len(rerun.history) == 2
+
+    # Summaries are rebuilt from whatever runs exist, without training.
+    os.remove(os.path.join(directories[3], "runs.json"))
+    assert script.main(["--summarize", "--seeds", "0,1", "--out", out], studies=TINY) == 0
+    assert "beta=0.1, kl_estimator=k2: 1." in open(os.path.join(out, "tiny", "summary.md")).read()
