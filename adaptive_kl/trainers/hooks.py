@@ -28,7 +28,7 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .inputs import checking_reward_outputs
+from .inputs import check_drawn_prompts, checking_reward_outputs
 from .unsloth import capturing_efficient_grpo, check_import_order
 
 
@@ -158,6 +158,7 @@ class HostHooks:
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
+        check_drawn_prompts(inputs)  # a streaming dataset's rows are first seen here
         self._rewards_per_func = None
         output = super()._generate_and_score_completions(inputs)
         rewards_per_func, self._rewards_per_func = self._rewards_per_func, None

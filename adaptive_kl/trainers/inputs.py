@@ -4,8 +4,8 @@ TRL trusts both, so a bad value surfaces deep inside training as a message about
 as an `IndexError` from `generate`, a reward function returning strings as `too many dimensions 'str'` from
 `torch.tensor`. These checks name the culprit instead:
 
-- `check_train_dataset`: before any model is loaded, every prompt of a map-style dataset (an iterable one is not
-  read ahead of training);
+- `check_train_dataset`: before any model is loaded, every prompt of a map-style dataset; `check_drawn_prompts`: the
+  rows of a streaming dataset as training draws them (it is never read ahead of training);
 - `checking_reward_outputs`: while a batch is scored, wraps each reward function so that what it returns is checked
   on every call, before TRL converts it (one float, `None` or a number-like scalar per completion); a bad output raises
   `RewardOutputError` (a `TypeError`) naming the function, the value and the completion.
@@ -43,32 +43,61 @@ def _empty_prompt_rows(dataset) -> list[int]:
     return pc.indices_nonzero(pc.fill_null(pc.equal(lengths, 0), True)).to_pylist()
 
 
-def check_train_dataset(dataset, name: str = "train_dataset") -> None:
+def _is_map_style(dataset) -> bool:
+    from datasets import Dataset
+
+    return isinstance(dataset, Dataset)
+
+
+def _empty_prompts_error(name: str, empty: list[int], where: str = "rows") -> ValueError:
+    shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
+    return ValueError(
+        f"{name} has {len(empty)} empty prompt(s) ({where} {shown}): a prompt must be a non-empty string or a "
+        "non-empty list of chat messages. Drop those rows, e.g. dataset.filter(lambda row: row['prompt'])."
+    )
+
+
+def check_train_dataset(dataset, name: str = "train_dataset", environment: bool = False) -> None:
     """Raises `ValueError` for a map-style dataset without a `"prompt"` column or with an empty prompt.
 
     Args:
-        dataset: a `datasets.Dataset`, a list of dicts, or anything else (then nothing is checked: an
-            `IterableDataset` is only read by training, and a custom dataset may compute its prompts).
+        dataset: a `datasets.Dataset` or a list of dicts (checked here, row by row), or anything else: nothing is
+            checked ahead. An `IterableDataset` is a stream that only training reads (its rows are checked as they
+            are drawn: `check_drawn_prompts`), and a custom dataset may compute its prompts.
         name (`str`): the argument name for the message.
+        environment (`bool`): the trainer has an `environment_factory`. Its environment may own the data, supplying
+            each prompt from `reset()`, so TRL accepts a dataset without a `"prompt"` column (e.g. only an
+            `environment` column routing each row); only the prompts a dataset has are checked.
     """
-    column_names = getattr(dataset, "column_names", None)
-    if isinstance(column_names, list) and hasattr(dataset, "with_format"):  # datasets.Dataset
-        if "prompt" not in column_names:
+    if _is_map_style(dataset):
+        if "prompt" not in dataset.column_names:
+            if environment:
+                return
             raise ValueError(
-                f"{name} has no 'prompt' column (its columns: {column_names}); GRPO generates completions for the "
-                "prompts of that column. Rename your prompt column to 'prompt'."
+                f"{name} has no 'prompt' column (its columns: {dataset.column_names}); GRPO generates completions "
+                "for the prompts of that column. Rename your prompt column to 'prompt'."
             )
         empty = _empty_prompt_rows(dataset)
     elif isinstance(dataset, list) and all(isinstance(row, dict) for row in dataset):
-        empty = [i for i, row in enumerate(dataset) if _is_empty_prompt(row.get("prompt"))]
+        empty = [i for i, row in enumerate(dataset) if "prompt" in row or not environment]
+        empty = [i for i in empty if _is_empty_prompt(dataset[i].get("prompt"))]
     else:
         return
     if empty:
-        shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
-        raise ValueError(
-            f"{name} has {len(empty)} empty prompt(s) (rows {shown}): a prompt must be a non-empty string or a "
-            "non-empty list of chat messages. Drop those rows, e.g. dataset.filter(lambda row: row['prompt'])."
-        )
+        raise _empty_prompts_error(name, empty)
+
+
+def check_drawn_prompts(rows: list, name: str = "train_dataset") -> None:
+    """The same check on the rows of a batch as training draws them (a streaming dataset, which is not read ahead):
+    `ValueError` for a row without a prompt or with an empty one. Rows without a `"prompt"` key are left to the
+    host (an environment supplies their prompts, or TRL reports the missing key)."""
+    empty = [
+        i
+        for i, row in enumerate(rows)
+        if isinstance(row, dict) and "prompt" in row and _is_empty_prompt(row["prompt"])
+    ]
+    if empty:
+        raise _empty_prompts_error(name, empty, "in a drawn batch, at positions")
 
 
 class RewardOutputError(TypeError):

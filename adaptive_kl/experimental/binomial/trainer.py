@@ -74,7 +74,9 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer):
         check_host(GRPOTrainer, args, "BinomialKLTrainer", HOST_HOOKS, own_loss=True)
         if is_unsloth_class(GRPOTrainer):  # its compute_loss never calls `_compute_loss`
             raise NotImplementedError("BinomialKLTrainer does not support Unsloth's GRPOTrainer; use plain TRL.")
-        check_train_dataset(train_dataset_argument(more, kwargs))
+        check_train_dataset(
+            train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
+        )
         super().__init__(model, reward_funcs, args, *more, **kwargs)
 
     # --- advantages -----------------------------------------------------------------------------------------------
