@@ -77,9 +77,10 @@ def smollm2_path(cache_dir: str | None = None) -> str:
         "bytes": os.stat(source).st_size,
         "dtype": "float32",
         "transformers": transformers.__version__,
+        "format": 2,  # with the directory name: raised when the conversion changes, so that it is redone
     }
     target = os.path.join(
-        cache_dir or cache_root(), f"SmolLM2-135M-Instruct-Q4_1-float32-transformers-{transformers.__version__}"
+        cache_dir or cache_root(), f"SmolLM2-135M-Instruct-Q4_1-float32-v2-transformers-{transformers.__version__}"
     )
     if _converted(target, key):
         return target
@@ -131,5 +132,9 @@ def _convert(source: str, directory: str) -> None:
     model.load_state_dict(quantized.state_dict(), assign=True)
     model.tie_weights()
     model.generation_config = quantized.generation_config
+    # The end of turn is the model's EOS (`<|im_end|>`, as on the hub). Transformers < 5.18 reads the GGUF's
+    # tokenizer with `<|im_start|>` as EOS, so generation and TRL's completion masks would stop at the wrong token.
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
+    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
