@@ -12,6 +12,10 @@ Each run is one `adaptive-kl compare --model smollm2 --variant ... --seed S` int
 from its start. After every finished run, the study's `summary.md`, `metrics.csv` and plots are rewritten from all
 the runs found so far, with the seeds each variant has, so a stopped session loses at most the runs in flight.
 Runs are ordered seed by seed (every variant's seed 0, then seed 1, ...), so partial results stay balanced.
+
+A run in flight is claimed by its runner (`running.pid` in its directory, holding the runner's process id), so a
+second runner started later on the same machine (more cores free, say) takes the next unclaimed run instead of
+repeating one; a claim left by a runner that no longer lives is taken over.
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ STUDIES_DIR = os.path.join(
     "docs", "studies", "real"
 )  # relative to the repository: summaries record a portable command
 
-# The real model's budget on a 2-core CPU, measured: ~18 s a step for 2 prompts × 4 completions of at most 64 tokens
-# with one thread (~30 s at 128 tokens). A length-study run (100 steps of up to 128 tokens) takes about 50 min of one
-# core and a β-study run (100 steps of 64 tokens) about 30: the length study (5 variants × 3 seeds) takes ~6 h with
-# two runs side by side, about two sessions of background running, and the β study ~2.5 h more.
+# The real model's budget on a 2-core CPU, measured with one thread: ~18 s a step for 2 prompts × 4 completions of at
+# most 64 tokens, ~37 s at 128 tokens (4 steps of the length study's first variant: 155 s, and ~35 s an evaluation of
+# the 64 validation problems). A length-study run (100 steps, 5 evaluations) takes about 65 min of one core and a
+# β-study run (100 steps of 64 tokens) about 35: the length study (5 variants × 3 seeds) takes ~8 h with two runs
+# side by side, two to three sessions of background running, and the β study ~3 h more.
 STUDIES = {
     # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
     # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
@@ -88,6 +93,54 @@ def finished(run: Run, out: str) -> bool:
     from adaptive_kl.demo.run_files import has_runs
 
     return has_runs(os.path.join(REPOSITORY, run.directory(out)))
+
+
+CLAIM_FILE = "running.pid"
+
+
+def claim(run: Run, out: str) -> bool:
+    """Claims `run` for this process; False when it is finished or a live process (another runner) has it."""
+    directory = os.path.join(REPOSITORY, run.directory(out))
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, CLAIM_FILE)
+    for _ in range(2):
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _claimed_by_live_process(path):
+                return False
+            os.remove(path)  # left by a runner that was killed: take the run over
+            continue
+        with os.fdopen(descriptor, "w") as f:
+            f.write(str(os.getpid()))
+        if finished(run, out):  # finished by another runner between the listing and now
+            release(run, out)
+            return False
+        return True
+    return False
+
+
+def release(run: Run, out: str) -> None:
+    path = os.path.join(REPOSITORY, run.directory(out), CLAIM_FILE)
+    if os.path.isfile(path):
+        os.remove(path)
+
+
+def _claimed_by_live_process(path: str) -> bool:
+    try:
+        with open(path) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return False  # an unreadable claim is a stale one
+    if pid == os.getpid():
+        return True  # another thread of this runner
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def execute(run: Run, out: str, studies: dict, threads: int) -> int:
@@ -164,6 +217,9 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=list(studies), help="studies to run (default: all)")
     parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"seeds of every run (default {DEFAULT_SEEDS})")
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each (default 2)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads of each run (default: the cores shared by --jobs)"
+    )
     parser.add_argument("--summarize", action="store_true", help="only rewrite the summaries from finished runs")
     parser.add_argument(
         "--out", default=STUDIES_DIR, help="parent directory of the studies (default docs/studies/real)"
@@ -180,12 +236,18 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
     if not args.summarize:
         todo = [run for run in planned_runs(studies, names, seeds) if not finished(run, args.out)]
         print(f"{len(todo)} runs to do; finished runs are skipped.", flush=True)
-        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
 
         lock = threading.Lock()  # one summary at a time: two runs may finish together
 
         def work(run: Run) -> int:
-            code = execute(run, args.out, studies, threads)
+            if not claim(run, args.out):
+                print(f"{run.study}: {run.variant}, seed {run.seed}: done or in flight elsewhere, skipped", flush=True)
+                return 0
+            try:
+                code = execute(run, args.out, studies, threads)
+            finally:
+                release(run, args.out)
             if code == 0:
                 with lock:
                     summarize(run.study, args.out, studies, seeds)

@@ -64,3 +64,23 @@ def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys):
     os.remove(os.path.join(directories[3], "runs.json"))
     assert script.main(["--summarize", "--seeds", "0,1", "--out", out], studies=TINY) == 0
     assert "beta=0.1, kl_estimator=k2: 1." in open(os.path.join(out, "tiny", "summary.md")).read()
+
+
+def test_a_run_in_flight_elsewhere_is_left_to_its_runner_and_a_dead_runners_claim_is_taken_over(script, tmp_path):
+    import subprocess
+
+    out = str(tmp_path / "studies")
+    first, second = script.planned_runs(TINY, ["tiny"], [0])
+    live = os.path.join(script.REPOSITORY, first.directory(out), script.CLAIM_FILE)
+    os.makedirs(os.path.dirname(live))
+    with open(live, "w") as f:
+        f.write(str(os.getppid()))  # a live process that is not this runner
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = os.path.join(script.REPOSITORY, second.directory(out), script.CLAIM_FILE)
+    os.makedirs(os.path.dirname(stale))
+    with open(stale, "w") as f:
+        f.write(str(dead.pid))  # a runner that was killed
+    assert script.main(["--seeds", "0", "--out", out], studies=TINY) == 0
+    assert not os.path.exists(os.path.join(os.path.dirname(live), "runs.json")) and os.path.isfile(live)
+    assert os.path.isfile(os.path.join(os.path.dirname(stale), "runs.json")) and not os.path.exists(stale)
