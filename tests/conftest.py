@@ -27,3 +27,16 @@ def pytest_report_header(config):
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 model and character tokenizer saved to disk (TRL builds the reference model from the path)."""
     return save_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct as a local float32 checkpoint (converted once per machine and Transformers version)."""
+    from adaptive_kl.models import MissingModelError, smollm2_path
+
+    try:
+        return smollm2_path()
+    except MissingModelError as error:
+        if os.environ.get("CI"):
+            raise  # CI installs it (.ci/run): a missing model there is a broken install, not a reason to skip
+        pytest.skip(str(error))

@@ -54,16 +54,6 @@ RUN = dict(
 )
 
 
-@pytest.fixture(scope="session")
-def smollm2_dir():
-    try:
-        return smollm2_path()
-    except MissingModelError as error:
-        if os.environ.get("CI"):
-            raise  # CI installs it (.ci/run): a missing model there is a broken install, not a reason to skip
-        pytest.skip(str(error))
-
-
 def dataset(n: int = 2) -> Dataset:
     """Both prompts in every batch of 2 prompts × `num_generations`."""
     return Dataset.from_list([{"prompt": PROMPTS[i % 2], "answer": ANSWERS[i % 2]} for i in range(n)])

@@ -71,3 +71,10 @@ def test_method_none_matches_unsloth_beta_loss(tiny_model_dir, tmp_path):
 def test_training_through_unsloth_compiled_loss(tiny_model_dir, tmp_path):
     """3 steps each of dynamic+clip and the adaptive controller: β follows the rule, `kl` is ours, nothing is NaN."""
     run_check("train", tiny_model_dir, tmp_path)
+
+
+def test_unsloth_trainer_on_a_real_llama_model(smollm2_dir, tmp_path):
+    """SmolLM2-135M-Instruct through Unsloth's generated GRPO trainer: parity with Unsloth's own β loss in loss and
+    every gradient, and a short `dynamic+clip` run. The plain Transformers model stands in for `FastLanguageModel`,
+    which loads only on a GPU (as for the tiny model above)."""
+    run_check("real_model", smollm2_dir, tmp_path)

@@ -258,9 +258,10 @@ def check_parity(model_cls=AutoModelForCausalLM, loss_types=LOSS_TYPES):
         assert_close(our_eval, stock_eval, eval_policy, f"{what} eval loss")
 
 
-def check_train(model_cls=AutoModelForCausalLM):
+def check_train(model_cls=AutoModelForCausalLM, methods=("dynamic+clip", "none")):
     """Training through Unsloth's compiled loss: β follows the rule, our KL metrics are logged, nothing is NaN."""
-    for method, extra in [("dynamic+clip", {"reward_threshold": 0.0}), ("none", {"kl_controller": "adaptive"})]:
+    settings = {"dynamic+clip": {"reward_threshold": 0.0}, "none": {"kl_controller": "adaptive"}}
+    for method, extra in [(method, settings[method]) for method in methods]:
         trainer = make(
             AdaptiveKLGRPOTrainer,
             AdaptiveKLGRPOConfig,
@@ -309,8 +310,16 @@ def check_hidden_states():
     assert HiddenStatesQwen2.hidden_state_calls > calls
 
 
+def check_real_model():
+    """MODEL_DIR is SmolLM2-135M-Instruct (Llama architecture, BPE, a 49k vocabulary): Unsloth's generated trainer
+    keeps parity with its own β loss (one loss type and the bias/bound cases) and trains with `dynamic+clip`."""
+    check_parity(loss_types=("dapo",))
+    check_train(methods=("dynamic+clip",))
+
+
 if __name__ == "__main__":
     checks = {"config": check_config, "capture": check_capture, "parity": check_parity, "train": check_train}
+    checks["real_model"] = check_real_model
     checks["hidden_states"] = check_hidden_states
     checks[CHECK]()
     print(f"OK {CHECK}")
