@@ -71,7 +71,9 @@ def test_every_page_is_reachable_from_the_readme():
             target = os.path.normpath(os.path.join(os.path.dirname(page), path))
             if path.endswith(".md") and os.path.exists(target):
                 todo.append(target)
-    assert set(PAGES) <= reachable, sorted(os.path.relpath(p, ROOT) for p in set(PAGES) - reachable)
+    # A study's `runs/<variant>/seed-<s>/summary.md` are the records of its single runs, which its summary aggregates.
+    pages = {page for page in PAGES if f"{os.sep}runs{os.sep}" not in os.path.relpath(page, ROOT)}
+    assert pages <= reachable, sorted(os.path.relpath(p, ROOT) for p in pages - reachable)
 
 
 def test_the_semantics_are_cited_as_docs_design_md():
@@ -96,3 +98,71 @@ def test_the_readme_is_for_users():
         lines = f.read().splitlines()
     assert len(lines) <= 250
     assert next(i for i, line in enumerate(lines) if "AdaptiveKLGRPOTrainer(" in line) < 80
+
+
+# --- names written in the docs and the code ------------------------------------------------------------------------
+
+DOTTED = re.compile(r"`(adaptive_kl(?:\.[A-Za-z_]\w*)+)")
+
+
+def resolves(name: str) -> bool:
+    """Whether `name` is an importable module, or an attribute path from the longest importable module prefix."""
+    import importlib
+
+    parts = name.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for part in parts[split:]:
+            if not hasattr(found, part):
+                return False
+            found = getattr(found, part)
+        return True
+    return False
+
+
+def test_every_dotted_name_in_the_docs_and_the_code_resolves():
+    """Each `adaptive_kl.*` name written in backticks (README, docs, and the comments and docstrings of the package,
+    the tests, benchmarks and scripts) names a module or an object that exists: a moved function is not cited at its
+    old address."""
+    sources = PAGES + [
+        os.path.join(folder, name)
+        for top in ("adaptive_kl", "tests", "benchmarks", "scripts")
+        for folder, _, names in os.walk(os.path.join(ROOT, top))
+        for name in names
+        if name.endswith(".py")
+    ]
+    unresolved = {}
+    for path in sources:
+        with open(path) as f:
+            for name in DOTTED.findall(f.read()):
+                if not resolves(name):
+                    unresolved.setdefault(name, []).append(os.path.relpath(path, ROOT))
+    assert not unresolved, unresolved
+    assert not resolves("adaptive_kl.metrics.kl_statistics")  # the check can fail: a name that moved
+
+
+def readme_field_table() -> dict[str, str]:
+    """The README's "Configuration fields" table: field → default, as written (backticks removed)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        section = f.read().split("## Configuration fields", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (.+?) \|", section, flags=re.M)
+    return {field: default.strip().strip("`") for field, default in rows}
+
+
+def test_the_readme_field_table_is_the_config():
+    """Every field this package adds to `GRPOConfig` is in the README's table, in the config's order, with its real
+    default (and no field that does not exist)."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from adaptive_kl import AdaptiveKLGRPOConfig
+
+    host = {f.name for f in dataclasses.fields(GRPOConfig)}
+    ours = [f for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.name not in host]
+    table = readme_field_table()
+    assert list(table) == [f.name for f in ours]
+    assert table == {f.name: repr(f.default).replace("'", '"') for f in ours}
