@@ -18,8 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.trainers.grpo import HOST_HOOKS
-from adaptive_kl.trainers.hooks import UnsupportedTRLError, check_host
+from adaptive_kl.trainers.hooks import HOST_INTERNALS, UnsupportedTRLError, check_host
 
 
 def _config(tmp_path, **kwargs):
@@ -64,10 +63,11 @@ def test_liger_layer_kernels_keep_our_loss(tiny_model_dir, tmp_path, monkeypatch
 
 def test_host_without_the_hooked_methods_is_refused(tmp_path):
     """A GRPOTrainer lacking a hooked method (a TRL outside the range) is refused, naming what is missing."""
-    old_host = type("GRPOTrainer", (), {name: lambda self: None for name in HOST_HOOKS[1:]})
-    with pytest.raises(UnsupportedTRLError, match=r"has no \['_compute_loss'\].*trl>=1\.15,<1\.17"):
-        check_host(old_host, _config(tmp_path), "AdaptiveKLGRPOTrainer", HOST_HOOKS, own_loss=True)
-    check_host(GRPOTrainer, _config(tmp_path), "AdaptiveKLGRPOTrainer", HOST_HOOKS, own_loss=True)  # all there
+    methods = [internal.name for internal in HOST_INTERNALS if internal.kind == "method"]
+    old_host = type("GRPOTrainer", (), {"_tag_names": [], **{name: lambda self: None for name in methods[1:]}})
+    with pytest.raises(UnsupportedTRLError, match=rf"has no \['{methods[0]}'\].*trl>=1\.15,<1\.17"):
+        check_host(old_host, _config(tmp_path), "AdaptiveKLGRPOTrainer", own_loss=True)
+    check_host(GRPOTrainer, _config(tmp_path), "AdaptiveKLGRPOTrainer", own_loss=True)  # all there
 
 
 # --- sync_ref_model -------------------------------------------------------------------------------------------------

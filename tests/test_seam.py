@@ -169,3 +169,154 @@ def test_scoring_without_calculate_rewards_is_refused(tiny_model_dir, tmp_path, 
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", without_rewards)
     with pytest.raises(UnsupportedTRLError, match="could not capture the rewards"):
         trainer.train()
+
+
+# --- one table of the host's internals -------------------------------------------------------------------------------
+
+SEAM_MODULES = ("adaptive_kl/trainers/hooks.py", "adaptive_kl/trainers/unsloth.py")  # the two tables
+TRAINER_NAMES = {"trainer", "host", "GRPOTrainer", "Trainer"}  # names that hold a host trainer or its class
+
+
+def host_private_names() -> set[str]:
+    """Every private name the host classes define or set on themselves: the methods and class attributes of
+    `trl.GRPOTrainer` and its bases (TRL's `_BaseTrainer`, `transformers.Trainer`), and each `self._name = ...` in
+    their modules' source."""
+    import inspect
+    import re
+
+    names = set()
+    for cls in GRPOTrainer.__mro__[:-1]:
+        names |= {name for name in vars(cls) if name.startswith("_") and not name.startswith("__")}
+        names |= set(re.findall(r"self\.(_[A-Za-z]\w*)\s*(?::[^=\n]+)?=", inspect.getsource(inspect.getmodule(cls))))
+    return names
+
+
+def seam_violations(source: str, private: set[str]) -> list[str]:
+    """Where `source` names a private attribute of the host outside the seam: an override or class attribute in a
+    subclass of the host, `self.<name>` inside one (and `self.beta`, TRL's β), `<trainer>.<name>` anywhere, and
+    `getattr(x, "<name>", ...)`."""
+    import ast
+
+    found = []
+
+    def flag(node, what):
+        found.append(f"line {node.lineno}: {what}")
+
+    tree = ast.parse(source)
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", None) for b in cls.bases}
+        if not bases & {"HostHooks", "GRPOTrainer", "Trainer"}:
+            continue
+        for item in cls.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in private:
+                flag(item, f"{cls.name} overrides {item.name}")
+            targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in private:
+                    flag(item, f"{cls.name} sets {target.id}")
+        for node in ast.walk(cls):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+                and node.attr in private | {"beta"}
+            ):
+                flag(node, f"self.{node.attr} in {cls.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in private:
+            holder = node.value
+            if (isinstance(holder, ast.Name) and holder.id in TRAINER_NAMES) or (
+                isinstance(holder, ast.Attribute) and holder.attr == "trainer"
+            ):
+                flag(node, f"{ast.unparse(node)}")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in private
+        ):
+            flag(node, f"{node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def test_no_module_but_the_seam_names_a_private_attribute_of_the_host():
+    """Every private name of TRL's and Transformers' trainers that the package uses is in `hooks.HOST_INTERNALS`
+    (or Unsloth's table), and only the two seam modules name one."""
+    import pathlib
+
+    private = host_private_names()
+    root = pathlib.Path(__file__).resolve().parent.parent
+    violations = {
+        str(path.relative_to(root)): found
+        for path in sorted((root / "adaptive_kl").rglob("*.py"))
+        if str(path.relative_to(root)) not in SEAM_MODULES and (found := seam_violations(path.read_text(), private))
+    }
+    assert not violations, violations
+
+
+def test_the_seam_check_sees_each_way_of_naming_a_host_internal():
+    """The source check itself: each pattern it must catch is caught, and the package's own names are not."""
+    private = host_private_names()
+    assert {"_metrics", "_logs", "_buffered_inputs", "_save_checkpoint", "_get_output_dir", "_tag_names"} <= private
+    caught = seam_violations(
+        "class T(HostHooks, GRPOTrainer):\n"
+        "    _tag_names = ['x']\n"
+        "    def _save_checkpoint(self, model, trial):\n"
+        "        self._metrics['train']['a'].append(self.beta)\n"
+        "def f(trainer):\n"
+        "    trainer._logs.clear()\n"
+        "    return getattr(trainer, '_buffered_inputs', None)\n",
+        private,
+    )
+    assert len(caught) == 6, caught
+    own = "class T(HostHooks, GRPOTrainer):\n    def _record(self):\n        self._step_stats = 1\n"
+    assert not seam_violations(own, private)
+
+
+def test_the_table_holds_every_internal_of_the_installed_host():
+    """Each entry exists in the installed TRL and Transformers: methods and class attributes on the class, attributes
+    on a built trainer; and the table is what `check_host` and `check_host_attributes` verify."""
+    from adaptive_kl.trainers.hooks import HOST_INTERNALS
+
+    private = host_private_names() | {"beta"}
+    assert {internal.name for internal in HOST_INTERNALS} <= private
+    assert {internal.kind for internal in HOST_INTERNALS} == {"method", "class attribute", "attribute"}
+    assert all(internal.use and internal.owner in ("trl.GRPOTrainer", "transformers.Trainer") for internal in
+               HOST_INTERNALS)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["_get_output_dir", "_load_callback_state", "_prepare_inputs", "_tag_names"])
+def test_a_host_without_a_method_of_the_table_fails_at_construction(tiny_model_dir, tmp_path, monkeypatch, name):
+    """A TRL that renamed one of the host's methods or class attributes is refused before any model is loaded,
+    naming it, instead of failing deep inside training (e.g. at the first checkpoint)."""
+    for cls in GRPOTrainer.__mro__[:-1]:
+        if name in vars(cls):
+            monkeypatch.delattr(cls, name)
+    for trainer_cls, config_cls, fields in TRAINERS[1:]:
+        args = config_cls(**{**TRAIN_KWARGS, "output_dir": str(tmp_path), **fields})
+        with pytest.raises(UnsupportedTRLError, match=rf"has no \['{name}'\]"):
+            trainer_cls(model=tiny_model_dir, reward_funcs=[length_reward], args=args, train_dataset=prompt_dataset())
+
+
+@pytest.mark.parametrize("name", ["_metrics", "_logs", "_buffered_inputs", "beta"])
+def test_a_host_that_sets_no_attribute_of_the_table_fails_at_construction(tiny_model_dir, tmp_path, monkeypatch,
+                                                                          name):  # fmt: skip
+    """A TRL whose `__init__` no longer sets an attribute of the table is refused at construction, naming it."""
+    original = GRPOTrainer.__init__
+
+    def without(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        delattr(self, name)
+
+    monkeypatch.setattr(GRPOTrainer, "__init__", without)
+    for trainer_cls, config_cls, fields in TRAINERS[1:]:
+        args = config_cls(**{**TRAIN_KWARGS, "output_dir": str(tmp_path), **fields})
+        with pytest.raises(UnsupportedTRLError, match=rf"set no \['{name}'\]"):
+            trainer_cls(model=tiny_model_dir, reward_funcs=[length_reward], args=args, train_dataset=prompt_dataset())
+
+
+def test_model_card_tags_are_the_hosts_and_ours():
+    assert AdaptiveKLGRPOTrainer._tag_names == [*GRPOTrainer._tag_names, "adaptive-kl"]
+    assert BinomialKLTrainer._tag_names == [*GRPOTrainer._tag_names, "binomial-kl"]

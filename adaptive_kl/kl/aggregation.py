@@ -11,6 +11,10 @@ from __future__ import annotations
 import torch
 
 
+# TRL's `loss_type`s (https://huggingface.co/docs/trl/grpo_trainer#loss-types): grpo (DeepSeekMath,
+# arXiv:2402.03300), dr_grpo (arXiv:2503.20783), dapo (arXiv:2503.14476), cispo (MiniMax-M1, arXiv:2506.13585), sapo
+# (arXiv:2511.20347), luspo (arXiv:2602.05261), vespo (arXiv:2602.10693); bnpo has no paper. The KL term is aggregated
+# as TRL aggregates its per-token loss for each (trl 1.15/1.16 `GRPOTrainer._compute_loss`).
 SEQUENCE_MEAN_LOSS_TYPES = ("grpo", "sapo")
 TOKEN_SUM_LOSS_TYPES = ("dapo", "cispo", "vespo")
 LOSS_TYPES = (*SEQUENCE_MEAN_LOSS_TYPES, "bnpo", "dr_grpo", *TOKEN_SUM_LOSS_TYPES, "luspo")
@@ -108,6 +112,8 @@ def aggregate_like_host(
     raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
 
 
+# The seed "Adaptive KL Divergence for GRPO Training" (no published source): every sequence weighs the same, whatever
+# its length.
 def length_normalized_mean(
     values: torch.Tensor, mask: torch.Tensor, *, accumulation_steps: float = 1.0
 ) -> torch.Tensor:

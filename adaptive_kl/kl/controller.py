@@ -17,11 +17,14 @@ KL_CONTROLLERS = ("fixed", "adaptive", "stepwise")
 
 # Ziegler et al. (2019) clip the proportional error to ±0.2 so one noisy step cannot move β by more than 0.2·n/H.
 ADAPTIVE_ERROR_CLIP = 0.2
-# Stepwise controller: grow β by 1.5× above 1.5·target, shrink it by 0.75× below 0.5·target.
+# Stepwise controller: grow β by 1.5× above 1.5·target, shrink it by 0.75× below 0.5·target (the rule of the seed
+# "Tutorial 15: KL Divergence and Policy Regularization"; no published source).
 STEPWISE_HIGH, STEPWISE_LOW = 1.5, 0.5
 STEPWISE_UP, STEPWISE_DOWN = 1.5, 0.75
 
 
+# The step scalings and `dynamic` come from the seeds "EasyR1 with Dynamic KL Scaling" and "Adaptive KL Divergence for
+# GRPO Training", which cite no published source: docs/design.md defines them.
 def step_scale(step: int, scaling: str) -> float:
     """α(t): 1 for t ≤ 1; otherwise 1, 1/t, 1/√t or 1/ln(t+1) for "none", "linear", "sqrt", "log"."""
     if scaling not in KL_SCALINGS:
@@ -42,6 +45,9 @@ def dynamic_decay(beta: float, mean_reward: float, *, reward_threshold: float, d
     return beta
 
 
+# Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences", arXiv:1909.08593 §2.2; the n/horizon form
+# is their code's: openai/lm-human-preferences@cbfd210bb8b08f6bc5c26878c10984b90f516c66
+# lm_human_preferences/train_policy.py L115-124 (`AdaptiveKLController`).
 def adaptive_kl_update(beta: float, kl: float, *, target_kl: float, horizon: int, num_sequences: int) -> float:
     """Ziegler et al. (2019): e = clip(KL/target − 1, ±0.2); β ← β·(1 + e·n/horizon)."""
     error = min(max(kl / target_kl - 1.0, -ADAPTIVE_ERROR_CLIP), ADAPTIVE_ERROR_CLIP)

@@ -14,7 +14,10 @@ from .aggregation import token_counts
 
 
 ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+")
-# Straight-through estimators: the value of k1 or k3, the gradient of k2 (verl's "k1+"/"k3+").
+# Straight-through estimators: the value of k1 or k3, the gradient of k2 (verl's "k1+"/"k3+", introduced in
+# https://github.com/volcengine/verl/pull/2953, verl@b8dc5377c6484f5873102e02f6a63829528ab8c9
+# verl/trainer/ppo/core_algos.py `kl_penalty`). Why k2's gradient: as a loss it is the on-policy reverse-KL gradient,
+# the gradient of k1 in the reward (Liu et al. 2025, "Rethinking KL Regularization in RLHF", arXiv:2510.01555).
 STRAIGHT_THROUGH_ESTIMATORS = ("k1+", "k3+")
 
 # Log-ratios are clamped to ±LOG_RATIO_CLAMP before any estimator. exp(20) ≈ 4.9e8 is finite in float32 and
@@ -37,6 +40,8 @@ def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
     return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
+# k1, k2, k3: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html (there with
+# samples from q = π_θ, p = π_ref and ratio p/q = exp(−r)).
 def k1(log_ratio: torch.Tensor) -> torch.Tensor:
     """k1 = r. Unbiased for KL(π_θ‖π_ref), but its expected gradient as a loss is zero (it belongs in the reward)."""
     return log_ratio
@@ -48,7 +53,8 @@ def k2(log_ratio: torch.Tensor) -> torch.Tensor:
 
 
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(−r) + r − 1 ≥ 0 (Schulman's estimator; TRL's and DeepSeek's default).
+    """k3 = exp(−r) + r − 1 ≥ 0 (Schulman's estimator; TRL's default, and GRPO's: DeepSeekMath, arXiv:2402.03300,
+    Eq. 4).
 
     Evaluated as expm1(−r) + r, which is accurate near r = 0 and never rounds below zero (exp(−r) − 1 + r does, by
     half an ulp, for small negative r).
@@ -97,6 +103,7 @@ def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     return fn(clamp_log_ratio(log_ratio))
 
 
+# The transforms `clip` and `sigmoid` are the seed "Adaptive KL Divergence for GRPO Training"'s (no published source).
 def clip_kl(kl: torch.Tensor, threshold: float) -> torch.Tensor:
     """f(k) = min(k, c): constant (zero gradient) above the threshold ``c``."""
     return kl.clamp(max=threshold)

@@ -21,6 +21,8 @@ SCALE_REWARDS = ("group", "batch", "none")
 STD_EPSILON = 1e-4
 
 
+# KL in the reward, a per-sequence penalty β·Σ_t k1 subtracted from the reward: InstructGPT (Ouyang et al. 2022,
+# arXiv:2203.02155, Eq. 2), as RLOO does (Ahmadian et al. 2024, arXiv:2402.14740; TRL's `RLOOTrainer`).
 def sequence_kl_penalty(
     per_token_logps: torch.Tensor,
     ref_per_token_logps: torch.Tensor,
@@ -80,6 +82,7 @@ def _nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return torch.where(count > 1, squares / (count - 1).clamp(min=1), torch.full_like(squares, float("nan"))).sqrt()
 
 
+# GRPO's group-relative advantages: DeepSeekMath (arXiv:2402.03300) §4.1.2, with TRL's `scale_rewards` variants.
 def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group") -> torch.Tensor:
     """GRPO advantages of total rewards: minus the group mean, divided by the group's (or batch's) std + 1e-4.
 

@@ -33,7 +33,7 @@ def adapted_kl_term(
     importance_sampling_level: str = "token",
     kl_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Agg(f(k)) for one micro-batch, and the statistics of `adaptive_kl.metrics.kl_statistics`.
+    """Agg(f(k)) for one micro-batch, and the statistics of `adaptive_kl.kl.metrics.kl_statistics`.
 
     Args:
         per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_θ at the sampled tokens, carrying gradient.
@@ -43,7 +43,7 @@ def adapted_kl_term(
         length_normalized (`bool`): mean of per-sequence means whatever the loss type, instead of the host's
             aggregation.
         loss_type, accumulation_steps, max_completion_length, token_normalizer, sample_weight: the host's aggregation
-            (see `adaptive_kl.aggregation.aggregate_like_host`).
+            (see `adaptive_kl.kl.aggregation.aggregate_like_host`).
         use_bias_correction (`bool`): multiply k by the importance ratio π_θ/π_old (TRL's `use_bias_correction_kl`).
         old_per_token_logps (`torch.Tensor` of shape `(B, T)`, *optional*): log π_old; `None` means on-policy (the
             detached current log-probabilities).

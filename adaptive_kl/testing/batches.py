@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..trainers.hooks import score_policy
+
 
 def fabricated_inputs(trainer, seed: int = 0) -> dict:
     """A micro-batch as `_generate_and_score_completions` returns it, with drifted reference and old policies.
@@ -31,7 +33,8 @@ def fabricated_inputs(trainer, seed: int = 0) -> dict:
         x.to(device) for x in (prompt_ids, completion_ids, completion_mask, prompt_mask)
     )
     with torch.no_grad():
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        logps = score_policy(
+            trainer,
             trainer.model,
             torch.cat([prompt_ids, completion_ids], 1),
             torch.cat([prompt_mask, completion_mask], 1),

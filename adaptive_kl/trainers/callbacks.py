@@ -24,6 +24,7 @@ from transformers.utils import logging
 
 from ..kl.validation import is_finite_number, is_positive_int
 from .generation import generate_greedy
+from .hooks import has_metric_store, metric_store
 
 
 logger = logging.get_logger(__name__)
@@ -163,7 +164,7 @@ class RetentionCallback(TrainerCallback):
 
     Schedule: once at `on_train_begin` (the baseline, stored in `self.history` only) and at `on_step_end` when
     `global_step % eval_steps == 0` or at the last step. Each result is appended to `self.history` as
-    `{"step", <metric names>: value}` and to the trainer's metric store `trainer._metrics["train"]`, which
+    `{"step", <metric names>: value}` and to the trainer's metric store (`hooks.metric_store`), which
     `GRPOTrainer.log` averages into the next training log entry, right after `on_step_end` of a logging step: every
     `report_to` backend receives it in the same entry as that step's `reward`. When `logging_steps` does not divide
     `eval_steps`, the value appears in the next logged entry instead (averaged with any other evaluation made before
@@ -209,9 +210,9 @@ class RetentionCallback(TrainerCallback):
             raise ValueError(f"kl_to_start must be True or False, got {kl_to_start!r}.")
         if kl_to_start and metric != "loglik":
             raise ValueError(f"kl_to_start=True needs metric='loglik' (it scores the completions), got {metric!r}.")
-        if not isinstance(getattr(trainer, "_metrics", None), dict) or "train" not in trainer._metrics:
+        if not has_metric_store(trainer):
             raise ValueError(
-                "trainer must be a TRL trainer with a metric store `_metrics` (GRPOTrainer, AdaptiveKLGRPOTrainer), "
+                "trainer must be a TRL trainer with TRL's metric store (GRPOTrainer, AdaptiveKLGRPOTrainer), "
                 f"got {type(trainer).__name__}."
             )
         columns = list(getattr(dataset, "column_names", None) or (dataset if isinstance(dataset, dict) else []))
@@ -280,7 +281,7 @@ class RetentionCallback(TrainerCallback):
         self.history.append({"step": step, **scores})
         if log:
             for name, value in scores.items():
-                self.trainer._metrics["train"][name].append(value)
+                metric_store(self.trainer, "train")[name].append(value)
 
     # --------------------------------------------------------------------------------------------------- evaluation
 

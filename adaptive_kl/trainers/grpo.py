@@ -6,13 +6,13 @@ host's loss, no extra forward pass. The reference model is loaded as usual becau
 
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
 Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`. Everything taken from the
-host goes through `adaptive_kl.trainers.hooks`.
+host goes through `adaptive_kl.trainers.hooks` (its table `HOST_INTERNALS`): this class overrides no private method of
+the host, only the extension points of `hooks.HostHooks`.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 import warnings
 
 import peft
@@ -20,7 +20,6 @@ import torch
 from accelerate.utils import gather_object
 from packaging.version import Version
 from peft import PeftModel
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
@@ -36,9 +35,13 @@ from .hooks import (
     HostHooks,
     check_carries_gradient,
     check_host,
+    check_host_attributes,
     completion_loss_mask,
+    host_beta,
+    metric_store,
     replace_logged_advantages,
     resolve_args,
+    score_policy,
 )
 from .inputs import check_train_dataset, train_dataset_argument
 from .reference import (
@@ -65,16 +68,6 @@ from .unsloth import (
 )
 
 
-# The host's methods this trainer hooks into (see `hooks.HostHooks`): if one is gone, the KL term would silently never
-# be computed.
-HOST_HOOKS = (
-    "_compute_loss",
-    "_get_per_token_logps_and_entropies",
-    "_calculate_rewards",
-    "_generate_and_score_completions",
-)
-
-
 def reference_is_base_despite_trained_adapter(model) -> bool:
     """Whether the reference is scored with the adapter disabled although the adapter already changes the model.
 
@@ -91,7 +84,7 @@ def reference_is_base_despite_trained_adapter(model) -> bool:
     )
 
 
-class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
+class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
     """Drop-in replacement for [`~trl.GRPOTrainer`] that takes an [`AdaptiveKLGRPOConfig`].
 
     Every argument is passed to `GRPOTrainer` unchanged, with the same signature (`reward_funcs` may be omitted when
@@ -108,11 +101,9 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         beta_controller (`BetaController`): owns β; saved in every checkpoint and restored on resume.
     """
 
-    _tag_names = [*GRPOTrainer._tag_names, "adaptive-kl"]
-
     def __init__(self, model, reward_funcs=None, args=None, *more, diversity_embedder=None, **kwargs):
         args = resolve_args(GRPOTrainer, AdaptiveKLGRPOConfig, model, args, "AdaptiveKLGRPOTrainer", "GRPO")
-        check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", HOST_HOOKS, own_loss=args.beta > 0)
+        check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=args.beta > 0)
         check_train_dataset(
             train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
         )
@@ -125,6 +116,7 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
                 )
             install_capture_shim(self._unsloth_module)
         super().__init__(model, reward_funcs, args, *more, **kwargs)
+        check_host_attributes(self)
         if args.beta > 0 and reference_is_base_despite_trained_adapter(self.model):
             warnings.warn(
                 "The PEFT model carries a trained adapter, and the reference policy is the base model with the "
@@ -192,24 +184,17 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
             self.optimizer.state.clear()  # each parameter's moments start afresh at its next step
         self.reference_resets.applied(self.state.global_step)
 
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
+    def _on_checkpoint_loaded(self, checkpoint: str) -> None:
         policy = self.accelerator.unwrap_model(self.model)
         if isinstance(policy, PeftModel) and REFERENCE_ADAPTER in policy.peft_config:
-            restore_trained_adapter(policy, resume_from_checkpoint)
+            restore_trained_adapter(policy, checkpoint)
 
-    def _generate_and_score_completions(self, inputs):
+    def _on_generation_batch(self) -> None:
         if self.model.training and self.reference_resets.pending:
             self._reset_reference()
-        return super()._generate_and_score_completions(inputs)
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.reference_resets.num_resets > 0 and self.args.should_save:
-            # The reference no longer equals the loaded model: a resume needs its weights.
-            checkpoint = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
+    def _on_checkpoint_saved(self, checkpoint: str) -> None:
+        if self.reference_resets.num_resets > 0:  # the reference no longer equals the loaded model: save its weights
             save_reference(checkpoint, *self._reference_models())
 
     def _load_reset_reference(self, checkpoint: str, reset_state: dict | None) -> None:
@@ -250,8 +235,7 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
                 "skips the step. Return finite rewards, or None where a function does not apply.",
             )
 
-    def _load_callback_state(self):
-        super()._load_callback_state()
+    def _on_callback_state_loaded(self) -> None:
         # With `restore_callback_states_from_checkpoint=True` Transformers re-instantiates callbacks from their
         # saved args; give the new instance our controller and resets (its `on_train_begin` then loads their state).
         for callback in self.callback_handler.callbacks:
@@ -310,10 +294,9 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         multimodal = {key: output[key] for key in MULTIMODAL_INPUTS if key in output}
         with torch.no_grad():
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, input_ids, attention_mask, output["completion_ids"].size(1), batch_size, **multimodal
+            return score_policy(
+                self, self.model, input_ids, attention_mask, output["completion_ids"].size(1), batch_size, **multimodal
             )
-        return logps
 
     def _penalize_rewards(self, output: dict, rewards: torch.Tensor, mode: str) -> None:
         """Replaces the advantages by those of the rewards minus the detached KL penalty β_t·Σ_t f(k)."""
@@ -336,8 +319,8 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         local = len(output["completion_ids"])
         start = self.accelerator.process_index * local
         output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
-        replace_logged_advantages(self._logs["advantages"], advantages)
-        self._metrics[mode]["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
+        replace_logged_advantages(self, advantages)
+        metric_store(self, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
 
     # --- diversity --------------------------------------------------------------------------------------------------
 
@@ -354,12 +337,12 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         metrics = diversity_metrics(ids, texts, num_generations, embedder=self.diversity_embedder)
         for name, value in metrics.items():
-            self._metrics[mode][name].append(value)
+            metric_store(self, mode)[name].append(value)
 
     # --- loss --------------------------------------------------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self.beta == 0.0:  # nothing adaptive was asked for (the config enforces it): stock TRL
+        if host_beta(self) == 0.0:  # nothing adaptive was asked for (the config enforces it): stock TRL
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         mode = "train" if self.model.training else "eval"
         step = self.state.global_step + 1  # the optimizer step in progress (the next one, in evaluation)
@@ -459,17 +442,18 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
-        if self.args.diversity_metrics and self._metrics[mode].get("entropy"):
-            self._metrics[mode]["diversity/entropy"] = list(self._metrics[mode]["entropy"])  # TRL's, on the panel
+        metrics = metric_store(self, mode)
+        if self.args.diversity_metrics and metrics.get("entropy"):
+            metrics["diversity/entropy"] = list(metrics["entropy"])  # TRL's, on the panel
         stats = self._log_stats.get(mode)
         if stats is not None:
             beta, scale = self._last_beta[mode]
             for key, value in kl_metrics(stats, beta=beta, beta_scale=scale).items():
-                self._metrics[mode][key] = [value]  # TRL averages and prefixes (`eval_`) its metrics
+                metrics[key] = [value]  # TRL averages and prefixes (`eval_`) its metrics
             if mode == "train" and self.beta_controller.has_training_state:
-                self._metrics[mode]["adaptive_kl/skipped_updates"] = [float(self.beta_controller.num_skipped_updates)]
+                metrics["adaptive_kl/skipped_updates"] = [float(self.beta_controller.num_skipped_updates)]
             if mode == "train" and self.reference_resets.enabled:
-                self._metrics[mode]["adaptive_kl/ref_resets"] = [float(self.reference_resets.num_resets)]
-                self._metrics[mode]["adaptive_kl/ref_reset_step"] = [float(self.reference_resets.last_reset_step)]
+                metrics["adaptive_kl/ref_resets"] = [float(self.reference_resets.num_resets)]
+                metrics["adaptive_kl/ref_reset_step"] = [float(self.reference_resets.last_reset_step)]
             self._log_stats[mode] = None
         super().log(logs, start_time)

@@ -3,14 +3,21 @@
 Both trainers (`AdaptiveKLGRPOTrainer` and the experimental `BinomialKLTrainer`) subclass whatever `trl.GRPOTrainer`
 is (TRL's own, or Unsloth's generated trainer) and reach into it only through this module:
 
+- `HOST_INTERNALS`: every private method and attribute of the host (`trl.GRPOTrainer` and its base
+  `transformers.Trainer`) that the package overrides, calls, reads or writes, with what it does with it. No other
+  module names one (`tests/test_seam.py` checks it on the source); Unsloth's own internals have their table in
+  `adaptive_kl.trainers.unsloth`;
 - `check_trl_version`: the supported TRL range, read from the package metadata before TRL is imported;
 - `resolve_args`: the trainer's config (a default one for `args=None`, a `TypeError` for a plain `GRPOConfig`), after
   refusing a host that Unsloth replaced once our classes were built on TRL's own;
-- `check_host`: refuses, before any model is loaded, a host that lacks a hooked method, or Liger's fused loss (which
-  never calls ours);
-- `HostHooks`, the mixin that captures each generation batch's rewards and, while the host's loss runs with β = 0,
-  the policy log-probabilities it computes: exactly one scoring per loss, carrying a gradient in training;
-- `completion_loss_mask`, `MULTIMODAL_INPUTS` and `replace_logged_advantages`: the layout of TRL's batches and logs.
+- `check_host` (before any model is loaded) and `check_host_attributes` (right after the host's `__init__`): refuse a
+  host that lacks any name of the table, or that computes its loss with Liger's fused loss (which never calls ours);
+- `HostHooks`, the mixin that overrides the host's private methods and hands the trainers named extension points
+  (`_on_generation_batch`, `_on_scored`, `_micro_batch_loss`, `_on_checkpoint_saved`, `_on_checkpoint_loaded`,
+  `_on_callback_state_loaded`); it captures each generation batch's rewards and, while the host's loss runs with
+  β = 0, the policy log-probabilities it computes: exactly one scoring per loss, carrying a gradient in training;
+- accessors for the host's state (`host_beta`, `metric_store`, `generation_buffer`, `score_policy`,
+  `replace_logged_advantages`) and the layout of TRL's batches (`completion_loss_mask`, `MULTIMODAL_INPUTS`).
 
 A host that does not behave as these hooks expect raises `UnsupportedTRLError`, naming the installed TRL and the
 supported range. `ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL=1` lets an unsupported TRL be imported, to try a new release; it
@@ -23,6 +30,7 @@ import importlib.metadata
 import os
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from packaging.specifiers import SpecifierSet
@@ -80,26 +88,84 @@ def unsupported_trl(problem: str) -> UnsupportedTRLError:
     )
 
 
+# --- the host's internals --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostInternal:
+    """A private name of the host that this package uses."""
+
+    name: str
+    owner: str  # the class that defines it
+    kind: str  # "method" (overridden or called), "class attribute", or "attribute" (set by the host's `__init__`)
+    use: str  # what the package does with it
+
+
+# Read in the host's source on trl 1.15.0 (transformers 5.17.0) and trl 1.16.0 (transformers 5.23.0 and 5.24.0).
+HOST_INTERNALS_CHECKED_ON = ("trl 1.15.0, transformers 5.17.0", "trl 1.16.0, transformers 5.23.0 and 5.24.0")
+HOST_INTERNALS = (
+    HostInternal("_generate_and_score_completions", "trl.GRPOTrainer", "method",
+                 "wrapped: a streamed batch's prompts are checked and a pending reference reset applied before it is "
+                 "scored; its rewards go to the trainer after (`_on_generation_batch`, `_on_scored`)"),
+    HostInternal("_calculate_rewards", "trl.GRPOTrainer", "method",
+                 "wrapped: each reward function's output is checked and the gathered (N, K) rewards are kept"),
+    HostInternal("_get_per_token_logps_and_entropies", "trl.GRPOTrainer", "method",
+                 "wrapped inside the host's loss to capture the policy log-probabilities; called to score the "
+                 "sampling policy for KL in the reward (`score_policy`)"),
+    HostInternal("_compute_loss", "trl.GRPOTrainer", "method",
+                 "the micro-batch loss: run with β = 0 inside ours; the binomial trainer replaces it "
+                 "(`_micro_batch_loss`)"),
+    HostInternal("_prepare_inputs", "trl.GRPOTrainer", "method",
+                 "fills the generation buffer whose slots the binomial trainer counts correct sequences over"),
+    HostInternal("_save_checkpoint", "transformers.Trainer", "method",
+                 "extended: the reset reference's weights are saved in the checkpoint (`_on_checkpoint_saved`)"),
+    HostInternal("_get_output_dir", "transformers.Trainer", "method",
+                 "the directory `_save_checkpoint` wrote the checkpoint under"),
+    HostInternal("_load_from_checkpoint", "transformers.Trainer", "method",
+                 "extended: a PEFT model with a 'ref' adapter gets its trained adapter back "
+                 "(`_on_checkpoint_loaded`)"),
+    HostInternal("_load_callback_state", "transformers.Trainer", "method",
+                 "extended: re-instantiated state callbacks get the trainer's controller "
+                 "(`_on_callback_state_loaded`)"),
+    HostInternal("_tag_names", "trl.GRPOTrainer", "class attribute",
+                 "the model card's tags: each trainer appends its own (`HostHooks(hub_tag=...)`)"),
+    HostInternal("_metrics", "trl.GRPOTrainer", "attribute",
+                 "{'train'|'eval': {name: [values]}}: what is appended, TRL averages and logs (`metric_store`)"),
+    HostInternal("_logs", "trl.GRPOTrainer", "attribute",
+                 "the completions table: its 'advantages' become those the loss uses (`replace_logged_advantages`)"),
+    HostInternal("_buffered_inputs", "trl.GRPOTrainer", "attribute",
+                 "the generation buffer: a list of micro-batches, None before the first (`generation_buffer`)"),
+    HostInternal("beta", "trl.GRPOTrainer", "attribute",
+                 "TRL's β: set to 0 while the host's loss runs inside ours; read to know whether the KL is on "
+                 "(`host_beta`)"),
+)  # fmt: skip
+# Not in the table, because its *absence* is what is checked: `_compute_liger_loss` (see `check_host`).
+
+
 # --- before anything is loaded ---------------------------------------------------------------------------------------
 
 
-def check_host(host: type, args, trainer_name: str, methods: tuple[str, ...], own_loss: bool) -> None:
+def check_host(host: type, args, trainer_name: str, own_loss: bool) -> None:
     """Refuses a host whose loss would not go through the trainer `trainer_name`, before any model is loaded.
 
     Args:
         host (`type`): the `GRPOTrainer` the trainer subclasses (bound when its module was first imported).
         args: the trainer's config.
         trainer_name (`str`): for the messages.
-        methods (`tuple[str, ...]`): the host methods the trainer overrides or calls.
         own_loss (`bool`): whether the trainer's loss is in use (`AdaptiveKLGRPOTrainer`: only with β > 0).
 
     Raises:
-        UnsupportedTRLError: the host lacks one of `methods`.
+        UnsupportedTRLError: the host lacks a method or class attribute of `HOST_INTERNALS`.
         ValueError: `use_liger_kernel=True` on a host that computes its loss with Liger's fused GRPO loss
             (`_compute_liger_loss`), which never calls ours. TRL 1.15 and 1.16 have no such path: there Liger only
             swaps layer kernels, and the loss is TRL's own.
     """
-    missing = [name for name in methods if not callable(getattr(host, name, None))]
+    missing = [
+        internal.name
+        for internal in HOST_INTERNALS
+        if (internal.kind == "method" and not callable(getattr(host, internal.name, None)))
+        or (internal.kind == "class attribute" and not hasattr(host, internal.name))
+    ]
     if missing:
         raise unsupported_trl(
             f"{host.__module__}.{host.__qualname__} has no {missing}, which {trainer_name} hooks into"
@@ -109,6 +175,21 @@ def check_host(host: type, args, trainer_name: str, methods: tuple[str, ...], ow
             f"use_liger_kernel=True makes this GRPOTrainer compute its loss with Liger's fused GRPO loss, which never "
             f"calls {trainer_name}'s loss. Set use_liger_kernel=False."
         )
+
+
+def check_host_attributes(trainer) -> None:
+    """Refuses, right after the host's `__init__`, a host that did not set an attribute of `HOST_INTERNALS`.
+
+    Raises:
+        UnsupportedTRLError: naming the missing attributes.
+    """
+    missing = [
+        internal.name
+        for internal in HOST_INTERNALS
+        if internal.kind == "attribute" and not hasattr(trainer, internal.name)
+    ]
+    if missing:
+        raise unsupported_trl(f"the host's __init__ set no {missing}, which {type(trainer).__name__} uses")
 
 
 def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, run_suffix: str):
@@ -139,17 +220,73 @@ def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, r
 class HostHooks:
     """Mixin for the subclasses of `GRPOTrainer` (listed before it): the host hooks every trainer here shares.
 
-    - Rewards: `_calculate_rewards` checks what each reward function returns (`inputs.checking_reward_outputs`) and
-      keeps the gathered `(N, K)` rewards of the batch being scored; once the host's
-      `_generate_and_score_completions` returns, `_on_scored(output, rewards_per_func, mode)` gets them (subclasses
-      override it). A host that scored a batch without calling `_calculate_rewards` is refused.
-    - Policy scoring: inside `host_loss_without_kl()`, the host's loss runs with β = 0 and every
-      `_get_per_token_logps_and_entropies` result is recorded; `captured_policy_logps` checks that there was exactly
-      one and that it carries a gradient in training.
+    It overrides the host's private methods of `HOST_INTERNALS`, so that the trainers extend only these named points
+    (each a no-op or the host's own behaviour unless overridden):
+
+    - `_on_generation_batch()`: before the host generates and scores a training or evaluation batch;
+    - `_on_scored(output, rewards_per_func, mode)`: after it, with the host's `output` (editable) and the gathered
+      `(N, K)` rewards that `_calculate_rewards` computed (after checking what each reward function returned). A host
+      that scored a batch without calling `_calculate_rewards` is refused;
+    - `_micro_batch_loss(model, inputs)`: the loss of one micro-batch (the host's `_compute_loss`);
+    - `_on_checkpoint_saved(checkpoint)`, `_on_checkpoint_loaded(checkpoint)` and `_on_callback_state_loaded()`:
+      after the host saved a checkpoint directory, loaded the model from one, and restored its callbacks' state.
+
+    Policy scoring: inside `host_loss_without_kl()`, the host's loss runs with β = 0 and every
+    `_get_per_token_logps_and_entropies` result is recorded; `captured_policy_logps` checks that there was exactly one
+    and that it carries a gradient in training.
+
+    A subclass names its model-card tag in its bases: `class MyTrainer(HostHooks, GRPOTrainer, hub_tag="my-tag")`.
     """
 
     _rewards_per_func: torch.Tensor | None = None  # set while a generation batch is scored
     _policy_scorings: list[torch.Tensor] | None = None  # open while the host's loss runs inside ours
+
+    def __init_subclass__(cls, hub_tag: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if hub_tag is not None:
+            cls._tag_names = [*cls._tag_names, hub_tag]  # the host's tags, then ours
+
+    # --- extension points -----------------------------------------------------------------------------------------
+
+    def _on_generation_batch(self) -> None:
+        """Called before the host generates and scores a batch."""
+
+    def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
+        """Called once per scored generation batch with the host's `output` (editable) and its rewards."""
+
+    def _micro_batch_loss(self, model, inputs):
+        """The loss of one micro-batch: the host's. A trainer with another objective overrides it."""
+        return super()._compute_loss(model, inputs)
+
+    def _on_checkpoint_saved(self, checkpoint: str) -> None:
+        """Called after the host saved the checkpoint directory `checkpoint` (on the processes that save)."""
+
+    def _on_checkpoint_loaded(self, checkpoint: str) -> None:
+        """Called after the host loaded the model from `checkpoint` on resume."""
+
+    def _on_callback_state_loaded(self) -> None:
+        """Called after the host restored its callbacks' state from a checkpoint."""
+
+    # --- the host's methods -----------------------------------------------------------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        return self._micro_batch_loss(model, inputs)
+
+    def _save_checkpoint(self, model, trial):
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR  # not at import: see `check_trl_version`
+
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            checkpoint = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            self._on_checkpoint_saved(os.path.join(self._get_output_dir(trial=trial), checkpoint))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self._on_checkpoint_loaded(resume_from_checkpoint)
+
+    def _load_callback_state(self):
+        super()._load_callback_state()
+        self._on_callback_state_loaded()
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         with checking_reward_outputs(self):  # a reward function's bad output is named, not a torch.tensor error
@@ -159,6 +296,7 @@ class HostHooks:
 
     def _generate_and_score_completions(self, inputs):
         check_drawn_prompts(inputs)  # a streaming dataset's rows are first seen here
+        self._on_generation_batch()
         self._rewards_per_func = None
         output = super()._generate_and_score_completions(inputs)
         rewards_per_func, self._rewards_per_func = self._rewards_per_func, None
@@ -169,9 +307,6 @@ class HostHooks:
             )
         self._on_scored(output, rewards_per_func, "train" if self.model.training else "eval")
         return output
-
-    def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
-        """Called once per scored generation batch with the host's `output` (editable) and its rewards."""
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         outputs = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
@@ -244,9 +379,43 @@ def completion_loss_mask(batch: dict):
     return mask * batch["tool_mask"] if "tool_mask" in batch else mask
 
 
-def replace_logged_advantages(logged, advantages: torch.Tensor) -> None:
+# --- the host's state ------------------------------------------------------------------------------------------------
+
+
+def host_beta(trainer) -> float:
+    """TRL's β of `trainer` (its config's `beta`; 0 while the host's loss runs inside ours)."""
+    return trainer.beta
+
+
+def metric_store(trainer, mode: str) -> dict[str, list[float]]:
+    """`trainer`'s metrics of `mode` ("train" or "eval"): name → values, which TRL averages and logs at the next `log`
+    (prefixing "eval_" in evaluation)."""
+    return trainer._metrics[mode]
+
+
+def has_metric_store(trainer) -> bool:
+    """Whether `trainer` keeps TRL's metric store (a GRPO trainer, stock or ours)."""
+    return isinstance(getattr(trainer, "_metrics", None), dict) and "train" in trainer._metrics
+
+
+def generation_buffer(trainer) -> list | None:
+    """TRL's generation buffer: the micro-batches that `_prepare_inputs` returns in turn, `None` before the first."""
+    return trainer._buffered_inputs
+
+
+def score_policy(trainer, model, input_ids, attention_mask, logits_to_keep: int, batch_size=None, **multimodal):
+    """`(B, T)` log-probabilities of the `logits_to_keep` (T) last tokens of `input_ids` `(B, S)` under `model`, as
+    the host scores a batch (`batch_size` rows per forward; None: all at once)."""
+    outputs = trainer._get_per_token_logps_and_entropies(
+        model, input_ids, attention_mask, logits_to_keep, batch_size, **multimodal
+    )
+    return outputs[0]  # (log-probabilities, entropies, ...): the rest is not asked for
+
+
+def replace_logged_advantages(trainer, advantages: torch.Tensor) -> None:
     """Replaces the last `len(advantages)` entries of TRL's `_logs["advantages"]` (a bounded deque that TRL just
     extended with its own advantages), so that the completions table shows the advantages the loss uses."""
+    logged = trainer._logs["advantages"]
     for _ in range(min(len(advantages), len(logged))):
         logged.pop()
     logged.extend(advantages.tolist())

@@ -1,6 +1,8 @@
 """Reference resets: every so often the reference policy becomes the current policy.
 
-ProRL (Liu et al., 2025) pairs the KL penalty with a periodic hard reset of the reference, so that a long run is
+ProRL (Liu et al., 2025, "ProRL: Prolonged Reinforcement Learning Expands Reasoning Boundaries in Large Language
+Models", arXiv:2505.24864 §2.3.1, which also resets the optimizer's state: `ref_reset_optimizer`) pairs the KL
+penalty with a periodic hard reset of the reference, so that a long run is
 regularized towards where it is now rather than towards where it started; slime calls it `--ref-update-interval`. TRL's
 `sync_ref_model` is the soft version and refuses PEFT models; here a reset works for both:
 

@@ -1,5 +1,9 @@
 """Binomial-KL ("SPO") math: per-token Bernoulli KL toward a target probability, trained on correct sequences only.
 
+Source: J. Byun, "Exploring Paths in Probabilistic Graphs for Model Training" (bachelor's thesis, Seoul National
+University, 2025; unpublished), §3.1–3.3, and its study code on RL2,
+https://github.com/jsbyun121/exploring-paths-llm (at 4b95fbab8543b18cc7d484cf90271cd505692fee).
+
 For a sampled token with probability ``p = π_θ(y_t | ·)`` (logits divided by the sampling temperature, as TRL does),
 each token is seen as a Bernoulli "this token vs. the rest" and pulled toward a target probability ``q``:
 

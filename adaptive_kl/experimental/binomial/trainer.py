@@ -6,7 +6,8 @@ The host generates, scores and batches completions as usual; this trainer change
 - advantages: TRL's group-normalized advantages are replaced by the raw total reward of each sequence (the reward
   TRL logs as `reward`: Σ_k w_k·r_k, NaN when every reward function returned None); the loss uses A = r·m and trains
   only on correct sequences (r > `correct_reward_threshold`).
-- loss: `_compute_loss` is replaced by Σ_{i correct} (1/L_i) Σ_t A_it·ℓ_it / N_correct, with ℓ the per-token
+- loss: the host's micro-batch loss (`_micro_batch_loss`, TRL's `_compute_loss`) is replaced by
+  Σ_{i correct} (1/L_i) Σ_t A_it·ℓ_it / N_correct, with ℓ the per-token
   binomial KL and N_correct the correct sequences of the whole optimizer step, over all micro-batches and
   processes. It is a plain likelihood-style objective: GRPO's importance ratio, PPO clip (`epsilon`, `delta`,
   `importance_sampling_level`), `loss_type`, `scale_rewards` and `multi_objective_aggregation` play no part, nor do
@@ -37,7 +38,10 @@ from ...trainers.hooks import (
     MULTIMODAL_INPUTS,
     HostHooks,
     check_host,
+    check_host_attributes,
     completion_loss_mask,
+    generation_buffer,
+    metric_store,
     replace_logged_advantages,
     resolve_args,
     unsupported_trl,
@@ -54,11 +58,7 @@ from .loss import (
 )
 
 
-# Host methods this trainer overrides or relies on; without them the objective would silently not be the study's.
-HOST_HOOKS = ("_compute_loss", "_calculate_rewards", "_generate_and_score_completions", "_prepare_inputs")
-
-
-class BinomialKLTrainer(HostHooks, GRPOTrainer):
+class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
     """[`~trl.GRPOTrainer`] with the binomial-KL ("SPO") objective; takes a [`BinomialKLConfig`].
 
     Logs, next to TRL's metrics: `binomial_kl/loss` (the step objective), `binomial_kl/num_correct` (N_correct of the
@@ -67,17 +67,16 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer):
     over completion tokens).
     """
 
-    _tag_names = [*GRPOTrainer._tag_names, "binomial-kl"]
-
     def __init__(self, model, reward_funcs=None, args=None, *more, **kwargs):
         args = resolve_args(GRPOTrainer, BinomialKLConfig, model, args, "BinomialKLTrainer", "BinomialKL")
-        check_host(GRPOTrainer, args, "BinomialKLTrainer", HOST_HOOKS, own_loss=True)
-        if is_unsloth_class(GRPOTrainer):  # its compute_loss never calls `_compute_loss`
+        check_host(GRPOTrainer, args, "BinomialKLTrainer", own_loss=True)
+        if is_unsloth_class(GRPOTrainer):  # its compute_loss never calls the host's micro-batch loss
             raise NotImplementedError("BinomialKLTrainer does not support Unsloth's GRPOTrainer; use plain TRL.")
         check_train_dataset(
             train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
         )
         super().__init__(model, reward_funcs, args, *more, **kwargs)
+        check_host_attributes(self)
 
     # --- advantages -----------------------------------------------------------------------------------------------
 
@@ -87,11 +86,11 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer):
         local = len(output["completion_ids"])
         start = self.accelerator.process_index * local
         output["advantages"] = rewards[start : start + local]  # (B,), raw reward (NaN: unscorable)
-        replace_logged_advantages(self._logs["advantages"], rewards)
+        replace_logged_advantages(self, rewards)
 
     # --- loss --------------------------------------------------------------------------------------------------------
 
-    def _compute_loss(self, model, inputs):
+    def _micro_batch_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         args = self.args
         mask = completion_loss_mask(inputs)
@@ -124,7 +123,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer):
         # DDP averages gradients over the P processes: scale by P so the step's gradient is the global sum / N_correct.
         loss = loss * self.accelerator.num_processes
         accumulation = self._accumulation_steps() if mode == "train" else 1
-        metrics = self._metrics[mode]
+        metrics = metric_store(self, mode)
         # × accumulation: TRL averages the appended values over the step's micro-batches, whose sum is the objective.
         metrics["binomial_kl/loss"].append((stats[7] / num_correct.clamp(min=1.0)).item() * accumulation)
         metrics["binomial_kl/num_correct"].append(num_correct.item())
@@ -174,11 +173,11 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer):
     def _step_correct_local(self, inputs, correct: torch.Tensor, mode: str) -> torch.Tensor:
         """This process's correct sequences in the optimizer step that `inputs` belongs to.
 
-        In training, `inputs` is one slot of TRL's generation buffer (the object `_prepare_inputs` returned), and
-        the step is the `current_gradient_accumulation_steps` consecutive slots that contain it. Anything else
-        (evaluation, or a batch passed to `compute_loss` directly) is a whole step by itself.
+        In training, `inputs` is one slot of TRL's generation buffer (`hooks.generation_buffer`), and the step is the
+        `current_gradient_accumulation_steps` consecutive slots that contain it. Anything else (evaluation, or a batch
+        passed to `compute_loss` directly) is a whole step by itself.
         """
-        buffer = getattr(self, "_buffered_inputs", None) if mode == "train" else None
+        buffer = generation_buffer(self) if mode == "train" else None
         slot = next((i for i, batch in enumerate(buffer or ()) if batch is inputs), None)
         if slot is None:
             if any(batch is not None for batch in buffer or ()):
