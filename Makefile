@@ -1,7 +1,7 @@
 # Targets named in the README. PYTHON is the interpreter of the environment to use (e.g. a virtualenv's).
 PYTHON ?= python
 
-.PHONY: install demo quickstart test bench soak studies ci
+.PHONY: install demo quickstart test bench bench-smollm2 soak studies real-studies ci
 
 install:  ## the package with its test dependencies (install torch first: pip install torch==2.13.0 on CPU)
 	$(PYTHON) -m pip install -e ".[dev]"
@@ -24,11 +24,20 @@ bench:  ## speed and memory vs stock GRPOTrainer on the CPU (tiny and 30M models
 	$(PYTHON) benchmarks/kl_term.py --output benchmarks/results/cpu-kl-term.md
 	$(PYTHON) benchmarks/kl_term.py --shape tiny --output benchmarks/results/cpu-kl-term-tiny.md
 
+bench-smollm2:  ## the step and reference-cost benchmarks on SmolLM2-135M-Instruct (LoRA; the reference one adds full fine-tuning); ~45 min
+	$(PYTHON) benchmarks/step_overhead.py --model smollm2 --lora --steps 6 --warmup 1 --rounds 2 --completion-length 48 \
+		--scalings none --output benchmarks/results/cpu-step-smollm2-lora.md
+	$(PYTHON) benchmarks/reference_cost.py --model smollm2 --steps 5 --warmup 1 --rounds 2 --completion-length 48 \
+		--output benchmarks/results/cpu-reference-cost-smollm2.md
+
 soak:  ## 300 steps of every KL method on the tiny model: no NaN, resident memory growth < 5% after warm-up; ~5 min
 	$(PYTHON) benchmarks/soak.py --output benchmarks/results/cpu-soak.md
 
 studies:  ## the seed studies of docs/studies/ (5 seeds each, two side by side on 2 cores; ~90 min; skips finished ones)
 	$(PYTHON) scripts/run_studies.py
+
+real-studies:  ## the real-model studies of docs/studies/real/ (hours on 2 cores; skips finished runs; run it with nohup)
+	$(PYTHON) scripts/run_real_studies.py
 
 ci:  ## what CI runs: fresh environments for the newest TRL and TRL 1.15, each running the test suite
 	bash .ci/run
