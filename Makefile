@@ -10,7 +10,7 @@ demo:  ## the main job: the five KL methods on the embedded policy and task (CPU
 	$(PYTHON) -m adaptive_kl demo
 
 quickstart:  ## a short run with an adaptive KL method on a tiny offline model
-	$(PYTHON) examples/quickstart.py
+	$(PYTHON) demos/quickstart.py
 
 test:  ## the test suite (CPU, offline)
 	$(PYTHON) -m pytest tests -q

@@ -28,7 +28,7 @@ _EXPORTS = {
     "KLHealthCallback": "trainers.callbacks",
     "RetentionCallback": "trainers.callbacks",
     "BetaController": "kl.controller",
-    "HashedNgramEmbedder": "kl.diversity",
+    "HashedNgramEmbedder": "metrics.diversity",
     # Experimental: documented under `adaptive_kl.experimental.binomial`, kept here so that existing imports work.
     "BinomialKLConfig": "experimental.binomial",
     "BinomialKLTrainer": "experimental.binomial",

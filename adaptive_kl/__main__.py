@@ -2,7 +2,7 @@
 
 import sys
 
-from .demo.cli import main
+from .cli import main
 
 
 sys.exit(main())

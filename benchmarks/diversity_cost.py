@@ -5,8 +5,8 @@
     python benchmarks/diversity_cost.py --embedder minilm --step-time-ms 56.8,- \
         --output benchmarks/results/cpu-diversity-cost-minilm.md          # all-MiniLM-L6-v2 (the diversity extra)
 
-Times `adaptive_kl.kl.diversity.diversity_metrics` with an embedder (`--embedder`: the default `HashedNgramEmbedder`,
-or a `diversity_embedder` name such as `minilm`, run on the CPU) on synthetic generation
+Times `adaptive_kl.metrics.diversity.diversity_metrics` with an embedder (`--embedder`: the default
+`HashedNgramEmbedder`, or a `diversity_embedder` name such as `minilm`, run on the CPU) on synthetic generation
 batches of N completions of T tokens in groups of G, and each of its parts alone. Completions of a group are
 variations of one base completion (a fraction `--overlap` of the tokens kept), and tokens decode to words of 1 to
 6 letters, as a BPE vocabulary does. Medians of `torch.utils.benchmark`; prints, and with `--output` writes, a
@@ -23,7 +23,7 @@ import torch
 from machine import report
 from torch.utils import benchmark
 
-from adaptive_kl.kl.diversity import (
+from adaptive_kl.metrics.diversity import (
     HashedNgramEmbedder,
     distinct_n,
     diversity_metrics,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny import run_python
 
-from adaptive_kl.demo.cli import build, main
+from adaptive_kl.cli.command import build, main
 from adaptive_kl.demo.report import (
     CSV_COLUMNS,
     SUMMARY_HEADER,

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_kl.kl.diversity import (
+from adaptive_kl.metrics.diversity import (
     DIVERSITY_METRICS,
     HashedNgramEmbedder,
     distinct_n,
@@ -259,7 +259,7 @@ def test_embedder_other_ngram_sizes(n):
 
 STABILITY_TEXTS = ["the cat sat on the mat", "", "a", "héllo ✓ 日本語", "x" * 50]
 STABILITY_SCRIPT = (
-    "import json, sys; from adaptive_kl.kl.diversity import HashedNgramEmbedder as E; "
+    "import json, sys; from adaptive_kl.metrics.diversity import HashedNgramEmbedder as E; "
     "e = E()(json.loads(sys.argv[1])); print(json.dumps(e.nonzero().tolist() + e[e != 0].tolist()))"
 )
 

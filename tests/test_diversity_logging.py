@@ -7,7 +7,7 @@ from test_placement import GenerationRecorder
 from tiny import make_trainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, HashedNgramEmbedder
-from adaptive_kl.kl.diversity import distinct_n, mean_pairwise_cosine, unique_fraction
+from adaptive_kl.metrics.diversity import distinct_n, mean_pairwise_cosine, unique_fraction
 
 
 class RecordingEmbedder:

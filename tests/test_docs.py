@@ -79,7 +79,7 @@ def test_every_page_is_reachable_from_the_readme():
 def test_the_semantics_are_cited_as_docs_design_md():
     """The design reference is in the repository: nothing cites a DESIGN.md outside it."""
     cited = []
-    for folder in ("adaptive_kl", "tests", "docs", "benchmarks", "examples"):
+    for folder in ("adaptive_kl", "tests", "docs", "benchmarks", "demos"):
         for base, _, names in os.walk(os.path.join(ROOT, folder)):
             for name in names:
                 if name.endswith((".py", ".md")) and name != os.path.basename(__file__):

@@ -11,7 +11,7 @@ from tiny import TRAIN_KWARGS, length_reward, make_trainer
 from transformers import AutoModel, AutoTokenizer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.kl.diversity import mean_pairwise_cosine
+from adaptive_kl.metrics.diversity import mean_pairwise_cosine
 from adaptive_kl.trainers import embedding
 from adaptive_kl.trainers.embedding import SentenceTransformerEmbedder, minilm_path
 

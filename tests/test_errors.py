@@ -16,7 +16,7 @@ from datasets import Dataset
 from tiny import TRAIN_KWARGS, prompt_dataset
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.demo.cli import main
+from adaptive_kl.cli.command import main
 from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
 
 

@@ -13,13 +13,13 @@ import torch
 from safetensors.torch import load_file
 from tiny import launch_two_processes
 
-from adaptive_kl.demo import grpo_script
-from adaptive_kl.demo.cli import main
-from adaptive_kl.demo.usage import UsageError, grpo_asks_for_unsloth
+from adaptive_kl.cli import grpo as grpo_command
+from adaptive_kl.cli.command import main
+from adaptive_kl.cli.usage import UsageError, grpo_asks_for_unsloth
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPE = os.path.join(REPO, "examples", "grpo_recipe.yaml")
+RECIPE = os.path.join(REPO, "demos", "grpo_recipe.yaml")
 ROWS = [{"prompt": f"Q: Ann has {a} pens and gets 1 more. How many pens does Ann have? A: ", "answer": str(a + 1)}
         for a in range(1, 17)]  # fmt: skip
 
@@ -115,7 +115,7 @@ def test_trl_recipe_with_lora_a_user_reward_and_a_local_file(tmp_path, capsys, m
 
 def test_flags_override_the_recipe(monkeypatch):
     monkeypatch.chdir(REPO)
-    script, config, model, _ = grpo_script.parse(
+    script, config, model, _ = grpo_command.parse(
         ["--config", RECIPE, "--beta", "0.02", "--kl_estimator", "k2", "--reward_funcs", "format_reward"]
     )
     assert (config.beta, config.kl_estimator, config.kl_adaptation_method) == (0.02, "k2", "clip")
@@ -138,7 +138,7 @@ def test_local_dataset_forms(tmp_path):
     }
     for name, sizes in expected.items():
         script.dataset_name = str(tmp_path / name)
-        loaded = grpo_script.load_datasets(script, mixture)
+        loaded = grpo_command.load_datasets(script, mixture)
         assert {split: len(loaded[split]) for split in loaded} == sizes, name
         assert loaded["train"][0] == ROWS[0]
 
@@ -153,7 +153,7 @@ def test_reward_functions_by_name_path_and_trl_name(tmp_path, monkeypatch):
         "def exact(completions, **kwargs):\n    return [1.0] * len(completions)\n"
     )
     monkeypatch.delitem(sys.modules, "user_rewards", raising=False)
-    resolve = grpo_script.resolve_reward_func
+    resolve = grpo_command.resolve_reward_func
     assert resolve("format_reward") is format_reward
     assert resolve("think_format_reward") is think_format_reward
     assert resolve("user_rewards:exact")(completions=["a", "b"]) == [1.0, 1.0]
@@ -191,11 +191,11 @@ def test_unsloth_loader_maps_the_peft_flags(monkeypatch):
             return "peft-model"
 
     monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastLanguageModel=FastLanguageModel))
-    script, config, model_args, _ = grpo_script.parse(
+    script, config, model_args, _ = grpo_command.parse(
         ["--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct", "--output_dir", "o", "--use_cpu", "--bf16", "false",
          "--use_peft", "--lora_r", "32", "--lora_alpha", "64", "--load_in_4bit", "--unsloth_max_seq_length", "1024"]
     )  # fmt: skip
-    assert grpo_script.load_unsloth_model(script, config, model_args) == ("peft-model", "tokenizer")
+    assert grpo_command.load_unsloth_model(script, config, model_args) == ("peft-model", "tokenizer")
     (_, name, loading), (_, _, lora) = calls
     assert name == "Qwen/Qwen2.5-0.5B-Instruct"
     assert loading == dict(max_seq_length=1024, load_in_4bit=True, load_in_8bit=False, full_finetuning=False)
@@ -217,7 +217,7 @@ def test_help_lists_the_command_and_every_kl_field(capsys):
 def test_usage_errors_are_raised_before_loading_anything(monkeypatch):
     monkeypatch.chdir(REPO)
     with pytest.raises(UsageError, match="did you mean 'kl_estimator'"):
-        grpo_script.parse(["--config", RECIPE, "--kl_estimater", "k2"])
+        grpo_command.parse(["--config", RECIPE, "--kl_estimater", "k2"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")

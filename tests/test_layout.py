@@ -1,8 +1,9 @@
 """The package's layers, checked: the formula sheet imports torch only, and each layer imports only those below it.
 
-Layers, bottom up: `kl` (pure math) → `trainers` (TRL wiring) → `experimental` → `demo` (the command). `models`
-(real models available offline) and `testing` are scaffolding that only tests, examples, benchmarks and the demo use;
-`testing` reaches the host only through the seam (`trainers.hooks`).
+Layers, bottom up: `kl` (pure math) and `metrics` (diversity), torch only; `models` (where models come from) →
+`trainers` (TRL wiring) → `experimental` → `demo` (what the demo runs) → `cli` (the command). `testing` is scaffolding
+for tests and benchmarks and reaches the host only through the seam (`trainers.hooks`). Modules that moved keep their
+old path for a release as an alias (`adaptive_kl._deprecation.MOVED_MODULES`), checked here too.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import os
 import pkgutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 
 import adaptive_kl
+from adaptive_kl._deprecation import MOVED_MODULES
 
 
 PACKAGE_DIR = os.path.dirname(adaptive_kl.__file__)
@@ -24,21 +27,23 @@ PACKAGE_DIR = os.path.dirname(adaptive_kl.__file__)
 # Layer → the layers its modules may import from (besides their own).
 ALLOWED = {
     "kl": set(),
-    "trainers": {"kl"},
+    "metrics": set(),
+    "models": set(),
+    "trainers": {"kl", "metrics", "models"},
     "experimental": {"kl", "trainers"},
     "testing": {"trainers"},
-    "models": set(),
-    "demo": {"kl", "trainers", "experimental", "testing", "models"},
+    "demo": {"kl", "metrics", "models", "trainers", "experimental", "testing"},
+    "cli": {"kl", "metrics", "models", "trainers", "experimental", "testing", "demo"},
 }
 HOST_PACKAGES = ("trl", "transformers", "peft", "accelerate")
 
 
 def package_modules(layer: str | None = None) -> list[str]:
-    """Every module of the package (or of one layer), by dotted name."""
+    """Every module of the package (or of one layer), by dotted name, but the aliases of moved modules."""
     prefix = "adaptive_kl." + (f"{layer}." if layer else "")
     path = [os.path.join(PACKAGE_DIR, layer)] if layer else [PACKAGE_DIR]
     names = [prefix.rstrip(".")] if layer else []
-    return names + [m.name for m in pkgutil.walk_packages(path, prefix)]
+    return [m for m in names + [m.name for m in pkgutil.walk_packages(path, prefix)] if m not in MOVED_MODULES]
 
 
 def module_file(name: str) -> str:
@@ -73,7 +78,8 @@ def layer_of(module: str) -> str | None:
 
 def test_every_module_is_in_a_layer():
     top_level = {m for m in package_modules() if m.count(".") == 1}
-    assert top_level == {f"adaptive_kl.{layer}" for layer in ALLOWED} | {"adaptive_kl.__main__"}
+    scaffolding = {"adaptive_kl.__main__", "adaptive_kl._deprecation"}
+    assert top_level == {f"adaptive_kl.{layer}" for layer in ALLOWED} | scaffolding
 
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
@@ -124,7 +130,7 @@ def test_library_code_never_imports_the_demo():
 def test_the_package_and_the_command_do_not_import_trl():
     """`import adaptive_kl` and the command's module leave TRL and Transformers unloaded (`adaptive-kl --unsloth`
     imports Unsloth first, which must come before them)."""
-    loaded = fresh_import(["adaptive_kl", "adaptive_kl.demo", "adaptive_kl.demo.cli"])
+    loaded = fresh_import(["adaptive_kl", "adaptive_kl.demo", "adaptive_kl.cli", "adaptive_kl.cli.command"])
     assert not {"trl", "transformers", "adaptive_kl.trainers.config"} & loaded
 
 
@@ -145,4 +151,50 @@ def test_public_names():
 
     assert adaptive_kl.BinomialKLTrainer is BinomialKLTrainer and adaptive_kl.BinomialKLConfig is BinomialKLConfig
     for name in adaptive_kl.__all__:
-        assert getattr(adaptive_kl, name).__module__.startswith(("adaptive_kl.trainers", "adaptive_kl.kl")), name
+        assert getattr(adaptive_kl, name).__module__.startswith(
+            ("adaptive_kl.trainers", "adaptive_kl.kl", "adaptive_kl.metrics")
+        ), name
+
+
+def test_the_kl_package_holds_only_kl_math():
+    """`kl/` is the formula sheet: no diversity metric and no path helper live there any more."""
+    names = {m.rpartition(".")[2] for m in package_modules("kl")}
+    assert names == {"kl", "aggregation", "controller", "estimators", "metrics", "placement", "term", "validation"}
+    import adaptive_kl.kl.validation as validation
+
+    assert not hasattr(validation, "looks_like_local_path")
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_MODULES))
+def test_a_moved_module_keeps_its_old_path_for_a_release(old):
+    """The old import path gives the very module it moved to, with a DeprecationWarning naming the new path (in a
+    fresh interpreter: the alias is made once per process)."""
+    new = MOVED_MODULES[old]
+    code = (
+        "import importlib, warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    old = importlib.import_module({old!r})\n"
+        f"assert old is importlib.import_module({new!r}), old\n"
+        "print([str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{old} moved to {new}" in result.stdout
+
+
+def test_the_console_entry_point_is_the_cli():
+    """`adaptive-kl` runs `adaptive_kl.cli:main`, and `python -m adaptive_kl` the same function."""
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(PACKAGE_DIR), "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert scripts == {"adaptive-kl": "adaptive_kl.cli:main"}
+    from adaptive_kl.cli import main
+    from adaptive_kl.cli.command import main as command_main
+
+    assert main is command_main
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from adaptive_kl.demo.cli import main as old_main
+    assert old_main is main

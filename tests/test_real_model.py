@@ -208,10 +208,10 @@ def test_resume_with_dynamic_beta_and_lora_is_bitwise(smollm2_dir, tmp_path):
 
 
 def test_recipe_trains_two_steps(smollm2_dir, tmp_path):
-    """`adaptive-kl grpo --config examples/smollm2_recipe.yaml`: the named model, LoRA, conversational data."""
+    """`adaptive-kl grpo --config demos/smollm2_recipe.yaml`: the named model, LoRA, conversational data."""
     run_python(
-        "-m", "adaptive_kl", "grpo", "--config", os.path.join(REPO, "examples", "smollm2_recipe.yaml"),
-        "--dataset_name", os.path.join(REPO, "examples", "data", "sums-chat"), "--max_steps", "2",
+        "-m", "adaptive_kl", "grpo", "--config", os.path.join(REPO, "demos", "smollm2_recipe.yaml"),
+        "--dataset_name", os.path.join(REPO, "demos", "data", "sums-chat"), "--max_steps", "2",
         "--max_completion_length", "12", "--output_dir", str(tmp_path / "recipe"),
     )  # fmt: skip
     assert os.path.isfile(tmp_path / "recipe" / "adapter_model.safetensors")
@@ -240,8 +240,8 @@ def test_converted_checkpoint_is_the_gguf_model_as_a_plain_float_model(smollm2_d
 def test_a_missing_package_names_the_install_command(monkeypatch, tmp_path):
     import importlib.util
 
-    from adaptive_kl.demo.cli import build
-    from adaptive_kl.demo.usage import UsageError
+    from adaptive_kl.cli.command import build
+    from adaptive_kl.cli.usage import UsageError
     from adaptive_kl.models import smollm2 as module
 
     real_find_spec = importlib.util.find_spec
@@ -259,8 +259,8 @@ def test_a_missing_package_names_the_install_command(monkeypatch, tmp_path):
 def test_demo_settings_for_the_named_policy(smollm2_dir, tmp_path):
     """`--model smollm2` picks the chat task and the real-model budget; the embedded policy cannot take the chat
     task."""
-    from adaptive_kl.demo.cli import build
-    from adaptive_kl.demo.usage import UsageError
+    from adaptive_kl.cli.command import build
+    from adaptive_kl.cli.usage import UsageError
 
     settings, variants, _, _ = build(["demo", "--model", "smollm2", "--out", str(tmp_path)])
     assert (settings.task, settings.steps, settings.n_validation) == ("chat", 20, 64)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from adaptive_kl.demo.cli import build
+from adaptive_kl.cli.command import build
 from adaptive_kl.demo.run_files import load_runs
 
 
@@ -28,7 +28,7 @@ def script():
 
 
 def test_every_real_study_is_a_valid_comparison_on_the_real_model(script, tmp_path, monkeypatch):
-    monkeypatch.setattr("adaptive_kl.demo.cli.check_model", lambda *args: None)  # no conversion needed to parse
+    monkeypatch.setattr("adaptive_kl.cli.command.check_model", lambda *args: None)  # no conversion needed to parse
     for name in script.STUDIES:
         for run in script.planned_runs(script.STUDIES, [name], [0]):
             settings, variants, _, _ = build(run.command(str(tmp_path), script.STUDIES)[3:])

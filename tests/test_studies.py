@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from adaptive_kl.demo.cli import build
+from adaptive_kl.cli.command import build
 
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "run_studies.py")

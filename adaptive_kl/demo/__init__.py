@@ -1,18 +1,18 @@
-"""The `adaptive-kl` command and what it runs: the embedded task and policy, variants, the runner and reports, and
-the TRL-style training script.
+"""What the `adaptive-kl demo` and `compare` commands run: the tasks, the embedded and named policies, variants, the
+runner and reports (the command itself is `adaptive_kl.cli`).
 
 | module | what |
 |---|---|
-| `cli` | the `adaptive-kl` command (`demo`, `compare`, `grpo`) |
-| `grpo_script` | `adaptive-kl grpo`: TRL's GRPO script with our config (recipes, local datasets, reward functions) |
-| `usage` | the command-line checks shared by the subcommands (`UsageError`) |
-| `task/` | the math task: problems, answer extraction, rewards, the GSM8K loader, accuracy |
+| `task/` | the math tasks (embedded, chat, GSM8K): problems, answer extraction, rewards, accuracy |
 | `embedded` | the shipped reference policy (`reference_policy/`) and the task's datasets |
+| `policies` | named policies (`smollm2`) and the real-model demo's budget |
 | `variants` | the variants a comparison trains, from command-line values to configs |
 | `runner` | trains and evaluates each variant |
+| `seeds` | several seeds of a comparison: groups, intervals |
 | `report` | the summary table, CSV and plots |
+| `run_files` | a comparison's runs saved to and read from `runs.json` |
 
-The top of the package stack: it uses the library, which never imports it. Names are imported on first use, so
+Above the library, which never imports it; only `adaptive_kl.cli` sits above it. Names are imported on first use, so
 `adaptive-kl --unsloth` can import Unsloth before anything imports TRL.
 """
 

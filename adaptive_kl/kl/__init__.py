@@ -9,8 +9,7 @@ peft or accelerate; `docs/design.md` gives the semantics).
 | `metrics` | the additive statistics behind the `adaptive_kl/*` metrics |
 | `controller` | β_t: step scaling, reward-triggered decay, target-KL controllers (`BetaController`) |
 | `placement` | KL in the reward: the sequence penalty, total rewards and GRPO group advantages |
-| `diversity` | the `diversity/*` metrics of a generation batch |
-| `validation` | checks of user-given values |
+| `validation` | checks of user-given numbers |
 """
 
 from .aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, token_sum_normalizer

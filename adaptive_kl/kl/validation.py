@@ -1,4 +1,5 @@
-"""Checks of user-given values, shared by the configs and callbacks (each raises its own message)."""
+"""Checks of user-given numbers, shared by the β controller, the configs and the callbacks (each raises its own
+message)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,3 @@ def is_positive_int(value) -> bool:
 def is_finite_number(value) -> bool:
     """A finite real number, not a bool."""
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def looks_like_local_path(text: str) -> bool:
-    """Whether `text` is meant as a local path rather than a hub id ("name" or "owner/name")."""
-    return text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text

@@ -14,8 +14,8 @@ import os
 
 import torch
 
-from ..kl.diversity import Embedder
-from ..kl.validation import looks_like_local_path
+from ..metrics.diversity import Embedder
+from ..models.paths import looks_like_local_path
 
 
 HASHED = "hashed"

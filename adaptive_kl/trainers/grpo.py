@@ -24,10 +24,10 @@ from trl import GRPOTrainer
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 from ..kl.controller import BetaController
-from ..kl.diversity import diversity_metrics
 from ..kl.metrics import STAT_INDEX, kl_metrics
 from ..kl.placement import group_advantages, sequence_kl_penalty, total_rewards
 from ..kl.term import adapted_kl_term
+from ..metrics.diversity import diversity_metrics
 from .config import AdaptiveKLGRPOConfig
 from .embedding import build_embedder
 from .hooks import (

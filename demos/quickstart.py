@@ -1,8 +1,8 @@
 """Quickstart: a short GRPO run with an adaptive KL method, printing the `adaptive_kl/*` metrics per step.
 
-    python examples/quickstart.py                                   # tiny offline model, CPU, ~10 s
-    python examples/quickstart.py --method clip+length_normalized --kl-scaling sqrt
-    python examples/quickstart.py --model Qwen/Qwen2.5-0.5B-Instruct --steps 50   # a real model (online, GPU)
+    python demos/quickstart.py                                   # tiny offline model, CPU, ~10 s
+    python demos/quickstart.py --method clip+length_normalized --kl-scaling sqrt
+    python demos/quickstart.py --model Qwen/Qwen2.5-0.5B-Instruct --steps 50   # a real model (online, GPU)
 
 Without `--model` a tiny random-weight model is built locally (no download): the run exercises the whole training
 path but the model learns nothing useful. The reward favours short completions.

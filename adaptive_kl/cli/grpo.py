@@ -1,0 +1,327 @@
+"""`adaptive-kl grpo`: TRL's `trl grpo` training script, with `AdaptiveKLGRPOConfig` in place of `GRPOConfig`.
+
+    adaptive-kl grpo --config demos/grpo_recipe.yaml                        # a TRL recipe, plus our KL fields
+    adaptive-kl grpo --config recipe.yaml --kl_adaptation_method clip --beta 0.04     # flags override the recipe
+    adaptive-kl grpo --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name data.jsonl \\
+        --reward_funcs my_rewards:correctness --use_peft --unsloth --output_dir out
+
+Arguments are TRL's script's, parsed by `TrlParser` (`--config recipe.yaml`, then flags): its script arguments
+(`dataset_name`, `reward_funcs`, ...), the trainer's config (every `GRPOConfig` field and every KL field of
+`AdaptiveKLGRPOConfig`), `ModelConfig` (PEFT/LoRA, dtype, quantization) and `DatasetMixtureConfig`, plus `unsloth`
+and `unsloth_max_seq_length`. What this script adds to TRL's:
+
+- `dataset_name` may be a local file (JSON Lines, JSON, Parquet, CSV: the `dataset_train_split` split), a local
+  directory (of such files, named by split, or saved with `save_to_disk`), or a hub id;
+- `reward_funcs` takes this package's task rewards (`format_reward`, `answer_accuracy_reward`), TRL's
+  (`accuracy_reward`, `reasoning_accuracy_reward`, `think_format_reward`, `get_soft_overlong_punishment`, with TRL's
+  script's settings) and `module.path:function` (or TRL's `module.path.function`) for the user's own;
+- `unsloth: true` loads the model with Unsloth's `FastLanguageModel` (a CUDA GPU) and the PEFT flags become its LoRA;
+- every input is checked before any model is loaded: a key that is no field, a missing file, an unknown reward
+  function or split, a dataset without prompts each end as `adaptive-kl: error: ...` (exit status 2).
+
+Importing this module imports TRL: `adaptive_kl.cli.command` imports Unsloth first when the command asks for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import yaml
+from trl import DatasetMixtureConfig, ModelConfig, TrlParser, get_dataset, get_peft_config, get_quantization_config
+from trl.scripts.grpo import GRPOScriptArguments
+
+from ..demo.policies import resolve_policy
+from ..demo.task.rewards import accuracy_reward, format_reward
+from ..testing.cpu_scorer import install_cpu_scorer_if_needed
+from ..trainers.config import AdaptiveKLGRPOConfig
+from ..trainers.grpo import AdaptiveKLGRPOTrainer
+from ..trainers.inputs import RewardOutputError
+from .usage import UsageError, check_local_path, check_model, closest
+
+
+PROG = "adaptive-kl grpo"
+
+
+@dataclass
+class AdaptiveKLScriptArguments(GRPOScriptArguments):
+    """TRL's GRPO script arguments, plus the Unsloth loader."""
+
+    unsloth: bool = field(
+        default=False,
+        metadata={"help": "Load the model with Unsloth's FastLanguageModel (a CUDA GPU and adaptive-kl[unsloth])."},
+    )
+    unsloth_max_seq_length: int = field(
+        default=2048,
+        metadata={"help": "unsloth: the longest prompt + completion, in tokens, that FastLanguageModel prepares for."},
+    )
+
+
+DATACLASSES = (AdaptiveKLScriptArguments, AdaptiveKLGRPOConfig, ModelConfig, DatasetMixtureConfig)
+
+
+def make_parser() -> TrlParser:
+    return TrlParser(DATACLASSES, prog=PROG)
+
+
+# --- reward functions ------------------------------------------------------------------------------------------------
+
+
+def answer_accuracy_reward(completions, answer, **kwargs) -> list[float]:
+    """This package's task accuracy (1.0 when the answer after `####` equals the `answer` column): the name keeps TRL's
+    `accuracy_reward` for TRL's math-verify reward."""
+    return accuracy_reward(completions, answer, **kwargs)
+
+
+def _trl_reward(name: str):
+    import trl.rewards
+
+    if name == "get_soft_overlong_punishment":  # TRL's script's settings
+        return trl.rewards.get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)
+    if name in ("accuracy_reward", "reasoning_accuracy_reward") and importlib.util.find_spec("math_verify") is None:
+        raise UsageError(f"reward_funcs {name}: TRL's {name} needs math-verify: pip install math-verify")
+    return getattr(trl.rewards, name)
+
+
+PACKAGE_REWARDS = {"format_reward": format_reward, "answer_accuracy_reward": answer_accuracy_reward}
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+
+
+def resolve_reward_func(spec: str):
+    """The reward function `spec` names: a registered name, `module.path:function` or `module.path.function`."""
+    if spec in PACKAGE_REWARDS:
+        return PACKAGE_REWARDS[spec]
+    if spec in TRL_REWARDS:
+        return _trl_reward(spec)
+    if ":" in spec:
+        module_name, _, attribute = spec.partition(":")
+    elif "." in spec:
+        module_name, _, attribute = spec.rpartition(".")
+    else:
+        known = [*PACKAGE_REWARDS, *TRL_REWARDS]
+        raise UsageError(
+            f"reward_funcs {spec!r} is not a known reward function{closest(spec, known)}; give one of {known}, or "
+            "'module.path:function' for your own"
+        )
+    if not module_name or not attribute:
+        raise UsageError(f"reward_funcs {spec!r}: expected 'module.path:function'")
+    if os.getcwd() not in sys.path:  # as TRL's script: modules next to the recipe are importable
+        sys.path.insert(0, os.getcwd())
+    importlib.invalidate_caches()  # a module written since the last import (a test, a notebook) is found
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(f"reward_funcs {spec!r}: cannot import module {module_name!r} ({error})") from None
+    if not hasattr(module, attribute):
+        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        hint = closest(attribute, names)
+        raise UsageError(f"reward_funcs {spec!r}: module {module_name!r} has no {attribute!r}{hint}")
+    func = getattr(module, attribute)
+    if not callable(func):
+        what = type(func).__name__
+        raise UsageError(f"reward_funcs {spec!r}: {module_name}.{attribute} is a {what}, not a function")
+    return func
+
+
+def reward_funcs_of(script_args) -> list:
+    """Reward model and functions, in TRL's script's order: the reward model first."""
+    funcs = [script_args.reward_model_name_or_path] if script_args.reward_model_name_or_path else []
+    funcs += [resolve_reward_func(spec) for spec in script_args.reward_funcs or []]
+    if not funcs:
+        raise UsageError(
+            "no reward: give reward_funcs (e.g. --reward_funcs format_reward answer_accuracy_reward) or "
+            "reward_model_name_or_path"
+        )
+    return funcs
+
+
+# --- datasets --------------------------------------------------------------------------------------------------------
+
+
+# Local file suffix → `datasets` builder.
+DATA_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def _load_local_dataset(path: str, train_split: str):
+    """A `DatasetDict` from a local file (its rows are the `train_split` split), a `save_to_disk` directory, or a
+    directory of data files named by split."""
+    import datasets
+
+    if os.path.isfile(path):
+        suffix = os.path.splitext(path)[1].lower()
+        if suffix not in DATA_FILE_BUILDERS:
+            allowed = list(DATA_FILE_BUILDERS)
+            raise UsageError(f"dataset_name {path}: unsupported file type {suffix!r}; use one of {allowed}")
+        return datasets.load_dataset(DATA_FILE_BUILDERS[suffix], data_files={train_split: path})
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
+        loaded = datasets.load_from_disk(path)
+        return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict({train_split: loaded})
+    return datasets.load_dataset(path)
+
+
+def load_datasets(script_args, dataset_args):
+    """The dataset dictionary of the run, as TRL's script picks it (`datasets` mixture first, else `dataset_name`)."""
+    if dataset_args.datasets:
+        return get_dataset(dataset_args)
+    name = script_args.dataset_name
+    if not name:
+        raise UsageError("no data: give dataset_name (a local file or directory, or a hub id) or a datasets mixture")
+    check_local_path("dataset_name", name)
+    local = os.path.expanduser(name)
+    try:
+        if os.path.exists(local):
+            return _load_local_dataset(local, script_args.dataset_train_split)
+        import datasets
+
+        return datasets.load_dataset(name, name=script_args.dataset_config, streaming=script_args.dataset_streaming)
+    except UsageError:
+        raise
+    except Exception as error:  # datasets raises many types (FileNotFoundError, DatasetNotFoundError, ValueError)
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"dataset_name {name}: cannot load it ({first_line})") from None
+
+
+def split_of(dataset_dict, split: str, option: str, name: str):
+    if split not in dataset_dict:
+        raise UsageError(f"{option} {split!r} is not a split of {name} (its splits: {list(dataset_dict)})")
+    return dataset_dict[split]
+
+
+# --- the run ---------------------------------------------------------------------------------------------------------
+
+
+def parse(argv: list[str]):
+    """`(script_args, training_args, model_args, dataset_args)`; every bad input raises `UsageError`."""
+    parser = make_parser()
+    known = {f.name for cls in DATACLASSES for f in dataclasses.fields(cls)}
+    try:
+        *parsed, from_recipe, from_flags = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except FileNotFoundError as error:
+        raise UsageError(f"--config {error.filename}: no such file") from None
+    except yaml.YAMLError as error:
+        raise UsageError(f"--config: not valid YAML ({str(error).splitlines()[0]})") from None
+    except (ValueError, TypeError, ImportError) as error:  # a config's own checks (our fields and TRL's)
+        raise UsageError(str(error)) from None
+    for source, remaining in (("recipe key", from_recipe), ("argument", from_flags)):
+        for token in remaining:
+            if token.startswith("--"):
+                key = token[2:].split("=")[0].replace("-", "_")
+                raise UsageError(f"unknown {source} {key!r}: not a field of {PROG}{closest(key, known)}")
+        if remaining:
+            raise UsageError(f"unexpected {source}s {remaining}")
+    return parsed
+
+
+def load_unsloth_model(script_args, training_args, model_args):
+    """`(model, tokenizer)` from Unsloth's `FastLanguageModel`; LoRA from the PEFT flags when `use_peft`."""
+    from unsloth import FastLanguageModel
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_args.model_name_or_path,
+        max_seq_length=script_args.unsloth_max_seq_length,
+        load_in_4bit=model_args.load_in_4bit,
+        load_in_8bit=model_args.load_in_8bit,
+        full_finetuning=not model_args.use_peft,
+    )
+    if model_args.use_peft:
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=model_args.lora_r,
+            lora_alpha=model_args.lora_alpha,
+            lora_dropout=model_args.lora_dropout,
+            target_modules=model_args.lora_target_modules
+            or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+            random_state=training_args.seed,
+        )
+    return model, tokenizer
+
+
+def build_trainer(script_args, training_args, model_args, dataset_args) -> AdaptiveKLGRPOTrainer:
+    """Checks the inputs (`UsageError`), then builds the trainer as TRL's script does."""
+    if model_args.model_name_or_path is None:
+        raise UsageError("no model: give model_name_or_path (a local directory or a hub id)")
+    check_model("model_name_or_path", model_args.model_name_or_path)
+    model_args.model_name_or_path = resolve_policy(model_args.model_name_or_path)  # a named policy: its local path
+    reward_funcs = reward_funcs_of(script_args)
+    data = load_datasets(script_args, dataset_args)
+    source = script_args.dataset_name or "the datasets mixture"
+    train = split_of(data, script_args.dataset_train_split, "dataset_train_split", source)
+    evaluate = training_args.eval_strategy != "no"
+    eval_dataset = split_of(data, script_args.dataset_test_split, "dataset_test_split", source) if evaluate else None
+    if getattr(train, "num_rows", None) == 0:
+        raise UsageError(f"the {script_args.dataset_train_split!r} split of {source} has no rows")
+    if script_args.unsloth:  # Unsloth applies the PEFT and quantization flags itself
+        (model, processing_class), peft_config, quantization_config = (
+            load_unsloth_model(script_args, training_args, model_args),
+            None,
+            None,
+        )
+    else:  # TRL loads the model from its path, with the model arguments as TRL's script passes them
+        model, processing_class = model_args.model_name_or_path, None
+        peft_config, quantization_config = get_peft_config(model_args), get_quantization_config(model_args)
+        from_model_args = dict(
+            revision=model_args.model_revision,
+            trust_remote_code=training_args.trust_remote_code,
+            attn_implementation=model_args.attn_implementation,
+            dtype=model_args.dtype,
+        )  # the recipe's own model_init_kwargs win, as in TRL's script
+        training_args.model_init_kwargs = {**from_model_args, **(training_args.model_init_kwargs or {})}
+    try:
+        return AdaptiveKLGRPOTrainer(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=training_args,
+            train_dataset=train,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            peft_config=peft_config,
+            quantization_config=quantization_config,
+        )
+    except ValueError as error:  # the trainer's checks of the data (and TRL's of its arguments), before training
+        raise UsageError(str(error)) from None
+
+
+def close_processes(trainer) -> None:
+    """Ends the run on every process together. Ranks pass a barrier first, then drop the DDP wrapper (its reducer holds
+    the process group) while the group still serves them, then destroy the group. On gloo (CPU), a rank whose
+    reducer outlived the group it shared with a rank that had already exited hung in the group's destructor."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    trainer.accelerator.wait_for_everyone()
+    trainer.model_wrapped = trainer.model
+    trainer.accelerator.free_memory()  # releases accelerate's references to the prepared (wrapped) model
+    gc.collect()
+    trainer.accelerator.wait_for_everyone()
+    if hasattr(trainer, "end"):  # Transformers >= 5.18: finishes the trackers too
+        trainer.end()
+    else:
+        torch.distributed.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    """Runs `adaptive-kl grpo` (the `argv` after `grpo`); a bad input raises `UsageError` before any training."""
+    script_args, training_args, model_args, dataset_args = parse(argv)
+    install_cpu_scorer_if_needed()  # TRL 1.15's fused scorer needs a GPU driver; as the demo, a stand-in on a CPU
+    trainer = build_trainer(script_args, training_args, model_args, dataset_args)
+    try:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    except RewardOutputError as error:  # found on the first batch a reward function scores
+        for callback in trainer.callback_handler.callbacks:  # close the interrupted progress bar before the message
+            if getattr(callback, "training_bar", None) is not None:
+                callback.training_bar.close()
+                callback.training_bar = None
+        raise UsageError(str(error)) from None
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"Training completed; model saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    close_processes(trainer)
+    return 0
