@@ -2,7 +2,7 @@
 `python tests/checkpoint_worker.py MODEL_DIR OUTPUT_DIR KILL_AT_STEP`.
 
 The process dies inside the reward function of step KILL_AT_STEP, as a preempted or crashed job does: no exception
-handler, no `on_train_end`, nothing flushed. `tests/test_checkpoints.py` resumes from what it left behind.
+handler, no `on_train_end`, nothing flushed. `tests/trainers/test_checkpoints.py` resumes from what it left behind.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-# The run, shared with tests/test_checkpoints.py: the adaptive controller makes β depend on every step's KL, so only
-# a restored controller state gives the uninterrupted trajectory.
+# The run, shared with tests/trainers/test_checkpoints.py: the adaptive controller makes β depend on every step's KL,
+# so only a restored controller state gives the uninterrupted trajectory.
 RUN = dict(
     beta=0.2,
     kl_adaptation_method="sigmoid",

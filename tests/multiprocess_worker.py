@@ -1,6 +1,6 @@
 """Trains the tiny model with `AdaptiveKLGRPOTrainer` and records, per process, what the multi-process tests compare.
 
-Run by `tests/test_multiprocess.py`, once as a plain process and once under
+Run by `tests/trainers/test_multiprocess.py`, once as a plain process and once under
 `accelerate launch --multi_gpu --num_processes 2` (on a CPU, with `use_cpu=True`, accelerate runs gloo DDP). Both
 runs have the same global batch: the single process takes `PROCESSES` times the per-device batch.
 

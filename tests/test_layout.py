@@ -198,3 +198,15 @@ def test_the_console_entry_point_is_the_cli():
         warnings.simplefilter("ignore", DeprecationWarning)
         from adaptive_kl.demo.cli import main as old_main
     assert old_main is main
+
+
+def test_the_tests_are_laid_out_like_the_package():
+    """A test module lives in the folder of the layer it tests (`tests/kl/`, `tests/trainers/`, ...); the top of
+    `tests/` holds only the helpers and the checks that cut across layers."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    folders = {name for name in os.listdir(tests) if os.path.isdir(os.path.join(tests, name)) and name[0] != "_"}
+    assert folders - {"__pycache__"} <= set(ALLOWED), folders
+    top_level = sorted(name for name in os.listdir(tests) if name.startswith("test_") and name.endswith(".py"))
+    cutting_across = ["test_benchmarks.py", "test_docs.py", "test_errors.py", "test_gpu_check.py", "test_layout.py",
+                      "test_notebooks.py"]  # fmt: skip
+    assert top_level == sorted(cutting_across), top_level

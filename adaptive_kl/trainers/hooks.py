@@ -5,7 +5,7 @@ is (TRL's own, or Unsloth's generated trainer) and reach into it only through th
 
 - `HOST_INTERNALS`: every private method and attribute of the host (`trl.GRPOTrainer` and its base
   `transformers.Trainer`) that the package overrides, calls, reads or writes, with what it does with it. No other
-  module names one (`tests/test_seam.py` checks it on the source); Unsloth's own internals have their table in
+  module names one (`tests/trainers/test_seam.py` checks it on the source); Unsloth's own internals have their table in
   `adaptive_kl.trainers.unsloth`;
 - `check_trl_version`: the supported TRL range, read from the package metadata before TRL is imported;
 - `resolve_args`: the trainer's config (a default one for `args=None`, a `TypeError` for a plain `GRPOConfig`), after

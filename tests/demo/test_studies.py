@@ -7,11 +7,12 @@ import importlib.util
 import os
 
 import pytest
+from repo_paths import REPO
 
 from adaptive_kl.cli.command import build
 
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "run_studies.py")
+SCRIPT = os.path.join(REPO, "scripts", "run_studies.py")
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,14 @@ import warnings
 
 import pytest
 from checkpoint_worker import RUN, indexed_reward
+from repo_paths import TESTS
 from tiny import make_trainer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 
 
-WORKER = os.path.join(os.path.dirname(__file__), "checkpoint_worker.py")
+WORKER = os.path.join(TESTS, "checkpoint_worker.py")
 STATE_KEY = "AdaptiveKLStateCallback"
 
 

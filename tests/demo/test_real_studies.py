@@ -8,12 +8,13 @@ import os
 import sys
 
 import pytest
+from repo_paths import REPO
 
 from adaptive_kl.cli.command import build
 from adaptive_kl.demo.run_files import load_runs
 
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "run_real_studies.py")
+SCRIPT = os.path.join(REPO, "scripts", "run_real_studies.py")
 TINY = {"tiny": {"variants": ["beta=0", "beta=0.1 kl_estimator=k2"], "args": ["--steps", "2", "--eval-every", "2",
                                                                              "--n-validation", "8"]}}  # fmt: skip
 

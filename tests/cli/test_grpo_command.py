@@ -10,6 +10,7 @@ import types
 import datasets
 import pytest
 import torch
+from repo_paths import REPO
 from safetensors.torch import load_file
 from tiny import launch_two_processes
 
@@ -18,7 +19,6 @@ from adaptive_kl.cli.command import main
 from adaptive_kl.cli.usage import UsageError, grpo_asks_for_unsloth
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "demos", "grpo_recipe.yaml")
 ROWS = [{"prompt": f"Q: Ann has {a} pens and gets 1 more. How many pens does Ann have? A: ", "answer": str(a + 1)}
         for a in range(1, 17)]  # fmt: skip

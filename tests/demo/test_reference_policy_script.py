@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 
+from repo_paths import REPO
 from tiny import run_python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 def test_build_script_writes_a_loadable_policy(tmp_path):
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "build_reference_policy.py")
+    script = os.path.join(REPO, "scripts", "build_reference_policy.py")
     run_python(script, "--steps", "2", "--batch-size", "4", "--out", str(tmp_path))
     card = json.loads((tmp_path / "reference_policy.json").read_text())
     assert card["steps"] == 2 and card["n_validation"] == 200 and 0.0 <= card["validation"]["accuracy"] <= 1.0

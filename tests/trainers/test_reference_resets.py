@@ -5,7 +5,7 @@ or a LoRA adapter copied into the frozen `"ref"` adapter, base weights untouched
 0; the KL trigger fires exactly after the steps whose KL exceeded it; the optimizer's state restarts with
 `ref_reset_optimizer`; the controllers go on adapting β; a resumed run resets at the same steps and measures the same
 KL as an uninterrupted one (checkpoints hold the reset reference); damaged or mismatched checkpoints are refused. Two
-processes: `tests/test_multiprocess.py` (config "resets").
+processes: `tests/trainers/test_multiprocess.py` (config "resets").
 """
 
 from __future__ import annotations

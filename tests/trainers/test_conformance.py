@@ -146,7 +146,7 @@ LEFT_OUT = {
     "tokenizer lacks; the early data check accepts environment-owned data without prompts as TRL does "
     "(test_environment_owned_data_without_prompts_is_accepted)",
     "torch_compile": "compiling is out of this suite's budget on a 2-core CPU",
-    "DeepSpeed, FSDP": "tests/test_multiprocess.py runs DDP; DeepSpeed and FSDP need GPUs",
+    "DeepSpeed, FSDP": "tests/trainers/test_multiprocess.py runs DDP; DeepSpeed and FSDP need GPUs",
 }
 
 

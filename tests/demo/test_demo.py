@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from repo_paths import REPO
 from tiny import run_python
 
 from adaptive_kl.cli.command import build, main
@@ -313,7 +314,7 @@ def test_compare_on_a_local_model_path(tiny_model_dir, tmp_path):
 
 
 def test_demo_script_is_the_same_code(tmp_path):
-    script = os.path.join(os.path.dirname(__file__), "..", "demos", "run_all_methods.py")
+    script = os.path.join(REPO, "demos", "run_all_methods.py")
     run_python(script, "--steps", "1", "--n-validation", "8", "--out", str(tmp_path))
     assert (tmp_path / "summary.md").read_text().count("\n| ") == 1 + len(DEMO_METHODS)
     check_png(tmp_path / "metrics.png")

@@ -7,11 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from repo_paths import REPO as ROOT
 
 from adaptive_kl.trainers.hooks import ALLOW_UNSUPPORTED_ENV, SUPPORTED_TRL, check_trl_version
-
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_pyproject_declares_the_same_range():

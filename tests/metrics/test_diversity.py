@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from repo_paths import REPO as ROOT
 
 from adaptive_kl.metrics.diversity import (
     DIVERSITY_METRICS,
@@ -24,7 +25,6 @@ from adaptive_kl.metrics.diversity import (
 
 
 SETTINGS = settings(max_examples=60, deadline=None)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------------------------------------------- unique_fraction

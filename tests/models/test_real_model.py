@@ -16,6 +16,7 @@ import pytest
 import torch
 from datasets import Dataset
 from peft import LoraConfig
+from repo_paths import REPO
 from tiny import run_python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
@@ -25,7 +26,6 @@ from adaptive_kl.demo.task import TASK_REWARDS
 from adaptive_kl.models import MissingModelError, smollm2_path
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Two prompts of different lengths (one with a system message), so the batch is left-padded.
 PROMPTS = [
     [{"role": "user", "content": "What is 7 + 12? Give the final answer after ####."}],

@@ -23,10 +23,10 @@ import os
 import multiprocess_worker as worker
 import pytest
 import torch
+from repo_paths import TESTS
 from tiny import launch_two_processes, run_python
 
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 PER_DEVICE_BATCH = 4  # the single process takes 2 × 4
 
 pytestmark = pytest.mark.skipif(
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.skipif(
 def runs(tiny_model_dir, tmp_path_factory):
     """{config: {"one": record, "two": [record of process 0, record of process 1]}}, records as the worker wrote."""
     one, two = (str(tmp_path_factory.mktemp(name)) for name in ("one-process", "two-processes"))
-    script = os.path.join(HERE, "multiprocess_worker.py")
+    script = os.path.join(TESTS, "multiprocess_worker.py")
     run_python(script, tiny_model_dir, one, str(2 * PER_DEVICE_BATCH), OMP_NUM_THREADS="1")
     launch_two_processes(script, tiny_model_dir, two, str(PER_DEVICE_BATCH))
     assert os.listdir(one) and os.listdir(two), "a worker wrote nothing"

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
+from repo_paths import TESTS
 from tiny import make_trainer, perturb
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
@@ -420,13 +421,11 @@ torch.distributed.destroy_process_group()
 )
 def test_two_processes_shard_and_reduce_to_the_global_value(trainer, tiny_model_dir, tmp_path):
     import json
-    import os
 
     from tiny import launch_two_processes
 
     script = tmp_path / "worker.py"
-    tests = os.path.dirname(os.path.abspath(__file__))
-    script.write_text(TWO_PROCESS_WORKER.format(tests=tests, sft=SFT, model_dir=tiny_model_dir, out=str(tmp_path)))
+    script.write_text(TWO_PROCESS_WORKER.format(tests=TESTS, sft=SFT, model_dir=tiny_model_dir, out=str(tmp_path)))
     launch_two_processes(str(script))
     results = [json.loads((tmp_path / f"scores{i}.json").read_text()) for i in range(2)]
     token_mean, seq_mean = reference_loglik(trainer.model, trainer.processing_class, SFT["prompt"], SFT["completion"])

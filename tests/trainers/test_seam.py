@@ -8,6 +8,7 @@ import importlib.metadata
 
 import pytest
 import torch
+from repo_paths import REPO
 from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, make_trainer, prompt_dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
@@ -247,7 +248,7 @@ def test_no_module_but_the_seam_names_a_private_attribute_of_the_host():
     import pathlib
 
     private = host_private_names()
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(REPO)
     violations = {
         str(path.relative_to(root)): found
         for path in sorted((root / "adaptive_kl").rglob("*.py"))
