@@ -292,6 +292,51 @@ def check_train(model_cls=AutoModelForCausalLM, methods=("dynamic+clip", "none")
         assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+def zero_beta_run(skip: bool):
+    """4 steps of `dynamic` switching β to 0 at step 3: the log lines, the trained weights and, for each call of
+    `_get_per_token_logps_and_entropies`, the optimizer step it served."""
+    trainer = make(
+        AdaptiveKLGRPOTrainer,
+        AdaptiveKLGRPOConfig,
+        beta=0.1,
+        max_steps=4,
+        kl_adaptation_method="dynamic",
+        beta_min=0.0,
+        beta_schedule_steps=3,
+        reward_threshold=10.0,
+        kl_monitor_steps=0,
+        skip_zero_beta_reference=skip,
+        seed=0,
+    )
+    scored = []
+    original = trainer._get_per_token_logps_and_entropies
+
+    def counting(model, *args, **kwargs):
+        scored.append(trainer.state.global_step + 1)
+        return original(model, *args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = counting
+    torch.manual_seed(0)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    return logs, weights, scored
+
+
+def check_zero_beta():
+    """On Unsloth's generated trainer the reference forward is skipped from the switch to β = 0 on, as on TRL's, and
+    the run is bitwise the one without the skip: the same loss, grad_norm and reward at every step, the same
+    weights."""
+    (logs, weights, scored), (full_logs, full_weights, full_scored) = zero_beta_run(True), zero_beta_run(False)
+    assert [log["adaptive_kl/reference_skipped"] for log in logs] == [0, 0, 1, 1], logs
+    for key in ("loss", "grad_norm", "reward"):
+        assert [log[key] for log in logs] == [log[key] for log in full_logs], key
+    assert all(torch.equal(weights[n], full_weights[n]) for n in weights)
+    # the reference's scorings are gone from step 3 on, and only there
+    fewer = [full_scored.count(step) - scored.count(step) for step in (1, 2, 3, 4)]
+    assert fewer[:2] == [0, 0] and min(fewer[2:]) > 0, (scored, full_scored)
+
+
 def check_hidden_states():
     """Unsloth's GPU branch, on the CPU: the policy log-probabilities come from hidden states through Unsloth's
     chunked LM head and equal log-softmax of the model's own logits; method "none" keeps parity with Unsloth's β loss
@@ -327,5 +372,6 @@ if __name__ == "__main__":
     checks = {"config": check_config, "capture": check_capture, "parity": check_parity, "train": check_train}
     checks["real_model"] = check_real_model
     checks["hidden_states"] = check_hidden_states
+    checks["zero_beta"] = check_zero_beta
     checks[CHECK]()
     print(f"OK {CHECK}")

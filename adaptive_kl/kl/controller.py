@@ -137,6 +137,15 @@ class BetaController:
         """β_t = β_base(t)·α(t) for optimizer step `step` (1-based)."""
         return self.base_beta(step) * self.scale(step)
 
+    def is_zero_from(self, step: int) -> bool:
+        """Whether β_t is exactly 0 for optimizer step `step` and every later step, whatever statistics the later
+        updates bring: `beta_min` is 0 and either `dynamic` has reached `beta_schedule_steps` or β_base is 0 (no rule
+        moves β_base away from 0 with `beta_min = 0`; α(t) is never 0). Once true it stays true, so a generation
+        batch whose first step has it serves only steps with β = 0."""
+        if self.beta_min != 0.0:
+            return False
+        return self.beta_base == 0.0 or (self.dynamic and step >= self.beta_schedule_steps)
+
     def update(
         self,
         step: int,
@@ -152,6 +161,8 @@ class BetaController:
         if step <= self.last_step:
             return
         self.last_step = step
+        if self.beta_base == 0.0 and self.beta_min == 0.0:  # every rule keeps 0: nothing to measure, nothing skipped
+            return
         if self.dynamic:
             if mean_reward is None or not math.isfinite(mean_reward):
                 self.num_skipped_updates += 1

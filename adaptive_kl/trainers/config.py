@@ -114,6 +114,15 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         ref_reset_optimizer (`bool`, *optional*, defaults to `False`):
             Also clear the optimizer's state (Adam's moments) at each reset, as ProRL does. The learning-rate
             schedule goes on.
+        skip_zero_beta_reference (`bool`, *optional*, defaults to `True`):
+            Skip the reference forward of a generation batch when β_t is exactly 0 for every optimizer step it serves
+            (`dynamic` from `beta_schedule_steps` on with `beta_min = 0`): the loss and gradients are those of the
+            same run without the skip. With full fine-tuning, once β is 0 for good and nothing else needs the model
+            of the reference (`kl_monitor_steps = 0`, no reference resets, no `sync_ref_model`), it is freed.
+        kl_monitor_steps (`int` or `None`, *optional*, defaults to `None`):
+            While the reference forward is skipped, score the reference anyway on the first generation batch of every
+            this many optimizer steps, so that `adaptive_kl/raw_kl` stays visible (from those batches only). `None`:
+            `logging_steps`, so that every log line carries it; `0`: never.
 
         > Parameters that control checkpoints
 
@@ -223,6 +232,21 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         default=False,
         metadata={"help": "Also clear the optimizer state (Adam's moments) at each reference reset, as ProRL does."},
     )
+    skip_zero_beta_reference: bool = field(
+        default=True,
+        metadata={
+            "help": "Skip the reference forward of a generation batch when beta is exactly 0 for every optimizer step "
+            "it serves (dynamic from beta_schedule_steps on with beta_min=0); with full fine-tuning, free the "
+            "reference model once beta is 0 for good and nothing else needs it (kl_monitor_steps=0, no resets)."
+        },
+    )
+    kl_monitor_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "While the reference forward is skipped, score it anyway on the first generation batch of every "
+            "this many optimizer steps, so that adaptive_kl/raw_kl stays visible. None: logging_steps; 0: never."
+        },
+    )
     resume_without_kl_state: bool = field(
         default=False,
         metadata={
@@ -286,7 +310,8 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             self.kl_placement in KL_PLACEMENTS,
             f"kl_placement must be one of {KL_PLACEMENTS}, got {self.kl_placement!r}.",
         )
-        for name in ("diversity_metrics", "resume_without_kl_state", "ref_reset_optimizer"):
+        flags = ("diversity_metrics", "resume_without_kl_state", "ref_reset_optimizer", "skip_zero_beta_reference")
+        for name in flags:
             value = getattr(self, name)
             require(isinstance(value, bool), f"{name} must be True or False, got {value!r}.")
         require(
@@ -301,6 +326,11 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
                 "diversity_metrics=True too.",
             )
             check_embedder(self.diversity_embedder)
+        require(
+            self.kl_monitor_steps is None or (is_int(self.kl_monitor_steps) and self.kl_monitor_steps >= 0),
+            "kl_monitor_steps must be None (every logging_steps) or an integer >= 0 (0: never), got "
+            f"{self.kl_monitor_steps!r}.",
+        )
         require(
             self.kl_controller in KL_CONTROLLERS,
             f"kl_controller must be one of {KL_CONTROLLERS}, got {self.kl_controller!r}.",

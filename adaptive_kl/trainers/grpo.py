@@ -12,6 +12,7 @@ the host, only the extension points of `hooks.HostHooks`.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import warnings
 
@@ -20,6 +21,7 @@ import torch
 from accelerate.utils import gather_object
 from packaging.version import Version
 from peft import PeftModel
+from transformers.utils import logging
 from trl import GRPOTrainer
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
@@ -39,6 +41,7 @@ from .hooks import (
     completion_loss_mask,
     host_beta,
     metric_store,
+    release_reference_model,
     replace_logged_advantages,
     resolve_args,
     score_policy,
@@ -66,6 +69,9 @@ from .unsloth import (
     unsupported_unsloth,
     with_keyword_only,
 )
+
+
+logger = logging.get_logger(__name__)
 
 
 def reference_is_base_despite_trained_adapter(model) -> bool:
@@ -141,6 +147,12 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         self._log_stats: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
         self._last_beta: dict[str, tuple[float, float]] = {}
         self._warned: set[str] = set()  # the once-per-run warnings already given
+        # While β is 0 for good (`skip_zero_beta_reference`): micro-batches [without reference, in all] since the last
+        # log, the last monitoring window measured, whether this evaluation was measured, a freed reference model.
+        self._reference_skips = {"train": [0, 0], "eval": [0, 0]}
+        self._monitored_window: int | None = None
+        self._eval_monitored = False
+        self._reference_released = False
         self.add_callback(AdaptiveKLStateCallback(self.beta_controller, resets=self.reference_resets))
 
     __init__.__signature__ = with_keyword_only(
@@ -211,6 +223,67 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
             )
         load_reference(checkpoint, *self._reference_models())
 
+    # --- the reference at β = 0 -------------------------------------------------------------------------------------
+
+    def _scores_reference(self, mode: str) -> bool:
+        """Whether the generation batch about to be scored needs the reference log-probabilities: not when β_t is 0
+        for every optimizer step it serves (the first one decides: see `BetaController.is_zero_from`), unless the KL
+        is monitored on this batch or a KL-triggered reference reset reads every step's KL."""
+        args = self.args
+        step = self.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
+        if (
+            host_beta(self) == 0.0  # stock TRL: no reference at all
+            or not args.skip_zero_beta_reference
+            or args.ref_reset_kl > 0
+            or not self.beta_controller.is_zero_from(step)
+        ):
+            return True
+        if self._kl_monitor_due(mode, step):
+            return True
+        self._release_reference_if_unused()
+        return False
+
+    def _kl_monitor_due(self, mode: str, step: int) -> bool:
+        """Whether this skippable batch is measured anyway (`kl_monitor_steps`): the first one of each window of that
+        many optimizer steps (windows aligned with the log lines by default), and the first one of each evaluation."""
+        every = self.args.kl_monitor_steps
+        if every is None:
+            every = max(int(self.state.logging_steps or 1), 1)
+        if every == 0:
+            return False
+        if mode == "eval":
+            due, self._eval_monitored = not self._eval_monitored, True
+            return due
+        window = (step - 1) // every
+        due, self._monitored_window = window != self._monitored_window, window
+        return due
+
+    def _release_reference_if_unused(self) -> None:
+        """Frees a full-model reference once β is 0 for good and nothing else reads it: no monitoring, no reference
+        resets, no `sync_ref_model`, no sharded engine that owns it. A PEFT reference is the base model itself."""
+        args = self.args
+        if (
+            self._reference_released
+            or self.ref_model is None
+            or args.kl_monitor_steps != 0
+            or self.reference_resets.enabled
+            or args.sync_ref_model
+            or self.is_deepspeed_enabled
+            or self.is_fsdp_enabled
+        ):
+            return
+        release_reference_model(self)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self._reference_released = True
+        if self.accelerator.is_main_process:
+            logger.warning(
+                f"β is 0 from optimizer step {self.state.global_step + 1} on (kl_adaptation_method='dynamic', "
+                f"beta_schedule_steps={args.beta_schedule_steps}, beta_min=0) and kl_monitor_steps=0: the reference "
+                "model is no longer scored, and its memory was freed."
+            )
+
     # --- generation batches ---------------------------------------------------------------------------------------
 
     def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
@@ -246,8 +319,16 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         # An exception (e.g. from a reward function) can interrupt an optimizer step after some of its micro-batches
         # were recorded: those partial sums must not leak into the next run. A run that does not resume starts from
         # step 1 with a new optimizer, so β starts afresh too; a resumed run gets the checkpoint's state.
+        if self._reference_released:
+            raise ValueError(
+                "This trainer freed its reference model once β reached 0 for good (skip_zero_beta_reference=True, "
+                "kl_monitor_steps=0), so it cannot train again from a step where β is not 0: build a new trainer "
+                "(a resumed run past the switch frees it again), or set kl_monitor_steps > 0 to keep the reference."
+            )
         self._step_stats = None
         self._log_stats = {"train": None, "eval": None}
+        self._reference_skips = {"train": [0, 0], "eval": [0, 0]}
+        self._monitored_window, self._eval_monitored = None, False
         self._warned.clear()
         if resume_from_checkpoint:
             self._check_resumed_kl_state(resume_from_checkpoint)
@@ -300,9 +381,28 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
 
     def _penalize_rewards(self, output: dict, rewards: torch.Tensor, mode: str) -> None:
         """Replaces the advantages by those of the rewards minus the detached KL penalty β_t·Σ_t f(k)."""
-        args = self.args
         step = self.state.global_step + 1
-        penalty = sequence_kl_penalty(
+        if "ref_per_token_logps" not in output:  # β = 0 for every step the batch serves: the penalty is 0, in the
+            # dtype of the log-probabilities it would be computed from, so the advantages are those of the full path
+            dtype = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.dtype
+            if output.get("old_per_token_logps") is not None:
+                dtype = output["old_per_token_logps"].dtype
+            penalty = torch.zeros(len(output["completion_ids"]), device=rewards.device, dtype=dtype)
+        else:
+            penalty = self._kl_penalty(output, mode, step)
+        penalties = self.accelerator.gather(penalty)  # in the global order of the rewards
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        advantages = group_advantages(rewards.to(penalties.dtype) - penalties, num_generations, self.scale_rewards)
+        local = len(output["completion_ids"])
+        start = self.accelerator.process_index * local
+        output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
+        replace_logged_advantages(self, advantages)
+        metric_store(self, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
+
+    def _kl_penalty(self, output: dict, mode: str, step: int) -> torch.Tensor:
+        """`(B,)` detached penalties β_t·Σ_t f(k) of the generation batch's sequences."""
+        args = self.args
+        return sequence_kl_penalty(
             self._sampling_policy_logps(output, mode),
             output["ref_per_token_logps"],
             completion_loss_mask(output),
@@ -313,14 +413,6 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
             target=args.kl_target,
             length_normalized="length_normalized" in self._kl_methods,
         )
-        penalties = self.accelerator.gather(penalty)  # in the global order of the rewards
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        advantages = group_advantages(rewards.to(penalties.dtype) - penalties, num_generations, self.scale_rewards)
-        local = len(output["completion_ids"])
-        start = self.accelerator.process_index * local
-        output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
-        replace_logged_advantages(self, advantages)
-        metric_store(self, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
 
     # --- diversity --------------------------------------------------------------------------------------------------
 
@@ -349,6 +441,12 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         with self.host_loss_without_kl() as captured:
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         beta, scale = self.beta_controller.beta(step), self.beta_controller.scale(step)
+        skipped = "ref_per_token_logps" not in inputs  # `_scores_reference`: β_t = 0, the term adds exactly 0
+        self._reference_skips[mode][0] += int(skipped)
+        self._reference_skips[mode][1] += 1
+        if skipped:
+            self._record(None, mode, step, beta, scale)
+            return loss
         host_inputs = self._host_kl_inputs(
             captured, inputs, mode, training=torch.is_grad_enabled() and mode == "train"
         )
@@ -409,22 +507,26 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         return term, self.accelerator.reduce(stats, reduction="sum")
 
     def _record(self, stats, mode, step, beta, scale):
-        """Accumulates the statistics for logging and, at the end of an optimizer step, updates the controller."""
+        """Accumulates the statistics for logging and, at the end of an optimizer step, updates the controller.
+        `stats` is None for a micro-batch scored without the reference (β_t = 0: only the reward rule can apply)."""
         self._last_beta[mode] = (beta, scale)
-        self._log_stats[mode] = stats if self._log_stats[mode] is None else self._log_stats[mode] + stats
+        if stats is not None:
+            self._log_stats[mode] = stats if self._log_stats[mode] is None else self._log_stats[mode] + stats
         if mode != "train":
             return
-        self._step_stats = stats if self._step_stats is None else self._step_stats + stats
+        if stats is not None:
+            self._step_stats = stats if self._step_stats is None else self._step_stats + stats
         if self.accelerator.sync_gradients:  # last micro-batch of the optimizer step: β changes for the next one
-            tokens = self._step_stats[STAT_INDEX["tokens"]].item()
-            mean_kl = self._step_stats[STAT_INDEX["raw_kl"]].item() / tokens if tokens > 0 else float("nan")
+            step_stats = self._step_stats if self._step_stats is not None else torch.zeros(len(STAT_INDEX))
+            tokens = step_stats[STAT_INDEX["tokens"]].item()
+            mean_kl = step_stats[STAT_INDEX["raw_kl"]].item() / tokens if tokens > 0 else float("nan")
             controller = self.beta_controller
             skipped = controller.num_skipped_updates
             controller.update(
                 step,
                 mean_reward=self._generation_mean_reward,
                 mean_kl=mean_kl,
-                num_sequences=int(self._step_stats[STAT_INDEX["sequences"]].item()),
+                num_sequences=int(step_stats[STAT_INDEX["sequences"]].item()),
             )
             if controller.num_skipped_updates > skipped:
                 statistic = (
@@ -446,14 +548,22 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         if self.args.diversity_metrics and metrics.get("entropy"):
             metrics["diversity/entropy"] = list(metrics["entropy"])  # TRL's, on the panel
         stats = self._log_stats.get(mode)
-        if stats is not None:
+        skipped, scored = self._reference_skips[mode]
+        if scored:  # micro-batches went through our loss since the last log
             beta, scale = self._last_beta[mode]
-            for key, value in kl_metrics(stats, beta=beta, beta_scale=scale).items():
-                metrics[key] = [value]  # TRL averages and prefixes (`eval_`) its metrics
+            if stats is not None:  # the KL metrics: from the micro-batches scored with the reference only
+                for key, value in kl_metrics(stats, beta=beta, beta_scale=scale).items():
+                    metrics[key] = [value]  # TRL averages and prefixes (`eval_`) its metrics
+            else:
+                metrics["adaptive_kl/current_beta"], metrics["adaptive_kl/beta_scale"] = [beta], [scale]
+            metrics["adaptive_kl/reference_skipped"] = [skipped / scored]
             if mode == "train" and self.beta_controller.has_training_state:
                 metrics["adaptive_kl/skipped_updates"] = [float(self.beta_controller.num_skipped_updates)]
             if mode == "train" and self.reference_resets.enabled:
                 metrics["adaptive_kl/ref_resets"] = [float(self.reference_resets.num_resets)]
                 metrics["adaptive_kl/ref_reset_step"] = [float(self.reference_resets.last_reset_step)]
             self._log_stats[mode] = None
+            self._reference_skips[mode] = [0, 0]
+        if mode == "eval":
+            self._eval_monitored = False  # the next evaluation measures its first batch again
         super().log(logs, start_time)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -97,7 +97,8 @@ class HostInternal:
 
     name: str
     owner: str  # the class that defines it
-    kind: str  # "method" (overridden or called), "class attribute", or "attribute" (set by the host's `__init__`)
+    kind: str  # "method" (overridden or called), "class attribute", "attribute" (set by the host's `__init__`), or
+    # "accelerator attribute" (of the `Accelerator` the host's `__init__` builds)
     use: str  # what the package does with it
 
 
@@ -106,7 +107,8 @@ HOST_INTERNALS_CHECKED_ON = ("trl 1.15.0, transformers 5.17.0", "trl 1.16.0, tra
 HOST_INTERNALS = (
     HostInternal("_generate_and_score_completions", "trl.GRPOTrainer", "method",
                  "wrapped: a streamed batch's prompts are checked and a pending reference reset applied before it is "
-                 "scored; its rewards go to the trainer after (`_on_generation_batch`, `_on_scored`)"),
+                 "scored; run with β = 0 when the trainer needs no reference log-probabilities, which TRL then skips; "
+                 "its rewards go to the trainer after (`_on_generation_batch`, `_scores_reference`, `_on_scored`)"),
     HostInternal("_calculate_rewards", "trl.GRPOTrainer", "method",
                  "wrapped: each reward function's output is checked and the gathered (N, K) rewards are kept"),
     HostInternal("_get_per_token_logps_and_entropies", "trl.GRPOTrainer", "method",
@@ -136,8 +138,12 @@ HOST_INTERNALS = (
     HostInternal("_buffered_inputs", "trl.GRPOTrainer", "attribute",
                  "the generation buffer: a list of micro-batches, None before the first (`generation_buffer`)"),
     HostInternal("beta", "trl.GRPOTrainer", "attribute",
-                 "TRL's β: set to 0 while the host's loss runs inside ours; read to know whether the KL is on "
-                 "(`host_beta`)"),
+                 "TRL's β: set to 0 while the host's loss runs inside ours, and while it scores a generation batch "
+                 "without the reference; read to know whether the KL is on (`host_beta`)"),
+    HostInternal("ref_model", "trl.GRPOTrainer", "attribute",
+                 "the full-model reference (None for PEFT): dropped once β is 0 for good (`release_reference_model`)"),
+    HostInternal("_models", "accelerate.Accelerator", "accelerator attribute",
+                 "the models `prepare_model` keeps, the reference among them: it is removed there too when released"),
 )  # fmt: skip
 # Not in the table, because its *absence* is what is checked: `_compute_liger_loss` (see `check_host`).
 
@@ -183,10 +189,11 @@ def check_host_attributes(trainer) -> None:
     Raises:
         UnsupportedTRLError: naming the missing attributes.
     """
+    owners = {"attribute": trainer, "accelerator attribute": trainer.accelerator}
     missing = [
         internal.name
         for internal in HOST_INTERNALS
-        if internal.kind == "attribute" and not hasattr(trainer, internal.name)
+        if internal.kind in owners and not hasattr(owners[internal.kind], internal.name)
     ]
     if missing:
         raise unsupported_trl(f"the host's __init__ set no {missing}, which {type(trainer).__name__} uses")
@@ -224,6 +231,9 @@ class HostHooks:
     (each a no-op or the host's own behaviour unless overridden):
 
     - `_on_generation_batch()`: before the host generates and scores a training or evaluation batch;
+    - `_scores_reference(mode)`: whether that batch needs the reference log-probabilities (default: whenever the
+      host computes them); when not, the host scores it with β = 0, which skips the reference forward, and its
+      output has no `ref_per_token_logps`;
     - `_on_scored(output, rewards_per_func, mode)`: after it, with the host's `output` (editable) and the gathered
       `(N, K)` rewards that `_calculate_rewards` computed (after checking what each reward function returned). A host
       that scored a batch without calling `_calculate_rewards` is refused;
@@ -250,6 +260,10 @@ class HostHooks:
 
     def _on_generation_batch(self) -> None:
         """Called before the host generates and scores a batch."""
+
+    def _scores_reference(self, mode: str) -> bool:
+        """Whether the generation batch about to be scored in `mode` needs the reference log-probabilities."""
+        return True
 
     def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
         """Called once per scored generation batch with the host's `output` (editable) and its rewards."""
@@ -297,15 +311,18 @@ class HostHooks:
     def _generate_and_score_completions(self, inputs):
         check_drawn_prompts(inputs)  # a streaming dataset's rows are first seen here
         self._on_generation_batch()
+        mode = "train" if self.model.training else "eval"
         self._rewards_per_func = None
-        output = super()._generate_and_score_completions(inputs)
+        # TRL scores the reference only when its β is not 0, and reads β nowhere else while scoring a batch
+        with nullcontext() if self._scores_reference(mode) else self._host_beta_zero():
+            output = super()._generate_and_score_completions(inputs)
         rewards_per_func, self._rewards_per_func = self._rewards_per_func, None
         if rewards_per_func is None:
             raise unsupported_trl(
                 f"{type(self).__name__} could not capture the rewards of a generation batch: the host's "
                 "_generate_and_score_completions no longer calls _calculate_rewards"
             )
-        self._on_scored(output, rewards_per_func, "train" if self.model.training else "eval")
+        self._on_scored(output, rewards_per_func, mode)
         return output
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
@@ -315,17 +332,25 @@ class HostHooks:
         return outputs
 
     @contextmanager
+    def _host_beta_zero(self):
+        """TRL's β is 0 inside, and back to its value after."""
+        host_beta, self.beta = self.beta, 0.0
+        try:
+            yield
+        finally:
+            self.beta = host_beta
+
+    @contextmanager
     def host_loss_without_kl(self):
         """Runs the host's loss with β = 0 and yields what it computed: `{"policy_logps": [...]}`, and on Unsloth
         `"efficient_grpo"`, the arguments of its efficient loss (which the shim, if installed, runs with β = 0)."""
-        host_beta, self.beta = self.beta, 0.0
         capture = {"policy_logps": []}
         self._policy_scorings = capture["policy_logps"]
         try:
-            with capturing_efficient_grpo(capture):  # read only by Unsloth's shim; nothing on plain TRL
+            with self._host_beta_zero(), capturing_efficient_grpo(capture):  # the capture: Unsloth's shim only
                 yield capture
         finally:
-            self.beta, self._policy_scorings = host_beta, None
+            self._policy_scorings = None
 
     def captured_policy_logps(self, capture: dict, training: bool) -> torch.Tensor:
         """The `(B, T)` policy log-probabilities of the host's loss, checked.
@@ -410,6 +435,14 @@ def score_policy(trainer, model, input_ids, attention_mask, logits_to_keep: int,
         model, input_ids, attention_mask, logits_to_keep, batch_size, **multimodal
     )
     return outputs[0]  # (log-probabilities, entropies, ...): the rest is not asked for
+
+
+def release_reference_model(trainer) -> None:
+    """Drops the full-model reference of `trainer` (its `ref_model` and the `Accelerator`'s hold on it), so that its
+    memory is freed once nothing else refers to it. The host must not score the reference afterwards."""
+    reference, trainer.ref_model = trainer.ref_model, None
+    accelerator = trainer.accelerator
+    accelerator._models = [model for model in accelerator._models if model is not reference]
 
 
 def replace_logged_advantages(trainer, advantages: torch.Tensor) -> None:

@@ -7,6 +7,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -444,3 +445,33 @@ def test_from_args_with_real_config(tmp_path):
     assert ctrl.dynamic and ctrl.kl_controller == "fixed"
     assert ctrl.beta(4) == pytest.approx(0.2 / 2, rel=1e-15)
     assert ctrl.beta(9) == pytest.approx(0.01 / 3, rel=1e-15)
+
+
+def test_beta_is_zero_from_a_step_exactly_when_no_later_update_can_move_it():
+    """`is_zero_from(t)`: β_t' = 0 for every t' ≥ t whatever the statistics, checked against the rule applied to a
+    run of random statistics; false with beta_min > 0, before the schedule's switch, or while β_base > 0."""
+    dynamic = BetaController(0.1, dynamic=True, beta_min=0.0, beta_schedule_steps=5, reward_threshold=0.5)
+    assert [dynamic.is_zero_from(t) for t in range(1, 8)] == [False] * 4 + [True] * 3
+    floored = BetaController(0.1, dynamic=True, beta_min=0.01, beta_schedule_steps=5)
+    assert not any(floored.is_zero_from(t) for t in range(1, 20))
+    fixed = BetaController(0.1, kl_scaling="log")
+    assert not any(fixed.is_zero_from(t) for t in range(1, 20))
+    for controller in (
+        BetaController(0.1, kl_controller="adaptive", target_kl=0.05, kl_horizon=100),
+        BetaController(0.1, kl_controller="stepwise", target_kl=0.05),
+        BetaController(0.1, dynamic=True, reward_threshold=0.0, dynamic_beta_decay=0.5, beta_schedule_steps=10**6),
+    ):
+        controller.beta_base = 0.0  # reached, say, by underflow: no rule moves it from 0 with beta_min = 0
+        assert controller.is_zero_from(1)
+        generator = torch.Generator().manual_seed(0)
+        for step in range(1, 50):
+            kl, reward = torch.rand(2, generator=generator).tolist()
+            controller.update(step, mean_reward=reward, mean_kl=kl * 10, num_sequences=8)
+            assert controller.beta(step + 1) == 0.0
+        assert controller.num_skipped_updates == 0
+    dynamic.update(1, mean_reward=float("nan"))  # an update that can move β and gets no statistic: skipped
+    assert dynamic.num_skipped_updates == 1
+    pinned = BetaController(0.1, kl_controller="adaptive", target_kl=0.05)
+    pinned.beta_base = 0.0
+    pinned.update(1, mean_kl=float("nan"), num_sequences=0)  # β cannot move: nothing to measure, nothing skipped
+    assert pinned.num_skipped_updates == 0 and pinned.last_step == 1

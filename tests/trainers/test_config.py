@@ -28,6 +28,8 @@ NEW_FIELD_DEFAULTS = {
     "kl_horizon": 10000,
     "kl_placement": "loss",
     "resume_without_kl_state": False,
+    "skip_zero_beta_reference": True,
+    "kl_monitor_steps": None,
     "diversity_metrics": False,
     "diversity_embedder": "hashed",
     "ref_reset_steps": 0,

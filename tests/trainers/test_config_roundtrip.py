@@ -51,6 +51,8 @@ DOCUMENTED_KL_FIELDS = (
     "ref_reset_steps",
     "ref_reset_kl",
     "ref_reset_optimizer",
+    "skip_zero_beta_reference",
+    "kl_monitor_steps",
     "resume_without_kl_state",
     "diversity_metrics",
     "diversity_embedder",
@@ -76,6 +78,8 @@ DYNAMIC_SET = dict(
     ref_reset_steps=25,
     ref_reset_kl=0.5,
     ref_reset_optimizer=True,
+    skip_zero_beta_reference=False,
+    kl_monitor_steps=5,
     resume_without_kl_state=True,
     diversity_metrics=True,
     diversity_embedder="minilm",
@@ -98,6 +102,8 @@ CONTROLLER_SET = dict(
     ref_reset_steps=3,
     ref_reset_kl=0.2,
     ref_reset_optimizer=True,
+    skip_zero_beta_reference=False,
+    kl_monitor_steps=0,
     resume_without_kl_state=True,
     diversity_metrics=True,
     diversity_embedder=minilm_path(),  # a sentence-transformers model by its local path
@@ -109,6 +115,7 @@ FIELD_SETS = pytest.mark.parametrize("values", [DYNAMIC_SET, CONTROLLER_SET], id
 BAD = [
     ("kl_adaptation_method", "clip+sigmoid"),
     ("kl_clip_threshold", 0.0),
+    ("kl_monitor_steps", -1),
     ("kl_target", -0.1),
     ("dynamic_beta_decay", 1.5),
     ("reward_threshold", float("nan")),
@@ -176,6 +183,7 @@ def test_kl_fields_are_read_off_the_dataclass_and_documented():
         "diversity_metrics",
         "resume_without_kl_state",
         "ref_reset_optimizer",
+        "skip_zero_beta_reference",
     }  # bools
 
 

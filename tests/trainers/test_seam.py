@@ -279,13 +279,17 @@ def test_the_seam_check_sees_each_way_of_naming_a_host_internal():
 def test_the_table_holds_every_internal_of_the_installed_host():
     """Each entry exists in the installed TRL and Transformers: methods and class attributes on the class, attributes
     on a built trainer; and the table is what `check_host` and `check_host_attributes` verify."""
+    import accelerate
+
     from adaptive_kl.trainers.hooks import HOST_INTERNALS
 
-    private = host_private_names() | {"beta"}
-    assert {internal.name for internal in HOST_INTERNALS} <= private
-    assert {internal.kind for internal in HOST_INTERNALS} == {"method", "class attribute", "attribute"}
-    assert all(internal.use and internal.owner in ("trl.GRPOTrainer", "transformers.Trainer") for internal in
-               HOST_INTERNALS)  # fmt: skip
+    host = [internal for internal in HOST_INTERNALS if internal.owner != "accelerate.Accelerator"]
+    assert {internal.name for internal in host} <= host_private_names() | {"beta", "ref_model"}
+    assert {internal.kind for internal in host} == {"method", "class attribute", "attribute"}
+    assert all(internal.use and internal.owner in ("trl.GRPOTrainer", "transformers.Trainer") for internal in host)
+    accelerator = [internal for internal in HOST_INTERNALS if internal not in host]
+    assert {internal.kind for internal in accelerator} == {"accelerator attribute"}
+    assert all(hasattr(accelerate.Accelerator(cpu=True), internal.name) for internal in accelerator)
 
 
 @pytest.mark.parametrize("name", ["_get_output_dir", "_load_callback_state", "_prepare_inputs", "_tag_names"])
@@ -301,15 +305,16 @@ def test_a_host_without_a_method_of_the_table_fails_at_construction(tiny_model_d
             trainer_cls(model=tiny_model_dir, reward_funcs=[length_reward], args=args, train_dataset=prompt_dataset())
 
 
-@pytest.mark.parametrize("name", ["_metrics", "_logs", "_buffered_inputs", "beta"])
+@pytest.mark.parametrize("name", ["_metrics", "_logs", "_buffered_inputs", "beta", "ref_model", "_models"])
 def test_a_host_that_sets_no_attribute_of_the_table_fails_at_construction(tiny_model_dir, tmp_path, monkeypatch,
                                                                           name):  # fmt: skip
-    """A TRL whose `__init__` no longer sets an attribute of the table is refused at construction, naming it."""
+    """A TRL whose `__init__` no longer sets an attribute of the table (or an Accelerate whose `Accelerator` no
+    longer keeps `_models`) is refused at construction, naming it."""
     original = GRPOTrainer.__init__
 
     def without(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        delattr(self, name)
+        delattr(self.accelerator if name == "_models" else self, name)
 
     monkeypatch.setattr(GRPOTrainer, "__init__", without)
     for trainer_cls, config_cls, fields in TRAINERS[1:]:

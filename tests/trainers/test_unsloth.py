@@ -374,3 +374,10 @@ def test_unsloth_trainer_on_a_real_llama_model(smollm2_dir, tmp_path):
     every gradient, and a short `dynamic+clip` run. The plain Transformers model stands in for `FastLanguageModel`,
     which loads only on a GPU (as for the tiny model above)."""
     run_check("real_model", smollm2_dir, tmp_path)
+
+
+@needs_unsloth
+def test_zero_beta_skips_the_reference_on_unsloth(tiny_model_dir, tmp_path):
+    """From the switch to β = 0 on, Unsloth's generated trainer scores no reference, and the run is bitwise the one
+    without the skip (loss, grad_norm, reward, weights)."""
+    run_check("zero_beta", tiny_model_dir, tmp_path)
