@@ -20,7 +20,6 @@ gives ours / stock at the same β: the cost of this package on top of it.
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 
@@ -28,6 +27,7 @@ import torch
 from machine import report
 from step_overhead import (
     benchmark_model,
+    build_variant,
     checked_timing_options,
     interleaved_rounds,
     peak_memories,
@@ -35,7 +35,6 @@ from step_overhead import (
     timing_arguments,
     timing_settings,
 )
-from step_overhead import build_trainer as build_step_trainer
 
 from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
 
@@ -80,10 +79,7 @@ def main(argv=None):
     model_dir = benchmark_model(opts)
 
     def build(label, steps):
-        variant, variant_opts = table[label], copy.copy(opts)
-        variant_opts.lora = variant["lora"]
-        variant_opts.beta = opts.beta if variant["beta"] is None else variant["beta"]
-        return build_step_trainer(variant["fields"], model_dir, variant_opts, steps)
+        return build_variant(table[label], model_dir, opts, steps, lora=table[label]["lora"])
 
     times = interleaved_rounds(build, labels, opts)
     memory = peak_memories(build, labels, opts)

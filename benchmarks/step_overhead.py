@@ -25,6 +25,7 @@ Prints, and with `--output` writes, a markdown table of ratios ours/stock.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import statistics
 import sys
@@ -97,6 +98,15 @@ def build_trainer(fields: dict | None, model_dir: str, opts, steps: int):
     )
     trainer.remove_callback(PrinterCallback)  # the log lines of `disable_tqdm`
     return trainer
+
+
+def build_variant(variant: dict, model_dir: str, opts, steps: int, *, lora: bool):
+    """`build_trainer` for a variant of a table `{"beta": β, or None for --beta, "fields": ours, or None for stock}`,
+    with or without LoRA."""
+    variant_opts = copy.copy(opts)
+    variant_opts.lora = lora
+    variant_opts.beta = opts.beta if variant["beta"] is None else variant["beta"]
+    return build_trainer(variant["fields"], model_dir, variant_opts, steps)
 
 
 def _lora_config():

@@ -19,7 +19,6 @@ switch (the reference copy alive) and at the end of the run (freed at the switch
 
 from __future__ import annotations
 
-import copy
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ import torch
 from machine import current_memory_mib, precise_cpu_memory, report
 from step_overhead import (
     benchmark_model,
-    build_trainer,
+    build_variant,
     checked_timing_options,
     interleaved_rounds,
     timing_arguments,
@@ -113,10 +112,7 @@ def main(argv=None):
     model_dir = benchmark_model(opts)
 
     def build(label, steps, lora=opts.lora):
-        variant, variant_opts = table[label], copy.copy(opts)
-        variant_opts.lora = lora
-        variant_opts.beta = opts.beta if variant["beta"] is None else variant["beta"]
-        return build_trainer(variant["fields"], model_dir, variant_opts, steps)
+        return build_variant(table[label], model_dir, opts, steps, lora=lora)
 
     times = interleaved_rounds(build, list(table), opts)
     before, after = range(1, opts.switch_step), range(opts.switch_step, opts.steps + 1)

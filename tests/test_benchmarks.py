@@ -75,6 +75,32 @@ def test_reference_cost_reports_every_variant_against_its_baseline(tmp_path):
             assert _positive(cells[7]) == 4.0
 
 
+def test_zero_beta_cost_reports_both_phases_and_the_memory(tmp_path):
+    """Before the switch ours against stock at β > 0, from it against stock at β = 0, an A/A row, and the memory of
+    a full-model run before and after its reference is freed."""
+    output = tmp_path / "zero-beta.md"
+    run_python(
+        os.path.join(BENCHMARKS, "zero_beta_cost.py"),
+        *("--lora", "--steps", "5", "--switch-step", "3", "--warmup", "1", "--rounds", "1", "--batch", "4"),
+        *("--num-generations", "4", "--completion-length", "4", "--output", str(output)),
+    )
+    rows = _rows(output.read_text())
+    skip, no_skip = "ours, dynamic → β = 0, reference skipped", "ours, dynamic → β = 0, skip disabled"
+    before, after = rows["before the switch (steps 2–2)"], rows["from the switch (steps 3–5)"]
+    assert [(cells[1], cells[3]) for cells in before] == [(skip, "stock, β > 0"), (no_skip, "stock, β > 0")]
+    assert [(cells[1], cells[3]) for cells in after] == [
+        (skip, "stock, β = 0"),
+        (no_skip, "stock, β = 0"),
+        ("stock, β > 0", "stock, β = 0"),
+    ]
+    assert [cells[1] for cells in rows["every step (A/A: the noise)"]] == ["stock, β = 0, again"]
+    for cells in before + after:
+        _positive(cells[2]), _positive(cells[4])
+    assert len(rows[skip]) == 1 and len(rows["stock, β = 0"]) == 1  # the memory table: one row each
+    for cells in (rows[skip][0], rows["stock, β = 0"][0]):
+        _positive(cells[1]), _positive(cells[2])
+
+
 def test_kl_term_micro_benchmark_reports_every_term(tmp_path):
     output = tmp_path / "term.md"
     run_python(
