@@ -24,11 +24,13 @@ bench:  ## speed and memory vs stock GRPOTrainer on the CPU (tiny and 30M models
 	$(PYTHON) benchmarks/kl_term.py --output benchmarks/results/cpu-kl-term.md
 	$(PYTHON) benchmarks/kl_term.py --shape tiny --output benchmarks/results/cpu-kl-term-tiny.md
 
-bench-smollm2:  ## the step and reference-cost benchmarks on SmolLM2-135M-Instruct (LoRA; the reference one adds full fine-tuning); ~45 min
+bench-smollm2:  ## step, reference and β = 0 costs on SmolLM2-135M-Instruct (LoRA; the reference ones add full fine-tuning); ~75 min
 	$(PYTHON) benchmarks/step_overhead.py --model smollm2 --lora --steps 6 --warmup 1 --rounds 2 --completion-length 48 \
 		--scalings none --output benchmarks/results/cpu-step-smollm2-lora.md
 	$(PYTHON) benchmarks/reference_cost.py --model smollm2 --steps 5 --warmup 1 --rounds 2 --completion-length 48 \
 		--output benchmarks/results/cpu-reference-cost-smollm2.md
+	$(PYTHON) benchmarks/zero_beta_cost.py --model smollm2 --lora --steps 22 --switch-step 12 --warmup 1 --rounds 1 \
+		--completion-length 48 --output benchmarks/results/cpu-zero-beta-smollm2-lora.md
 
 soak:  ## 300 steps of every KL method on the tiny model: no NaN, resident memory growth < 5% after warm-up; ~5 min
 	$(PYTHON) benchmarks/soak.py --output benchmarks/results/cpu-soak.md

@@ -155,7 +155,9 @@ def main(argv=None):
 
     notes = [f"- note: {scorer_note}"] if scorer_note else []
     wall = f"- wall time: {(time.perf_counter() - started) / 60:.1f} min (the whole command)"
-    settings = f"{timing_settings(opts)}; switch to β = 0 at step {opts.switch_step}"
+    settings = timing_settings(opts).split("; memory:")[0]  # this script measures memory its own way (below)
+    settings += f"; switch to β = 0 at step {opts.switch_step}; memory: {opts.switch_step + 1} steps of full "
+    settings += "fine-tuning per variant, alone"
     report("zero_beta_cost.py", argv, [settings, wall, *notes], lines, opts.output)
     print("done", file=sys.stderr)
 
