@@ -24,6 +24,8 @@ bench:  ## speed and memory vs stock GRPOTrainer on the CPU (tiny and 30M models
 	$(PYTHON) benchmarks/kl_term.py --output benchmarks/results/cpu-kl-term.md
 	$(PYTHON) benchmarks/kl_term.py --shape tiny --output benchmarks/results/cpu-kl-term-tiny.md
 
+# reference_cost.py on SmolLM2 holds its 8 trainers at once (full fine-tuning with a reference copy among them):
+# about 17 GiB of memory. Run it alone on a 24 GiB machine (beside a test suite it was OOM-killed, 2026-11-25).
 bench-smollm2:  ## step, reference and β = 0 costs on SmolLM2-135M-Instruct (LoRA; the reference ones add full fine-tuning); ~75 min
 	$(PYTHON) benchmarks/step_overhead.py --model smollm2 --lora --steps 6 --warmup 1 --rounds 2 --completion-length 48 \
 		--scalings none --output benchmarks/results/cpu-step-smollm2-lora.md
