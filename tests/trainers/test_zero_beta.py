@@ -36,7 +36,7 @@ RUN = dict(
     generation_kwargs={"min_new_tokens": COMPLETION_LENGTH},
     kl_monitor_steps=0,
 )
-# The metrics that measure the KL: present only on steps scored with the reference.
+# The metrics that measure the KL (present only on steps scored with the reference), and the wall time of a step.
 KL_KEYS = {
     "kl",
     "adaptive_kl/raw_kl",
@@ -46,7 +46,7 @@ KL_KEYS = {
     "adaptive_kl/kl_length_corr",
     "adaptive_kl/reference_skipped",
     "step_time",
-}  # fmt: skip  (and the wall time of a step)
+}
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
