@@ -320,15 +320,15 @@ def benchmark_model(opts) -> str:
     return save_random_model(tempfile.mkdtemp(), opts.shape, torch.bfloat16 if opts.bf16 else torch.float32)
 
 
-def timing_settings(opts) -> str:
-    """The settings line of a report."""
+def timing_settings(opts, memory: str | None = None) -> str:
+    """The settings line of a report; `memory` says how memory was measured (default: `peak_memories`' way)."""
     model = f"model {opts.model}" if opts.model else f"shape {opts.shape}"
+    memory = memory or f"{opts.warmup + 1} steps per variant, alone"
     return (
         f"- settings: {model}, bf16 {opts.bf16}, gradient checkpointing {opts.gradient_checkpointing}, "
         f"batch {opts.batch}, generations {opts.num_generations}, gradient accumulation {opts.grad_accum}, "
         f"completion {opts.completion_length} tokens, beta {opts.beta}; time: {opts.steps} interleaved steps per "
-        f"variant (first {opts.warmup} left out) x {opts.rounds} rounds; memory: {opts.warmup + 1} steps per "
-        "variant, alone"
+        f"variant (first {opts.warmup} left out) x {opts.rounds} rounds; memory: {memory}"
     )
 
 

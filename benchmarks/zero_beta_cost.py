@@ -155,9 +155,8 @@ def main(argv=None):
 
     notes = [f"- note: {scorer_note}"] if scorer_note else []
     wall = f"- wall time: {(time.perf_counter() - started) / 60:.1f} min (the whole command)"
-    settings = timing_settings(opts).split("; memory:")[0]  # this script measures memory its own way (below)
-    settings += f"; switch to β = 0 at step {opts.switch_step}; memory: {opts.switch_step + 1} steps of full "
-    settings += "fine-tuning per variant, alone"
+    memory = f"{opts.switch_step + 1} steps of full fine-tuning per variant, alone"
+    settings = f"{timing_settings(opts, memory)}; switch to β = 0 at step {opts.switch_step}"
     report("zero_beta_cost.py", argv, [settings, wall, *notes], lines, opts.output)
     print("done", file=sys.stderr)
 
