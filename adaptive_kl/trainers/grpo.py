@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import inspect
 import warnings
+from contextlib import nullcontext
 
 import peft
 import torch
@@ -40,6 +41,7 @@ from .hooks import (
     check_host_attributes,
     completion_loss_mask,
     host_beta,
+    host_built_without_reference,
     metric_store,
     release_reference_model,
     replace_logged_advantages,
@@ -61,6 +63,7 @@ from .state import (
     missing_kl_state_message,
     read_checkpoint_kl_state,
     resolve_checkpoint,
+    resumes_past_the_switch,
 )
 from .unsloth import (
     install_capture_shim,
@@ -121,7 +124,9 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
                     "code, which this package does not hook. Use kl_placement='loss', or plain TRL."
                 )
             install_capture_shim(self._unsloth_module)
-        super().__init__(model, reward_funcs, args, *more, **kwargs)
+        loads_no_reference = self._reference_never_scored(args, model, kwargs.get("peft_config"))
+        with host_built_without_reference(self, args) if loads_no_reference else nullcontext():
+            super().__init__(model, reward_funcs, args, *more, **kwargs)
         check_host_attributes(self)
         if args.beta > 0 and reference_is_base_despite_trained_adapter(self.model):
             warnings.warn(
@@ -148,11 +153,18 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         self._last_beta: dict[str, tuple[float, float]] = {}
         self._warned: set[str] = set()  # the once-per-run warnings already given
         # While β is 0 for good (`skip_zero_beta_reference`): micro-batches [without reference, in all] since the last
-        # log, the last monitoring window measured, whether this evaluation was measured, a freed reference model.
+        # log, the last monitoring window measured, whether this evaluation was measured, and whether the reference
+        # model is gone (freed, or never loaded on a resume past the switch).
         self._reference_skips = {"train": [0, 0], "eval": [0, 0]}
         self._monitored_window: int | None = None
         self._eval_monitored = False
-        self._reference_released = False
+        self._reference_released = loads_no_reference
+        if loads_no_reference and self.accelerator.is_main_process:
+            logger.warning(
+                f"Resuming from {args.resume_from_checkpoint}, where β is 0 for good (kl_adaptation_method='dynamic', "
+                f"beta_schedule_steps={args.beta_schedule_steps}, beta_min=0) and kl_monitor_steps=0: the reference "
+                "model is not loaded."
+            )
         self.add_callback(AdaptiveKLStateCallback(self.beta_controller, resets=self.reference_resets))
 
     __init__.__signature__ = with_keyword_only(
@@ -225,20 +237,42 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
 
     # --- the reference at β = 0 -------------------------------------------------------------------------------------
 
+    def _reference_never_scored(self, args, model, peft_config) -> bool:
+        """Before the host's `__init__`: whether a full-model reference would never be scored in this trainer's runs,
+        so the host need not load it: `args.resume_from_checkpoint` starts past the switch (β is 0 for good) and
+        nothing reads the reference there (no monitoring, resets or `sync_ref_model`). `train` then refuses to start
+        anywhere else. A PEFT reference is the base model itself (nothing to save); Unsloth builds its own."""
+        return (
+            args.beta > 0
+            and args.skip_zero_beta_reference
+            and args.kl_monitor_steps == 0
+            and args.ref_reset_steps == 0
+            and args.ref_reset_kl == 0
+            and not args.sync_ref_model
+            and peft_config is None
+            and not isinstance(model, PeftModel)
+            and self._unsloth_module is None
+            and resumes_past_the_switch(args, args.resume_from_checkpoint)
+        )
+
     def _scores_reference(self, mode: str) -> bool:
         """Whether the generation batch about to be scored needs the reference log-probabilities: not when β_t is 0
         for every optimizer step it serves (the first one decides: see `BetaController.is_zero_from`), unless the KL
         is monitored on this batch or a KL-triggered reference reset reads every step's KL."""
         args = self.args
         step = self.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
+        if host_beta(self) == 0.0:  # stock TRL: no reference at all
+            return True
         if (
-            host_beta(self) == 0.0  # stock TRL: no reference at all
-            or not args.skip_zero_beta_reference
+            not args.skip_zero_beta_reference
             or args.ref_reset_kl > 0
             or not self.beta_controller.is_zero_from(step)
+            or self._kl_monitor_due(mode, step)
         ):
-            return True
-        if self._kl_monitor_due(mode, step):
+            if self._reference_released:
+                raise ValueError(
+                    f"Optimizer step {step} needs the reference model (β is not 0 there), which {self._no_reference}"
+                )
             return True
         self._release_reference_if_unused()
         return False
@@ -257,6 +291,17 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         window = (step - 1) // every
         due, self._monitored_window = window != self._monitored_window, window
         return due
+
+    @property
+    def _no_reference(self) -> str:
+        """Why this trainer holds no reference model, and what to do instead."""
+        last = self.args.beta_schedule_steps - 1
+        return (
+            "this trainer does not hold: it was freed once β reached 0 for good, or not loaded because "
+            "args.resume_from_checkpoint was past the switch (skip_zero_beta_reference=True, kl_monitor_steps=0). "
+            f"Train from a checkpoint saved at step {last} or later (train(resume_from_checkpoint=...)), build a new "
+            "trainer to train from elsewhere, or set kl_monitor_steps > 0 to keep the reference."
+        )
 
     def _release_reference_if_unused(self) -> None:
         """Frees a full-model reference once β is 0 for good and nothing else reads it: no monitoring, no reference
@@ -319,12 +364,8 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         # An exception (e.g. from a reward function) can interrupt an optimizer step after some of its micro-batches
         # were recorded: those partial sums must not leak into the next run. A run that does not resume starts from
         # step 1 with a new optimizer, so β starts afresh too; a resumed run gets the checkpoint's state.
-        if self._reference_released:
-            raise ValueError(
-                "This trainer freed its reference model once β reached 0 for good (skip_zero_beta_reference=True, "
-                "kl_monitor_steps=0), so it cannot train again from a step where β is not 0: build a new trainer "
-                "(a resumed run past the switch frees it again), or set kl_monitor_steps > 0 to keep the reference."
-            )
+        if self._reference_released and not resumes_past_the_switch(self.args, resume_from_checkpoint):
+            raise ValueError(f"This trainer can only resume from a checkpoint past the switch: {self._no_reference}")
         self._step_stats = None
         self._log_stats = {"train": None, "eval": None}
         self._reference_skips = {"train": [0, 0], "eval": [0, 0]}

@@ -16,8 +16,9 @@ is (TRL's own, or Unsloth's generated trainer) and reach into it only through th
   (`_on_generation_batch`, `_on_scored`, `_micro_batch_loss`, `_on_checkpoint_saved`, `_on_checkpoint_loaded`,
   `_on_callback_state_loaded`); it captures each generation batch's rewards and, while the host's loss runs with
   β = 0, the policy log-probabilities it computes: exactly one scoring per loss, carrying a gradient in training;
-- accessors for the host's state (`host_beta`, `metric_store`, `generation_buffer`, `score_policy`,
-  `replace_logged_advantages`) and the layout of TRL's batches (`completion_loss_mask`, `MULTIMODAL_INPUTS`).
+- accessors for the host's state (`host_beta`, `host_built_without_reference`, `metric_store`, `generation_buffer`,
+  `score_policy`, `replace_logged_advantages`) and the layout of TRL's batches (`completion_loss_mask`,
+  `MULTIMODAL_INPUTS`).
 
 A host that does not behave as these hooks expect raises `UnsupportedTRLError`, naming the installed TRL and the
 supported range. `ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL=1` lets an unsupported TRL be imported, to try a new release; it
@@ -139,7 +140,8 @@ HOST_INTERNALS = (
                  "the generation buffer: a list of micro-batches, None before the first (`generation_buffer`)"),
     HostInternal("beta", "trl.GRPOTrainer", "attribute",
                  "TRL's β: set to 0 while the host's loss runs inside ours, and while it scores a generation batch "
-                 "without the reference; read to know whether the KL is on (`host_beta`)"),
+                 "without the reference; read to know whether the KL is on (`host_beta`). The host's `__init__` reads "
+                 "it from `args.beta` and builds no reference model when it is 0 (`host_built_without_reference`)"),
     HostInternal("ref_model", "trl.GRPOTrainer", "attribute",
                  "the full-model reference (None for PEFT): dropped once β is 0 for good (`release_reference_model`)"),
     HostInternal("_models", "accelerate.Accelerator", "accelerator attribute",
@@ -435,6 +437,20 @@ def score_policy(trainer, model, input_ids, attention_mask, logits_to_keep: int,
         model, input_ids, attention_mask, logits_to_keep, batch_size, **multimodal
     )
     return outputs[0]  # (log-probabilities, entropies, ...): the rest is not asked for
+
+
+@contextmanager
+def host_built_without_reference(trainer, args):
+    """The host's `__init__`, run inside, builds no reference model: it reads `args.beta` into `trainer.beta` and
+    loads a reference only when that is not 0, so `args.beta` is 0 inside; after, both hold the configured β again.
+    Only for a policy that is not a PEFT model (TRL also reads `args.beta` to copy a PEFT adapter as the reference),
+    and only when the reference will never be scored: the trainer must then refuse to score it."""
+    beta, args.beta = args.beta, 0.0
+    try:
+        yield
+    finally:
+        args.beta = beta
+    trainer.beta = beta
 
 
 def release_reference_model(trainer) -> None:

@@ -88,13 +88,13 @@ def resolve_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
 
 
 def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
-    """What `checkpoint` saved of ours, checked: `{"controller_state": ..., "reference_reset_state": ... or None}`;
-    `None` if the checkpoint carries none.
+    """What `checkpoint` saved of ours, checked: `{"controller_state": ..., "reference_reset_state": ... or None,
+    "global_step": the optimizer step it was saved at}`; `None` if the checkpoint carries none.
 
     Raises:
         ValueError: naming the file, when `trainer_state.json` is not valid JSON, or when our entry is there but its
             state is damaged (missing, non-finite or negative β_base, counters that are not whole numbers >= 0, a
-            reset `pending` that is not a bool).
+            reset `pending` that is not a bool), or when its `global_step` is not a whole number >= 0.
     """
     path = os.path.join(checkpoint, TRAINER_STATE_FILE)
     if not os.path.isfile(path):
@@ -119,7 +119,26 @@ def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
             f"{path}: stateful_callbacks[{AdaptiveKLStateCallback.__name__!r}] is damaged: {error} Restore the file "
             "from a copy, or resume from another checkpoint."
         ) from None
-    return {"controller_state": controller_state, "reference_reset_state": reset_state}
+    global_step = trainer_state.get("global_step", 0)
+    if isinstance(global_step, bool) or not isinstance(global_step, int) or global_step < 0:
+        raise ValueError(
+            f"{path}: global_step is {global_step!r}, not a whole number >= 0: resume from another checkpoint."
+        )
+    return {"controller_state": controller_state, "reference_reset_state": reset_state, "global_step": global_step}
+
+
+def resumes_past_the_switch(args, resume_from_checkpoint) -> bool:
+    """Whether a run of `args` resumed from `resume_from_checkpoint` (a path, or `True`: the last checkpoint in
+    `args.output_dir`) has β_t = 0 for good from its first optimizer step on: `BetaController.is_zero_from` the step
+    after the checkpoint's, with the controller state the checkpoint saved. False without such a checkpoint, or when
+    it carries no state of ours (the β it resumes with is then `args.beta`'s, decided by the resume's own checks)."""
+    checkpoint = resolve_checkpoint(resume_from_checkpoint, args.output_dir) if resume_from_checkpoint else None
+    saved = read_checkpoint_kl_state(checkpoint) if checkpoint is not None else None
+    if saved is None:
+        return False
+    controller = BetaController.from_args(args)
+    controller.load_state_dict(saved["controller_state"])
+    return controller.is_zero_from(saved["global_step"] + 1)
 
 
 def missing_kl_state_message(checkpoint: str, beta: float) -> str:

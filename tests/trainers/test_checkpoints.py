@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -176,6 +177,15 @@ def test_damaged_saved_values_are_refused_naming_the_file(checkpoint, tiny_model
 def test_an_empty_saved_state_is_refused(checkpoint, tiny_model_dir, tmp_path):
     edit_state(checkpoint, lambda s: s["stateful_callbacks"][STATE_KEY]["attributes"]["controller_state"].clear())
     with pytest.raises(ValueError, match="is damaged: .*beta_base=None"):
+        build(tiny_model_dir, tmp_path / "out").train(resume_from_checkpoint=checkpoint)
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, "3", True])
+def test_a_damaged_global_step_is_refused_naming_the_file(checkpoint, tiny_model_dir, tmp_path, value):
+    """The step β's trajectory resumes from (and whether β is 0 for good there) is read from `global_step`."""
+    edit_state(checkpoint, lambda state: state.update(global_step=value))
+    message = rf"trainer_state\.json: global_step is {re.escape(repr(value))}, not a whole number"
+    with pytest.raises(ValueError, match=message):
         build(tiny_model_dir, tmp_path / "out").train(resume_from_checkpoint=checkpoint)
 
 

@@ -155,9 +155,10 @@ def test_explicit_monitoring_interval(tiny_model_dir, tmp_path):
     assert [reference for _, reference in counts] == [1, 1, 1, 1, 0, 0, 1, 0, 0]
 
 
-def test_full_reference_is_freed_once_beta_is_zero_for_good(tiny_model_dir, tmp_path, caplog):
+def test_full_reference_is_freed_once_beta_is_zero_for_good(tiny_model_dir, checkpointed_run, tmp_path, caplog):
     """Full fine-tuning, no monitoring, no resets: the reference model is released (no reference to it is left), the
-    log says so once, and the trainer refuses to train again from a step where it would be needed."""
+    log says so once, and the trainer refuses to train again from a step where it would be needed, but resumes from
+    one past the switch."""
     trainer = make_trainer(
         AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, output_dir=str(tmp_path / "free"), **RUN
     )
@@ -168,8 +169,11 @@ def test_full_reference_is_freed_once_beta_is_zero_for_good(tiny_model_dir, tmp_
     assert trainer.ref_model is None and reference() is None
     messages = [r.getMessage() for r in caplog.records if "memory was freed" in r.getMessage()]
     assert len(messages) == 1 and "optimizer step 3" in messages[0]
-    with pytest.raises(ValueError, match="freed its reference model"):
+    with pytest.raises(ValueError, match="only resume from a checkpoint past the switch"):
         trainer.train()
+    run_dir, full_logs = checkpointed_run
+    trainer.train(resume_from_checkpoint=str(run_dir / "checkpoint-4"))
+    assert trainer.state.log_history[-2]["loss"] == full_logs[-1]["loss"]  # the last entry is the run's summary
 
 
 @pytest.mark.parametrize(
@@ -193,21 +197,77 @@ def test_kl_triggered_resets_keep_scoring_the_reference(tiny_model_dir, tmp_path
     assert all(log["adaptive_kl/reference_skipped"] == 0 for log in logs)
 
 
-def test_resumed_run_past_the_switch_keeps_skipping(tiny_model_dir, tmp_path):
-    """A run resumed from a checkpoint saved after the switch scores no reference and frees it; its remaining steps
-    equal the uninterrupted run's."""
-    fields = dict(save_strategy="steps", save_steps=4)
-    full_run, _, full_logs = train(tiny_model_dir, tmp_path, "run", **fields)
-    resumed = make_trainer(
-        AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, output_dir=str(tmp_path / "run"),
-        **{**RUN, **fields},
+@pytest.fixture(scope="module")
+def checkpointed_run(tiny_model_dir, tmp_path_factory):
+    """The full-fine-tuning run with a checkpoint after every step: its directory and its training log lines."""
+    base = tmp_path_factory.mktemp("checkpointed")
+    _, _, logs = train(tiny_model_dir, base, "run", save_strategy="steps", save_steps=1)
+    return base / "run", logs
+
+
+def resumable_trainer(model_dir, output_dir, checkpoint=None, eval_dataset=None, **fields):
+    """A trainer with the checkpointed run's settings, told `args.resume_from_checkpoint=checkpoint`."""
+    return make_trainer(
+        AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, model_dir, eval_dataset=eval_dataset,
+        output_dir=str(output_dir), resume_from_checkpoint=checkpoint, **{**RUN, **fields},
     )  # fmt: skip
-    counter = ForwardCounter(resumed)
-    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-4"))
+
+
+@pytest.mark.parametrize("told", [False, True], ids=["told-in-train", "told-in-args"])
+def test_resumed_run_past_the_switch_keeps_skipping(tiny_model_dir, checkpointed_run, tmp_path, caplog, told):
+    """A run resumed from a checkpoint saved after the switch scores no reference, and its remaining steps equal the
+    uninterrupted run's. Told at construction (`args.resume_from_checkpoint`, which `adaptive-kl grpo` passes on to
+    `train`), the trainer does not even load the reference model; told only in `train`, it frees it."""
+    run_dir, full_logs = checkpointed_run
+    checkpoint = str(run_dir / "checkpoint-4")
+    with caplog.at_level(logging.WARNING, logger="adaptive_kl.trainers.grpo"):
+        resumed = resumable_trainer(tiny_model_dir, tmp_path, checkpoint if told else None)
+        assert (resumed.ref_model is None) == told
+        assert resumed.beta == resumed.args.beta == RUN["beta"]  # TRL's β, 0 only while its __init__ ran
+        counter = ForwardCounter(resumed)
+        resumed.train(resume_from_checkpoint=checkpoint)
     assert [reference for _, reference in counter.per_step] == [0]
     assert resumed.ref_model is None
     last = [entry for entry in resumed.state.log_history if "loss" in entry][-1]
     assert last["loss"] == full_logs[-1]["loss"] and last["adaptive_kl/reference_skipped"] == 1
+    said = "the reference model is not loaded" if told else "its memory was freed"
+    assert [said in record.getMessage() for record in caplog.records].count(True) == 1
+
+
+@pytest.mark.parametrize(
+    "checkpoint,fields",
+    [
+        ("checkpoint-1", {}),
+        ("checkpoint-4", dict(kl_monitor_steps=None)),
+        ("checkpoint-4", dict(ref_reset_steps=100)),
+        ("checkpoint-4", dict(skip_zero_beta_reference=False)),
+    ],
+    ids=["before-the-switch", "monitored", "resets", "no-skip"],
+)
+def test_a_resume_loads_the_reference_where_it_may_be_scored(
+    tiny_model_dir, checkpointed_run, tmp_path, checkpoint, fields
+):
+    run_dir, _ = checkpointed_run
+    trainer = resumable_trainer(tiny_model_dir, tmp_path, str(run_dir / checkpoint), **fields)
+    assert trainer.ref_model is not None
+
+
+def test_a_trainer_without_reference_refuses_what_needs_it(tiny_model_dir, checkpointed_run, tmp_path):
+    """Built for a resume from step 2 (β is 0 from step 3 on: the first checkpoint past the switch), the trainer
+    holds no reference, and refuses clearly to train or evaluate where β is not 0."""
+    from tiny import prompt_dataset
+
+    run_dir, _ = checkpointed_run
+    trainer = resumable_trainer(
+        tiny_model_dir, tmp_path, str(run_dir / "checkpoint-2"), eval_dataset=prompt_dataset(8),
+        per_device_eval_batch_size=4,
+    )  # fmt: skip
+    assert trainer.ref_model is None
+    with pytest.raises(ValueError, match="Optimizer step 1 needs the reference model"):
+        trainer.evaluate()
+    for resume in (None, str(run_dir / "checkpoint-1")):
+        with pytest.raises(ValueError, match="only resume from a checkpoint past the switch.*at step 2 or later"):
+            trainer.train(resume_from_checkpoint=resume)
 
 
 @pytest.mark.parametrize(
