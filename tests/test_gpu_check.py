@@ -1,42 +1,164 @@
-"""`benchmarks/gpu_check.sh --dry-run`: the GPU script's whole path on the CPU (Unsloth's generated trainer, LoRA,
-parity, every method's training, the TRL process), so that the script a GPU session runs in one call is known to
-work. Timings are reported, never asserted. Needs Unsloth (CI's TRL 1.15 environment); elsewhere it skips."""
+"""`benchmarks/gpu_check.sh`, the one device call a GPU session gets, known to work before a GPU runs it.
+
+The runner (streaming, budget, selection, fail-soft) is tested here on stand-in checks; the script's whole path runs
+dry on the CPU (Unsloth's generated trainer, LoRA, parity for every loss type, training, the TRL process), with a
+check made to fail on purpose: the KL term dropped, or scaled by 1.01. Timings are reported, never asserted. The dry
+runs need Unsloth (CI's TRL 1.15 environment); elsewhere they skip."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+from repo_paths import REPO
 
 
-pytestmark = pytest.mark.skipif(
+needs_unsloth = pytest.mark.skipif(
     importlib.util.find_spec("unsloth") is None or importlib.util.find_spec("unsloth_zoo") is None,
     reason="unsloth is not installed (CI installs it in its TRL 1.15 environment: see .ci/run)",
 )
+SCRIPT = os.path.join(REPO, "benchmarks", "gpu_check.sh")
+LINE = re.compile(r"^\[gpu-check\] (\S+): (PASS|FAIL|SKIP)\b(.*)$")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(REPO, "benchmarks", "gpu_check.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["gpu_check"]
 
 
-def test_the_gpu_check_runs_dry_on_the_cpu(tmp_path):
+# --- the runner, on stand-in checks ---------------------------------------------------------------------------------
+
+
+class Clock:
+    """A clock that each stand-in check advances by its own duration."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stand_in_checks(gpu_check, clock, report):
+    def passes(opts):
+        clock.now += 10
+        return gpu_check.Outcome("PASS", "fine")
+
+    def reads_the_report(opts):  # the earlier check's verdict is already in the report: streamed, not kept back
+        clock.now += 10
+        seen = "first: PASS fine" in report.read_text()
+        return gpu_check.Outcome("PASS" if seen else "FAIL", f"saw the first: {seen}")
+
+    def raises(opts):
+        clock.now += 10
+        raise RuntimeError("a kernel broke")
+
+    def never_reached(opts):
+        raise AssertionError("started after the budget")
+
+    return {"first": passes, "second": reads_the_report, "third": raises, "fourth": passes, "fifth": never_reached}
+
+
+def test_checks_stream_fail_soft_and_stop_starting_at_the_budget(gpu_check, tmp_path, capsys):
+    """One line per check as it ends, appended to the report at once; an exception is that check's FAIL; no check
+    starts once the budget is spent (30 s here: the fourth starts at 30 s), and the verdict names what to rerun."""
+    clock, report = Clock(), tmp_path / "report.md"
+    opts = SimpleNamespace(budget=30.0, only=[], skip=[])
+    outcomes = gpu_check.run_checks(stand_in_checks(gpu_check, clock, report), opts, str(report), clock=clock)
+    assert {name: o.status for name, o in outcomes.items()} == {
+        "first": "PASS", "second": "PASS", "third": "FAIL", "fourth": "SKIP", "fifth": "SKIP",
+    }  # fmt: skip
+    lines = [LINE.match(line) for line in capsys.readouterr().out.splitlines() if line.startswith("[gpu-check]")]
+    assert [m.group(1) for m in lines if m] == ["first", "second", "third", "fourth", "fifth", "verdict"]
+    assert "RuntimeError: a kernel broke" in outcomes["third"].summary
+    assert "a kernel broke" in "\n".join(outcomes["third"].lines)  # the traceback's tail, in the report
+    assert "budget: 30 s of --budget 30 s spent" in outcomes["fourth"].summary
+    text = report.read_text()
+    assert "### verdict: FAIL (2 passed, 1 failed, 2 skipped" in text
+    assert "Run them with `--only fourth,fifth`" in text
+
+
+def test_only_and_skip_select_by_name_or_prefix(gpu_check, tmp_path):
+    clock = Clock()
+    checks = {"parity-grpo": None, "parity-dapo": None, "train-none": None, "cost": None}
+    ran = []
+    for name in checks:
+        checks[name] = lambda opts, name=name: ran.append(name) or gpu_check.Outcome("PASS")
+    opts = SimpleNamespace(budget=100.0, only=["parity", "cost"], skip=["parity-dapo"])
+    outcomes = gpu_check.run_checks(checks, opts, None, clock=clock)
+    assert ran == ["parity-grpo", "cost"]
+    assert outcomes["train-none"].summary == outcomes["parity-dapo"].summary == "not selected (--only/--skip)"
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--only", "parity-nonsense"])
+
+
+def test_kl_contribution_difference_sees_a_one_percent_change(gpu_check):
+    """Relative to the KL's own contribution, not to the loss: 1.01 × the KL term is 1e-2 whatever its share."""
+    import torch
+
+    policy, kl = torch.tensor([2.0, -1.0], dtype=torch.float64), torch.tensor([1e-3, 2e-3], dtype=torch.float64)
+    assert gpu_check.kl_contribution_difference(policy + 1.01 * kl, policy + kl, policy) == pytest.approx(1e-2)
+    assert gpu_check.kl_contribution_difference(policy, policy + kl, policy) == pytest.approx(1.0)
+    assert gpu_check.kl_contribution_difference(policy, policy, policy) == 0.0  # no KL gradient, none expected
+
+
+def run_script(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str, list[re.Match]]:
     output = tmp_path / "gpu-check.md"
     result = subprocess.run(
-        ["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), "--dry-run", "--output", str(output)],
+        ["bash", SCRIPT, *args, "--output", str(output)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHON": sys.executable},
         timeout=900,
     )
+    lines = [LINE.match(line) for line in result.stdout.splitlines() if LINE.match(line)]
+    return result, output.read_text() if output.exists() else "", lines
+
+
+def test_a_failed_preflight_stops_with_its_reason(tmp_path):
+    """Without `--dry-run` on a machine without a GPU (or without Unsloth): the reason, and exit status 2."""
+    result, report, _ = run_script(tmp_path, "--only", "parity-dapo")
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "[gpu-check] preflight: FAIL" in result.stdout and "preflight: FAIL" in report
+
+
+# --- the whole script, dry, on Unsloth's generated trainer -----------------------------------------------------------
+
+
+@needs_unsloth
+def test_the_gpu_check_runs_dry_on_the_cpu(tmp_path, gpu_check):
+    result, report, lines = run_script(tmp_path, "--dry-run")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    report = output.read_text()
     assert "- device: CPU" in report and "DRY RUN" in report
-    assert "parity: PASS" in report and "training: PASS" in report
-    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ")}
-    expected = ["Unsloth stock", "Unsloth stock, again", "ours, none", "ours, clip", "ours, sigmoid"]
-    expected += ["ours, length_normalized", "ours, dynamic", "ours, k2", "ours, k3+", "ours, ref_reset_steps=5"]
-    assert set(expected + ["TRL stock", "ours, none, on TRL"]) <= set(rows)
-    for label in expected:
-        cells = [c.strip() for c in rows[label].strip("|").split("|")]
-        assert cells[1] == "3" and cells[2] == "yes", rows[label]  # 3 steps, every logged value finite
+    verdicts = {m.group(1): m.group(2) for m in lines}
+    assert verdicts.pop("verdict") == "PASS"
+    assert list(verdicts) == list(gpu_check.CHECKS)  # one line per check, in order
+    gpu_only = {"parity-long", "4bit"}
+    assert {name for name, status in verdicts.items() if status != "PASS"} == gpu_only
+    assert all(f"### {name}: SKIP GPU only" in report for name in gpu_only)
+    assert "Unsloth's scorer paths:" in report and "### verdict: PASS" in report
+
+
+@needs_unsloth
+@pytest.mark.parametrize("perturbation", ["scale", "drop"])
+def test_parity_fails_when_the_kl_term_is_scaled_or_dropped(tmp_path, perturbation):
+    """Ours' KL term × 1.01 (or × 0) fails parity, and the call exits 1; with a 1 s budget the next check is not
+    started, and says so."""
+    result, report, lines = run_script(
+        tmp_path, "--dry-run", "--perturb-kl", perturbation, "--only", "parity-dapo,train-none", "--budget", "1"
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
+    verdicts = {m.group(1): (m.group(2), m.group(3)) for m in lines}
+    assert verdicts["parity-dapo"][0] == "FAIL"
+    assert verdicts["train-none"][0] == "SKIP" and "budget" in verdicts["train-none"][1]
+    assert "### verdict: FAIL (0 passed, 1 failed" in report

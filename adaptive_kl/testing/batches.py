@@ -22,10 +22,50 @@ def fabricated_inputs(trainer, seed: int = 0) -> dict:
     vocab = trainer.model.config.vocab_size
     prompt_ids = torch.randint(3, vocab, (batch, prompt_len), generator=g)
     completion_ids = torch.randint(3, vocab, (batch, completion_len), generator=g)
-    lengths = torch.tensor([6, 4, 1, 3])
-    completion_mask = (torch.arange(completion_len)[None, :] < lengths[:, None]).long()
-    prompt_mask = torch.ones_like(prompt_ids)
+    completion_mask = mask_after(torch.tensor([6, 4, 1, 3]), completion_len)
     advantages = torch.randn(batch, generator=g)
+    return scored_micro_batch(trainer, prompt_ids, completion_ids, completion_mask, advantages, g, micro_batches=2)
+
+
+def grouped_inputs(trainer, num_prompts: int, completion_length: int, seed: int = 0, micro_batches: int = 2) -> dict:
+    """A micro-batch laid out as training lays it out: `num_prompts` prompts of 8 tokens, each repeated for the
+    trainer's `num_generations` completions (the shared prompts a prefix grouper deduplicates), completions of
+    `completion_length // 2` to `completion_length` tokens (the first one full) padded with the pad token after their
+    end (Unsloth rebuilds the completion mask from the ids), group-normalized advantages, and drifted reference and
+    old policies. `num_items_in_batch` counts the tokens of `micro_batches` such micro-batches (the optimizer step's).
+    """
+    g = torch.Generator().manual_seed(seed)
+    rows, vocab = num_prompts * trainer.num_generations, trainer.model.config.vocab_size
+    pad = trainer.processing_class.pad_token_id
+    prompt_ids = not_pad(torch.randint(3, vocab - 1, (num_prompts, 8), generator=g), pad)
+    prompt_ids = prompt_ids.repeat_interleave(trainer.num_generations, dim=0)
+    lengths = torch.randint(completion_length // 2, completion_length + 1, (rows,), generator=g)
+    lengths[0] = completion_length
+    completion_mask = mask_after(lengths, completion_length)
+    completion_ids = not_pad(torch.randint(3, vocab - 1, (rows, completion_length), generator=g), pad)
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad)
+    rewards = torch.randn(num_prompts, trainer.num_generations, generator=g)
+    advantages = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
+    return scored_micro_batch(
+        trainer, prompt_ids, completion_ids, completion_mask, advantages.flatten(), g, micro_batches
+    )
+
+
+def mask_after(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """`(B, width)` 1 for the first `lengths[b]` positions of each row, 0 after."""
+    return (torch.arange(width)[None, :] < lengths[:, None]).long()
+
+
+def not_pad(ids: torch.Tensor, pad: int | None) -> torch.Tensor:
+    """`ids` drawn below the vocabulary's last id, with the pad id moved up by one: no real token is the pad."""
+    return ids if pad is None else ids + (ids >= pad).long()
+
+
+def scored_micro_batch(trainer, prompt_ids, completion_ids, completion_mask, advantages, g, micro_batches) -> dict:
+    """The micro-batch dict, with the policy's log-probabilities of the completions as the old policy's and the
+    reference's, each drifted by Gaussian noise (σ = 0.1 and 0.5)."""
+    batch, completion_len = completion_ids.shape
+    prompt_mask = torch.ones_like(prompt_ids)
     old_noise = 0.1 * torch.randn(batch, completion_len, generator=g)
     ref_noise = 0.5 * torch.randn(batch, completion_len, generator=g)
     device = trainer.accelerator.device
@@ -48,7 +88,7 @@ def fabricated_inputs(trainer, seed: int = 0) -> dict:
         "advantages": advantages.to(device, logps.dtype),
         "old_per_token_logps": logps + old_noise.to(device, logps.dtype),
         "ref_per_token_logps": logps + ref_noise.to(device, logps.dtype),
-        "num_items_in_batch": completion_mask.sum() * 2,  # the generation batch spans two micro-batches
+        "num_items_in_batch": completion_mask.sum() * micro_batches,  # the optimizer step's micro-batches
     }
 
 
