@@ -271,7 +271,7 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         ):
             if self._reference_released:
                 raise ValueError(
-                    f"Optimizer step {step} needs the reference model (β is not 0 there), which {self._no_reference}"
+                    f"Optimizer step {step} needs the reference model (β is not 0 there), but {self._no_reference}"
                 )
             return True
         self._release_reference_if_unused()
@@ -295,12 +295,12 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
     @property
     def _no_reference(self) -> str:
         """Why this trainer holds no reference model, and what to do instead."""
-        last = self.args.beta_schedule_steps - 1
         return (
-            "this trainer does not hold: it was freed once β reached 0 for good, or not loaded because "
+            "this trainer holds no reference model: it was freed once β reached 0 for good, or not loaded because "
             "args.resume_from_checkpoint was past the switch (skip_zero_beta_reference=True, kl_monitor_steps=0). "
-            f"Train from a checkpoint saved at step {last} or later (train(resume_from_checkpoint=...)), build a new "
-            "trainer to train from elsewhere, or set kl_monitor_steps > 0 to keep the reference."
+            f"Train from a checkpoint saved at step {self.args.beta_schedule_steps - 1} or later "
+            "(train(resume_from_checkpoint=...)), build a new trainer to train from elsewhere, or set "
+            "kl_monitor_steps > 0 to keep the reference."
         )
 
     def _release_reference_if_unused(self) -> None:
@@ -365,7 +365,8 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         # were recorded: those partial sums must not leak into the next run. A run that does not resume starts from
         # step 1 with a new optimizer, so β starts afresh too; a resumed run gets the checkpoint's state.
         if self._reference_released and not resumes_past_the_switch(self.args, resume_from_checkpoint):
-            raise ValueError(f"This trainer can only resume from a checkpoint past the switch: {self._no_reference}")
+            start = f"resume_from_checkpoint={resume_from_checkpoint!r}"
+            raise ValueError(f"Cannot train from {start}: {self._no_reference}")
         self._step_stats = None
         self._log_stats = {"train": None, "eval": None}
         self._reference_skips = {"train": [0, 0], "eval": [0, 0]}

@@ -131,7 +131,7 @@ def resumes_past_the_switch(args, resume_from_checkpoint) -> bool:
     """Whether a run of `args` resumed from `resume_from_checkpoint` (a path, or `True`: the last checkpoint in
     `args.output_dir`) has β_t = 0 for good from its first optimizer step on: `BetaController.is_zero_from` the step
     after the checkpoint's, with the controller state the checkpoint saved. False without such a checkpoint, or when
-    it carries no state of ours (the β it resumes with is then `args.beta`'s, decided by the resume's own checks)."""
+    it saved no state of ours (a resume from it is refused, or restarts β: see `resume_without_kl_state`)."""
     checkpoint = resolve_checkpoint(resume_from_checkpoint, args.output_dir) if resume_from_checkpoint else None
     saved = read_checkpoint_kl_state(checkpoint) if checkpoint is not None else None
     if saved is None:
