@@ -85,7 +85,7 @@ def test_checks_stream_fail_soft_and_stop_starting_at_the_budget(gpu_check, tmp_
     assert "budget: 30 s of --budget 30 s spent" in outcomes["fourth"].summary
     text = report.read_text()
     assert "### verdict: FAIL (2 passed, 1 failed, 2 skipped" in text
-    assert "Run them with `--only fourth,fifth`" in text
+    assert "run them with `--only fourth,fifth`" in text
 
 
 def test_only_and_skip_select_by_name_or_prefix(gpu_check, tmp_path):
