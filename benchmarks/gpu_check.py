@@ -588,11 +588,18 @@ def cost_lines(runs: list[tuple[str, dict]], stock_label: str) -> tuple[list[str
     return lines, summary
 
 
-def cost(opts) -> Outcome:
+def alternated_runs(opts, stock_label: str, ours_label: str) -> list[tuple[str, dict]]:
+    """Stock and ours (method `none`), alternated twice: drift of the machine falls on both, and stock against stock
+    is the A/A row."""
     runs = []
-    for round_ in (1, 2):  # stock and ours alternated: drift of the machine falls on both
-        runs.append((UNSLOTH_STOCK, measured_run(opts, None)))
-        runs.append((f"ours, none ({round_})", measured_run(opts, {})))
+    for round_ in (1, 2):
+        runs.append((stock_label, measured_run(opts, None)))
+        runs.append((f"{ours_label} ({round_})", measured_run(opts, {})))
+    return runs
+
+
+def cost(opts) -> Outcome:
+    runs = alternated_runs(opts, UNSLOTH_STOCK, "ours, none")
     lines, summary = cost_lines(runs, UNSLOTH_STOCK)
     finite = all(r["finite"] for _, r in runs)
     head = f"{opts.cost_steps} steps a run, median after {opts.warmup}; β = {BETA}"
@@ -616,12 +623,8 @@ def cost_trl(opts) -> Outcome:
 
 def trl_process(opts) -> None:
     """The second process: TRL's own trainer and ours on it, alternated; results to `--json`."""
-    runs = []
-    for round_ in (1, 2):
-        runs.append((TRL_STOCK, measured_run(opts, None)))
-        runs.append((f"ours, none, on TRL ({round_})", measured_run(opts, {})))
     with open(opts.json, "w") as f:
-        json.dump(runs, f)
+        json.dump(alternated_runs(opts, TRL_STOCK, "ours, none, on TRL"), f)
 
 
 # --- the call -------------------------------------------------------------------------------------------------------

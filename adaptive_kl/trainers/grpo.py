@@ -77,6 +77,14 @@ from .unsloth import (
 logger = logging.get_logger(__name__)
 
 
+def reference_unread_at_zero_beta(args) -> bool:
+    """Whether nothing but the KL term reads the reference while β is 0 for good: no KL monitoring
+    (`kl_monitor_steps=0`), no reference resets, no `sync_ref_model`."""
+    return (
+        args.kl_monitor_steps == 0 and args.ref_reset_steps == 0 and args.ref_reset_kl == 0 and not args.sync_ref_model
+    )
+
+
 def reference_is_base_despite_trained_adapter(model) -> bool:
     """Whether the reference is scored with the adapter disabled although the adapter already changes the model.
 
@@ -245,10 +253,7 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         return (
             args.beta > 0
             and args.skip_zero_beta_reference
-            and args.kl_monitor_steps == 0
-            and args.ref_reset_steps == 0
-            and args.ref_reset_kl == 0
-            and not args.sync_ref_model
+            and reference_unread_at_zero_beta(args)
             and peft_config is None
             and not isinstance(model, PeftModel)
             and self._unsloth_module is None
@@ -310,9 +315,7 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         if (
             self._reference_released
             or self.ref_model is None
-            or args.kl_monitor_steps != 0
-            or self.reference_resets.enabled
-            or args.sync_ref_model
+            or not reference_unread_at_zero_beta(args)
             or self.is_deepspeed_enabled
             or self.is_fsdp_enabled
         ):
