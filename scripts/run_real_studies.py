@@ -38,9 +38,10 @@ STUDIES_DIR = os.path.join(
 
 # The real model's budget on a 2-core CPU, measured with one thread: ~18 s a step for 2 prompts × 4 completions of at
 # most 64 tokens, ~37 s at 128 tokens (4 steps of the length study's first variant: 155 s, and ~35 s an evaluation of
-# the 64 validation problems). A length-study run (100 steps, 5 evaluations) takes about 65 min of one core and a
-# β-study run (100 steps of 64 tokens) about 35: the length study (5 variants × 3 seeds) takes ~8 h with two runs
-# side by side, two to three sessions of background running, and the β study ~3 h more.
+# the 64 validation problems). The planned 65 min a length-study run (100 steps, 5 evaluations) turned out to depend
+# on where the length goes: 33 min for β = 0 (its completions shrink to ~24 tokens), 95 min for k1 summed in the
+# reward (~64 tokens), 110 min for k1 per token (they grow to ~103): ~20 h of one core for 5 variants × 3 seeds, about
+# three sessions of two runs side by side. A β-study run (100 steps of 64 tokens) is planned at ~40 min.
 STUDIES = {
     # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
     # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
@@ -184,6 +185,12 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int]) -> str | Non
     if not runs:
         return None
     script = os.path.relpath(os.path.abspath(__file__), REPOSITORY)
+    devices = run_devices([os.path.join(REPOSITORY, run.directory(out)) for run in found])
+    environment = [
+        # The runs' own machines and threads (this process's are not theirs).
+        f"- devices of the runs: {devices}" if line.startswith("- device:") else line
+        for line in environment_lines(f"python {script} --only {name}")
+    ]
     notes = "\n".join(
         [
             f"Real-model study `{name}`: SmolLM2-135M-Instruct (LoRA r16), the chat task; every run is "
@@ -191,13 +198,28 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int]) -> str | Non
             "",
             "Seeds so far: " + "; ".join(f"{label}: {counts.get(label, 0)}" for label in variants) + ".",
             "",
-            *environment_lines(f"python {script} --only {name}"),
+            *environment,
             f"- wall time: {wall_time / 3600:.2f} h of single-core training and evaluation over {len(runs)} runs "
             "(each run's own summary.md records its machine, versions and command)",
         ]
     )
     paths = write_report(runs, os.path.join(REPOSITORY, out, name), f"Real-model study: {name}", notes)
     return paths["summary"]
+
+
+def run_devices(directories: list[str]) -> str:
+    """The `- device:` lines of the runs' own `summary.md` files, each with how many runs it ran (first seen first),
+    e.g. `CPU: AMD EPYC, 2 cores, torch threads 1 (4 runs)`."""
+    counts: dict[str, int] = {}
+    for directory in directories:
+        try:
+            with open(os.path.join(directory, "summary.md")) as f:
+                device = next((line[len("- device:") :].strip() for line in f if line.startswith("- device:")), None)
+        except OSError:
+            device = None
+        device = device or "not recorded"
+        counts[device] = counts.get(device, 0) + 1
+    return "; ".join(f"{device} ({n} run{'s' if n > 1 else ''})" for device, n in counts.items())
 
 
 def found_seeds(name: str, out: str, studies: dict) -> set[int]:

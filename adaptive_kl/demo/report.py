@@ -52,6 +52,12 @@ SUMMARY_HEADER = (
     "Δ length (last − first quarter)",
     "KL–length corr. (last quarter)",
 )
+# Columns after `SUMMARY_HEADER`, shown only when some run of the table has them (the chat task's general-prompt
+# retention, `task.general`): (summary key, header, number format).
+OPTIONAL_SUMMARY_COLUMNS = (
+    ("delta_general_loglik", "Δ general-chat loglik", "+.4f"),
+    ("final_general_kl_to_start", "general-chat KL to start (final)", ".4f"),
+)
 # The diversity table, written when a run logged `diversity/*` (`diversity_metrics=True`): means over the last quarter.
 DIVERSITY_COLUMNS = (
     ("unique fraction", "diversity/unique_fraction"),
@@ -87,11 +93,15 @@ def summarize(run: VariantRun) -> dict[str, float]:
     the reward of the last quarter of steps, the final retention log-likelihood and its change from step 0, and how
     many times the KL left its band; then the final exact KL to the starting policy on the held-out solutions (logged
     whatever β, NaN without held-out solutions), the completion-length drift, and the late correlation between a
-    completion's KL and its length (`adaptive_kl/kl_length_corr`, logged only with β > 0)."""
+    completion's KL and its length (`adaptive_kl/kl_length_corr`, logged only with β > 0); last, the change of the
+    general-prompt log-likelihood from step 0 and the final general-prompt KL to the start (`task.general`; NaN
+    without them)."""
     accuracies = [e["val_accuracy"] for e in run.evaluations]
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
-    retention = [e["retention/loglik"] for e in run.retention]
+    retention = [e["retention/loglik"] for e in run.retention if "retention/loglik" in e]
     drift = [e["retention/kl_to_start"] for e in run.retention if "retention/kl_to_start" in e]
+    general = [e["general/loglik"] for e in run.retention if "general/loglik" in e]
+    general_drift = [e["general/kl_to_start"] for e in run.retention if "general/kl_to_start" in e]
     final = accuracies[-1] if accuracies else math.nan
     return {
         "final_accuracy": final,
@@ -109,6 +119,8 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "final_kl_to_start": drift[-1] if drift else math.nan,
         "length_drift": _length_drift(run),
         "kl_length_corr": _late_mean(run, "adaptive_kl/kl_length_corr"),
+        "delta_general_loglik": general[-1] - general[0] if general else math.nan,
+        "final_general_kl_to_start": general_drift[-1] if general_drift else math.nan,
     }
 
 
@@ -123,37 +135,52 @@ def _markdown_table(header, rows) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
+def _summary_columns(summaries: list[dict]) -> tuple[list[str], list[str], list[str]]:
+    """`(keys, headers, formats)` of the table: `SUMMARY_HEADER`'s columns, then each optional column that some
+    run has a value for."""
+    optional = {key for key, _, _ in OPTIONAL_SUMMARY_COLUMNS}
+    base = [key for key in summaries[0] if key not in optional]  # in `SUMMARY_HEADER`'s order
+    headers, formats = list(SUMMARY_HEADER[1:]), list(SUMMARY_FORMATS)
+    shown = [
+        (key, header, spec)
+        for key, header, spec in OPTIONAL_SUMMARY_COLUMNS
+        if any(not math.isnan(summary[key]) for summary in summaries)
+    ]
+    return base + [k for k, _, _ in shown], headers + [h for _, h, _ in shown], formats + [f for _, _, f in shown]
+
+
 def summary_table(runs: list[VariantRun]) -> str:
-    """A markdown table with one row per variant (columns: `SUMMARY_HEADER`). With several seeds per variant, the
-    cells are `mean ± half-width` over seeds, a `seeds` column follows the name, and a second table gives each
-    variant's paired difference from the first variant (on the seeds both ran)."""
+    """A markdown table with one row per variant (columns: `SUMMARY_HEADER`, then any `OPTIONAL_SUMMARY_COLUMNS`
+    some run has). With several seeds per variant, the cells are `mean ± half-width` over seeds, a `seeds` column
+    follows the name, and a second table gives each variant's paired difference from the first variant (on the seeds
+    both ran)."""
     groups = seed_groups(runs)
+    summaries = {id(run): summarize(run) for run in runs}
+    keys, headers, formats = _summary_columns(list(summaries.values()))
     if all(len(group) == 1 for group in groups.values()):
         rows = [
             [run.name]
             + [
-                "n/a" if math.isnan(v) else format(v, f)
-                for v, f in zip(summarize(run).values(), SUMMARY_FORMATS, strict=True)
+                "n/a" if math.isnan(summaries[id(run)][key]) else format(summaries[id(run)][key], spec)
+                for key, spec in zip(keys, formats, strict=True)
             ]
             for run in runs
         ]
-        return _markdown_table(SUMMARY_HEADER, rows)
-    summaries = {id(run): summarize(run) for run in runs}
-    keys = list(summaries[id(runs[0])])
-    header = (SUMMARY_HEADER[0], "seeds", *SUMMARY_HEADER[1:])
+        return _markdown_table((SUMMARY_HEADER[0], *headers), rows)
+    header = (SUMMARY_HEADER[0], "seeds", *headers)
     rows, differences = [], []
     (first_name, first), *others = groups.items()
     for name, group in groups.items():
         cells = [
             format_interval(*mean_interval(summaries[id(run)][key] for run in group)[:2], spec)
-            for key, spec in zip(keys, SUMMARY_FORMATS, strict=True)
+            for key, spec in zip(keys, formats, strict=True)
         ]
         rows.append([name, str(len(group)), *cells])
     for name, group in others:
         deltas = {key: paired_differences(group, first, lambda run, key=key: summaries[id(run)][key]) for key in keys}
         cells = [
             format_interval(*mean_interval(deltas[key])[:2], "+" + spec.lstrip("+"))
-            for key, spec in zip(keys, SUMMARY_FORMATS, strict=True)
+            for key, spec in zip(keys, formats, strict=True)
         ]
         differences.append([name, str(len(deltas[keys[0]])), *cells])
     paired = (
@@ -210,6 +237,8 @@ PANELS = (
     ("completion_length", "completions/mean_length", "mean completion length (tokens)"),
     ("retention", "retention/loglik", "retention: log-likelihood of held-out solutions"),
     ("drift", "retention/kl_to_start", "exact KL to the starting policy (held-out solutions)"),
+    ("general_retention", "general/loglik", "log-likelihood of the start's answers to general chat prompts"),
+    ("general_drift", "general/kl_to_start", "exact KL to the starting policy (general chat prompts)"),
     ("diversity", "diversity/unique_fraction", "unique completions per group"),
 )
 
@@ -220,7 +249,10 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 
 # Panels evaluated every eval_every steps → the run's attribute holding them.
-EVALUATED_PANELS = {"validation_accuracy": "evaluations", "retention": "retention", "drift": "retention"}
+EVALUATED_PANELS = {
+    "validation_accuracy": "evaluations",
+    **dict.fromkeys(("retention", "drift", "general_retention", "general_drift"), "retention"),
+}
 
 
 def _series(run: VariantRun, panel: str, metric: str) -> dict[int, float]:

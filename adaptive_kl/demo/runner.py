@@ -2,7 +2,8 @@
 
 Each run logs every step (TRL's metrics and `adaptive_kl/*`), evaluates greedy validation accuracy at step 0 and
 every `eval_every` steps, and, where the task has reference solutions, their log-likelihood (`retention/*`) on the
-same schedule; a `KLHealthCallback` warns when the mean KL leaves the 0.01–0.2 band. A variant's `trainer` override
+same schedule (on the chat task also the starting policy's own answers to general chat prompts, `general/*`:
+`task.general`); a `KLHealthCallback` warns when the mean KL leaves the 0.01–0.2 band. A variant's `trainer` override
 picks the trainer: `"grpo"` (`AdaptiveKLGRPOTrainer`, the default) or `"binomial_kl"` (`BinomialKLTrainer`). On the
 embedded default everything runs on a CPU in minutes; with `model` set to a hub id
 or local path (and optionally `unsloth`), the same code trains a real model on a GPU.
@@ -29,6 +30,7 @@ from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
 from .policies import POLICY_DEMOS, resolve_policy
 from .task import TASK_REWARDS, evaluate_accuracy, load_gsm8k
 from .task.chat import chat_datasets
+from .task.general import general_retention_dataset
 from .variants import TRAINER_CLASSES, Variant
 
 
@@ -260,7 +262,7 @@ class VariantRun:
     history: list[dict]
     evaluations: list[dict]
     wall_time: float
-    retention: list[dict] = field(default_factory=list)  # `retention/*` at step 0 and every `eval_every` steps
+    retention: list[dict] = field(default_factory=list)  # `retention/*`, `general/*` at step 0 and every `eval_every`
     kl_warnings: list[dict] = field(default_factory=list)  # the KL-band episodes `KLHealthCallback` warned about
 
 
@@ -302,13 +304,23 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         callbacks=[validation_callback, kl_health, VariantProgressCallback(bar, variant.name)],
     )
     trainer.remove_callback(PrinterCallback)  # the shared progress bar replaces per-step log dicts on stdout
+    # A real model's vocabulary is large: smaller batches keep the (batch, length, vocabulary) logits small.
+    batch_size = 64 if demo is None else 16
     held_out = retention_dataset(validation, tokenizer)
-    retention = None
-    if held_out is not None:
-        # A real model's vocabulary is large: smaller batches keep the (batch, length, vocabulary) logits small.
-        retention = RetentionCallback(
-            trainer, held_out, eval_steps=settings.eval_every, batch_size=64 if demo is None else 16, kl_to_start=True
+    # A chat model also answers general prompts (`task.general`): the starting policy's own answers (a new LoRA
+    # adapter adds zero), scored as it trains; no more of them than validation problems (`--quick` stays quick).
+    general = None
+    if settings.task == "chat":
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        general = general_retention_dataset(policy, tokenizer, max_new_tokens, n=settings.n_validation)
+    retentions = [
+        RetentionCallback(
+            trainer, dataset, eval_steps=settings.eval_every, batch_size=batch_size, prefix=prefix, kl_to_start=True
         )
+        for prefix, dataset in (("retention", held_out), ("general", general))
+        if dataset is not None
+    ]
+    for retention in retentions:
         trainer.add_callback(retention)
     trainer.train()
     history = [entry for entry in trainer.state.log_history if "reward" in entry and "step" in entry]
@@ -318,9 +330,18 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         history,
         validation_callback.evaluations,
         time.perf_counter() - start,
-        retention=retention.history if retention is not None else [],
+        retention=merged_by_step(*(retention.history for retention in retentions)),
         kl_warnings=kl_health.episodes,
     )
+
+
+def merged_by_step(*histories: list[dict]) -> list[dict]:
+    """One entry per evaluated step with every history's metrics of that step (`retention/*` and `general/*`)."""
+    merged: dict[int, dict] = {}
+    for history in histories:
+        for entry in history:
+            merged.setdefault(entry["step"], {}).update(entry)
+    return [merged[step] for step in sorted(merged)]
 
 
 def variant_output_dir(variant: Variant, settings: DemoSettings) -> str:

@@ -49,6 +49,9 @@ def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys):
     summary = open(os.path.join(out, "tiny", "summary.md")).read()
     assert "Seeds so far: beta=0: 2; beta=0.1, kl_estimator=k2: 2." in summary
     assert "±" in summary and "paired" in summary.lower()
+    # The study records its runs' machine and threads (from their own summaries), not the summarizing process's.
+    device = next(line for line in open(os.path.join(directories[0], "summary.md")) if line.startswith("- device:"))
+    assert f"- devices of the runs: {device.removeprefix('- device:').strip()} (4 runs)" in summary
 
     # A run killed mid-way left no runs.json: only it runs again; the others are not touched.
     killed = directories[1]
@@ -65,6 +68,20 @@ def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys):
     os.remove(os.path.join(directories[3], "runs.json"))
     assert script.main(["--summarize", "--seeds", "0,1", "--out", out], studies=TINY) == 0
     assert "beta=0.1, kl_estimator=k2: 1." in open(os.path.join(out, "tiny", "summary.md")).read()
+
+
+def test_the_runs_devices_are_counted_from_their_own_summaries(script, tmp_path):
+    epyc, xeon = "CPU: AMD EPYC, 2 cores, torch threads 1", "CPU: Xeon, 2 cores, torch threads 1"
+    for name, device in (("a", epyc), ("b", xeon), ("c", epyc), ("d", None)):
+        os.makedirs(tmp_path / name)
+        (tmp_path / name / "summary.md").write_text(
+            f"# x\n\n- date: 2026-11-25\n- device: {device}\n" if device else ""
+        )
+    directories = [str(tmp_path / name) for name in "abcde"]  # e: no summary at all
+    assert script.run_devices(directories) == (
+        "CPU: AMD EPYC, 2 cores, torch threads 1 (2 runs); CPU: Xeon, 2 cores, torch threads 1 (1 run); "
+        "not recorded (2 runs)"
+    )
 
 
 def test_a_run_in_flight_elsewhere_is_left_to_its_runner_and_a_dead_runners_claim_is_taken_over(script, tmp_path):

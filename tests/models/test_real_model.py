@@ -285,3 +285,13 @@ def test_compare_quick_on_the_real_model(smollm2_dir, tmp_path):
     first = next(row for row in rows if row["step"] == "0")
     assert 0 <= float(first["val_answer_accuracy"]) <= 1 and float(first["val_completion_length"]) > 20
     assert "retention/kl_to_start" in rows[-1] and (out / "summary.md").is_file()
+    # Retention on general chat prompts: the starting policy's own greedy answers, scored from step 0 on.
+    from adaptive_kl.demo.run_files import load_runs
+
+    (run,) = load_runs(str(out))
+    assert [e["step"] for e in run.retention] == [0, 2]
+    start, end = run.retention
+    assert start["general/kl_to_start"] == 0.0 and end["general/kl_to_start"] >= 0
+    assert -3 < start["general/loglik"] < 0 and math.isfinite(end["general/loglik"])
+    assert "| general-chat KL to start (final) |" in (out / "summary.md").read_text()
+    assert start["general/seq_loglik"] < start["general/loglik"]  # summed over an answer's tokens: more negative
