@@ -64,6 +64,12 @@ STUDIES = {
         "variants": ["beta=0", "beta=0.04", "beta=0.2"],
         "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
     },
+    # The demo's five methods at the real-model demo's settings (β = 0.04, full reward), over 100 steps so that
+    # `dynamic` reaches its reward threshold. Planned after the two above: ~10 h of one core for 3 seeds.
+    "methods": {
+        "variants": [f"kl_adaptation_method={m}" for m in ("none", "clip", "sigmoid", "length_normalized", "dynamic")],
+        "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
+    },
 }  # fmt: skip
 DEFAULT_SEEDS = "0,1,2"
 
