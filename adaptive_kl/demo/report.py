@@ -277,6 +277,10 @@ def _seed_curve(series: list[dict[int, float]]):
     return steps, mean, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)]
 
 
+def _wrapped(labels: list[str], width: int) -> list[str]:
+    return [textwrap.fill(label, width, subsequent_indent="  ") for label in labels]
+
+
 def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     """`metrics.png` with every panel some run has data for, and one `<panel>.png` per such panel; one curve per
     variant (the mean over its seeds, with a shaded 95% band when it has several). Returns the paths written (none
@@ -319,8 +323,7 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     # Long variant names wrap, so that the legend's cell does not squeeze the panels' columns.
-    labels = [textwrap.fill(label, 40, subsequent_indent="  ") for label in labels]
-    axes.flat[len(panels)].legend(handles, labels, loc="center", title="variant", fontsize=9)
+    axes.flat[len(panels)].legend(handles, _wrapped(labels, 40), loc="center", title="variant", fontsize=9)
     fig.tight_layout()
     paths.append(os.path.join(directory, "metrics.png"))
     fig.savefig(paths[-1], dpi=110)
@@ -328,10 +331,13 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     for panel, metric, title in panels:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         draw(ax, panel, metric, title)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        handles, labels = ax.get_legend_handles_labels()
+        # Below the axes, wrapped: long variant names (a study's overrides) would otherwise cover the curves or be cut.
+        legend = ax.legend(
+            handles, _wrapped(labels, 70), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False
+        )
         paths.append(os.path.join(directory, f"{panel}.png"))
-        fig.savefig(paths[-1], dpi=110)
+        fig.savefig(paths[-1], dpi=110, bbox_inches="tight", bbox_extra_artists=[legend])
         plt.close(fig)
     return paths
 

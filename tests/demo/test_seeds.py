@@ -4,6 +4,7 @@ in the plots, no empty panels; checked against independent computations, and end
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import statistics
 
@@ -108,6 +109,19 @@ def test_plots_draw_no_empty_panel_and_seed_bands(tmp_path):
                             "completion_length.png"])  # fmt: skip
     for path in paths:
         check_png(path)
+
+
+def test_a_panel_legend_of_long_variant_names_is_kept_whole_below_the_curves(tmp_path):
+    """A study's variant names are long (`beta=0.2, loss_type=grpo, kl_placement=reward, ...`): the single-panel
+    PNG grows to hold the wrapped legend below the axes instead of cutting it or covering the curves."""
+    image = pytest.importorskip("matplotlib.image")
+    long_name = ", ".join(f"field_{i}=value_{i}" for i in range(12))
+    runs = [dataclasses.replace(run, name=run.name.replace("kl_scaling=none", long_name)) for run in RUNS]
+    (tmp_path / "short").mkdir(), (tmp_path / "long").mkdir()
+    short = image.imread(next(p for p in write_plots(RUNS, str(tmp_path / "short")) if p.endswith("reward.png")))
+    long = image.imread(next(p for p in write_plots(runs, str(tmp_path / "long")) if p.endswith("reward.png")))
+    assert long.shape[0] > short.shape[0]  # taller: the legend's extra wrapped lines are in the image
+    assert abs(long.shape[1] - short.shape[1]) < 0.1 * short.shape[1]  # not widened by an unwrapped name
 
 
 def test_compare_over_seeds_end_to_end(tmp_path):
