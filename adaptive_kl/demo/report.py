@@ -52,9 +52,11 @@ SUMMARY_HEADER = (
     "Δ length (last − first quarter)",
     "KL–length corr. (last quarter)",
 )
-# Columns after `SUMMARY_HEADER`, shown only when some run of the table has them (the chat task's general-prompt
-# retention, `task.general`): (summary key, header, number format).
+# Columns after `SUMMARY_HEADER`, shown only when some run of the table has them (TRL's truncation rate, which says
+# whether a lengthening stopped at `max_completion_length`; the chat task's general-prompt retention, `task.general`):
+# (summary key, header, number format).
 OPTIONAL_SUMMARY_COLUMNS = (
+    ("late_truncated", "truncated (last quarter)", ".2f"),
     ("delta_general_loglik", "Δ general-chat loglik", "+.4f"),
     ("final_general_kl_to_start", "general-chat KL to start (final)", ".4f"),
 )
@@ -93,9 +95,10 @@ def summarize(run: VariantRun) -> dict[str, float]:
     the reward of the last quarter of steps, the final retention log-likelihood and its change from step 0, and how
     many times the KL left its band; then the final exact KL to the starting policy on the held-out solutions (logged
     whatever β, NaN without held-out solutions), the completion-length drift, and the late correlation between a
-    completion's KL and its length (`adaptive_kl/kl_length_corr`, logged only with β > 0); last, the change of the
-    general-prompt log-likelihood from step 0 and the final general-prompt KL to the start (`task.general`; NaN
-    without them)."""
+    completion's KL and its length (`adaptive_kl/kl_length_corr`, logged only with β > 0); last, the fraction of
+    completions cut at `max_completion_length` over the last quarter of steps (TRL's `completions/clipped_ratio`), the
+    change of the general-prompt log-likelihood from step 0 and the final general-prompt KL to the start
+    (`task.general`); NaN for what a run did not log."""
     accuracies = [e["val_accuracy"] for e in run.evaluations]
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
     retention = [e["retention/loglik"] for e in run.retention if "retention/loglik" in e]
@@ -119,6 +122,7 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "final_kl_to_start": drift[-1] if drift else math.nan,
         "length_drift": _length_drift(run),
         "kl_length_corr": _late_mean(run, "adaptive_kl/kl_length_corr"),
+        "late_truncated": _late_mean(run, "completions/clipped_ratio"),
         "delta_general_loglik": general[-1] - general[0] if general else math.nan,
         "final_general_kl_to_start": general_drift[-1] if general_drift else math.nan,
     }

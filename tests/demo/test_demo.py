@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import statistics
 import sys
 
 import pytest
@@ -256,7 +257,8 @@ def test_quick_demo_table(quick_demo):
     """The table's numbers are those of the CSV, summarized."""
     out, result = quick_demo
     rows = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
-    assert rows[0] == "| " + " | ".join(SUMMARY_HEADER) + " |"
+    # TRL logs the truncation rate, so its optional column follows the fixed ones.
+    assert rows[0] == "| " + " | ".join((*SUMMARY_HEADER, "truncated (last quarter)")) + " |"
     assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == list(DEMO_METHODS)
     with open(out / "metrics.csv") as f:
         records = list(csv.DictReader(f))
@@ -270,6 +272,8 @@ def test_quick_demo_table(quick_demo):
         raw = [float(r["adaptive_kl/raw_kl"]) for r in mine if r["adaptive_kl/raw_kl"]]
         assert float(cells[4]) == pytest.approx(sum(raw) / len(raw), abs=5e-5)
         assert float(cells[6]) == pytest.approx(float(mine[-1]["adaptive_kl/current_beta"]), rel=1e-3)
+        truncated = [float(r["completions/clipped_ratio"]) for r in mine if r["completions/clipped_ratio"]]
+        assert float(cells[-1]) == pytest.approx(statistics.mean(truncated[-max(1, len(truncated) // 4) :]), abs=5e-3)
     assert "| none |" in result.stdout  # the table is also printed
 
 

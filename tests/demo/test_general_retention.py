@@ -111,8 +111,16 @@ def test_the_general_columns_appear_only_when_a_run_has_them():
     assert math.isnan(summarize(run_with_general("beta=0", 0, None))["delta_general_loglik"])
 
     table = summary_table([run_with_general("a", 0, (-1.5, -1.75)), run_with_general("b", 0, None)]).splitlines()
-    assert table[0].endswith("| Δ general-chat loglik | general-chat KL to start (final) |")
+    assert table[0].endswith("| Δ length (last − first quarter) | KL–length corr. (last quarter) "
+                             "| Δ general-chat loglik | general-chat KL to start (final) |")  # fmt: skip
     assert table[2].endswith("| -0.2500 | 0.1000 |") and table[3].endswith("| n/a | n/a |")
+
+    # TRL's truncation rate (the last quarter of steps: the last one here) comes before them when logged.
+    truncated = run_with_general("a", 0, (-1.5, -1.75))
+    truncated.history[-1]["completions/clipped_ratio"] = 0.75
+    table = summary_table([truncated]).splitlines()
+    assert table[0].endswith("| truncated (last quarter) | Δ general-chat loglik | general-chat KL to start (final) |")
+    assert table[2].endswith("| 0.75 | -0.2500 | 0.1000 |")
 
 
 def test_the_general_columns_have_intervals_and_paired_differences_over_seeds():
