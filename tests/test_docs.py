@@ -166,3 +166,20 @@ def test_the_readme_field_table_is_the_config():
     table = readme_field_table()
     assert list(table) == [f.name for f in ours]
     assert table == {f.name: repr(f.default).replace("'", '"') for f in ours}
+
+
+def test_the_real_model_study_numbers_come_from_the_committed_runs():
+    """Every decimal number the real-model section of `docs/studies/README.md` quotes (a table cell, an interval)
+    is in one of the real studies' summaries, which the runner rebuilds from the committed run files."""
+    text = open(os.path.join(ROOT, "docs", "studies", "README.md")).read()
+    section = text[text.index("## On a real chat model") :]
+    section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    summaries = ""
+    real = os.path.join(ROOT, "docs", "studies", "real")
+    for study in sorted(os.listdir(real)):
+        if os.path.isfile(os.path.join(real, study, "summary.md")):
+            summaries += open(os.path.join(real, study, "summary.md")).read()
+    quoted = set(re.findall(r"(?<![\w.])[+-]?\d+\.\d{2,}", section))  # two or more decimals: results, not settings
+    assert quoted, "the section quotes no result to check"
+    missing = sorted(n for n in quoted if n not in summaries)
+    assert not missing, f"numbers quoted in the real-model section but in no real study summary: {missing}"
