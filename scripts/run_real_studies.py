@@ -205,7 +205,8 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int]) -> str | Non
             "Seeds so far: " + "; ".join(f"{label}: {counts.get(label, 0)}" for label in variants) + ".",
             "",
             *environment,
-            f"- wall time: {wall_time / 3600:.2f} h of single-core training and evaluation over {len(runs)} runs "
+            f"- wall time: {wall_time / 3600:.2f} h of single-core training and evaluation over {len(runs)} "
+            f"run{'s' if len(runs) > 1 else ''} "
             "(each run's own summary.md records its machine, versions and command)",
         ]
     )
