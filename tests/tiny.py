@@ -18,6 +18,13 @@ def prompt_dataset(n: int = 16) -> Dataset:
     return Dataset.from_dict({"prompt": [f"{i}+{i % 7}=" for i in range(n)]})
 
 
+# A chat template for the tiny model's tokenizer (it has none): `role: content` lines, then `assistant: `.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
 def length_reward(completions, **kwargs):
     """Rewards short completions (varies across a group, so advantages are non-zero)."""
     return [1.0 / (1.0 + len(c)) for c in completions]

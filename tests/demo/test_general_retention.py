@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from tiny import CHAT_TEMPLATE
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from adaptive_kl.demo.report import SUMMARY_HEADER, summarize, summary_table
@@ -13,12 +14,6 @@ from adaptive_kl.demo.runner import VariantRun, merged_by_step
 from adaptive_kl.demo.task import general
 from adaptive_kl.demo.task.general import GENERAL_CHAT_PROMPTS, general_retention_dataset
 from adaptive_kl.trainers.generation import generate_greedy
-
-
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
-)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import pytest
 import torch
 from datasets import Dataset, IterableDataset, IterableDatasetDict
 from peft import LoraConfig
-from tiny import TRAIN_KWARGS, length_reward
+from tiny import CHAT_TEMPLATE, TRAIN_KWARGS, length_reward
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
 from trl import GRPOConfig, GRPOTrainer
 
@@ -33,10 +33,6 @@ from adaptive_kl.kl.aggregation import LOSS_TYPES
 
 BETA = 0.1
 ADAPTATION = dict(kl_adaptation_method="clip+dynamic", kl_scaling="log", reward_threshold=0.0)
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
-)
 COMPARED = ("loss", "grad_norm", "reward", "kl")
 
 
