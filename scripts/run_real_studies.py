@@ -4,6 +4,7 @@ survives sessions: a finished run is never redone.
     python scripts/run_real_studies.py                          # every run not yet done, two side by side
     python scripts/run_real_studies.py --only length --seeds 0,1,2
     python scripts/run_real_studies.py --summarize              # only rewrite the summaries from the runs so far
+    python scripts/run_real_studies.py --only length --variants "beta=0 loss_type=grpo"   # runs that fit the time left
     nohup python scripts/run_real_studies.py > real-studies.log 2>&1 &     # in the background (hours on 2 cores)
 
 Each run is one `adaptive-kl compare --model smollm2 --variant ... --seed S` into
@@ -94,6 +95,12 @@ class Run:
 def planned_runs(studies: dict, names: list[str], seeds: list[int]) -> list[Run]:
     """Every run of the studies, seed by seed (all variants of seed 0 first), the studies in their order."""
     return [Run(name, variant, seed) for name in names for seed in seeds for variant in studies[name]["variants"]]
+
+
+def variant_key(variant: str) -> str:
+    """One spelling of a variant, whether written as the study lists it (`beta=0 loss_type=grpo`) or as `compare`
+    names it (`beta=0, loss_type=grpo`)."""
+    return " ".join(variant.replace(",", " ").split())
 
 
 def finished(run: Run, out: str) -> bool:
@@ -249,6 +256,13 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads of each run (default: the cores shared by --jobs)"
     )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="VARIANT",
+        help="run only these variants of the studies, e.g. 'beta=0 loss_type=grpo' (default: all); the summaries "
+        "still cover every finished run",
+    )
     parser.add_argument("--summarize", action="store_true", help="only rewrite the summaries from finished runs")
     parser.add_argument(
         "--out", default=STUDIES_DIR, help="parent directory of the studies (default docs/studies/real)"
@@ -261,9 +275,21 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
     except ValueError:
         parser.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
     names = args.only or list(studies)
+    planned = planned_runs(studies, names, seeds)
+    if args.variants:
+        known = {variant_key(run.variant): run.variant for run in planned}
+        unknown = [v for v in args.variants if variant_key(v) not in known]
+        if unknown:
+            verb = "is not a variant" if len(unknown) == 1 else "are not variants"
+            parser.error(
+                f"--variants: {', '.join(map(repr, unknown))} {verb} of {', '.join(names)}; "
+                f"allowed: {', '.join(map(repr, dict.fromkeys(known.values())))}"
+            )
+        wanted = {variant_key(v) for v in args.variants}
+        planned = [run for run in planned if variant_key(run.variant) in wanted]
     codes = []
     if not args.summarize:
-        todo = [run for run in planned_runs(studies, names, seeds) if not finished(run, args.out)]
+        todo = [run for run in planned if not finished(run, args.out)]
         print(f"{len(todo)} runs to do; finished runs are skipped.", flush=True)
         threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
 

@@ -102,3 +102,20 @@ def test_a_run_in_flight_elsewhere_is_left_to_its_runner_and_a_dead_runners_clai
     assert script.main(["--seeds", "0", "--out", out], studies=TINY) == 0
     assert not os.path.exists(os.path.join(os.path.dirname(live), "runs.json")) and os.path.isfile(live)
     assert os.path.isfile(os.path.join(os.path.dirname(stale), "runs.json")) and not os.path.exists(stale)
+
+
+def test_variants_limits_the_runs_and_an_unknown_one_is_refused_naming_the_allowed(script, tmp_path, capsys):
+    out = str(tmp_path / "studies")
+    # Either spelling of a variant: as the study lists it or as `compare` names it.
+    assert script.main(["--seeds", "0", "--variants", "beta=0.1, kl_estimator=k2", "--out", out], studies=TINY) == 0
+    first, second = (
+        os.path.join(script.REPOSITORY, run.directory(out)) for run in script.planned_runs(TINY, ["tiny"], [0])
+    )
+    assert not os.path.exists(os.path.join(first, "runs.json")) and os.path.isfile(os.path.join(second, "runs.json"))
+    assert "1 runs to do" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit):
+        script.main(["--variants", "beta=0.2", "--out", out], studies=TINY)
+    error = capsys.readouterr().err
+    assert "--variants: 'beta=0.2' is not a variant of tiny" in error
+    assert "allowed: 'beta=0', 'beta=0.1 kl_estimator=k2'" in error
