@@ -169,18 +169,24 @@ def test_the_readme_field_table_is_the_config():
 
 
 def test_the_real_model_study_numbers_come_from_the_committed_runs():
-    """Every decimal number the real-model section of `docs/studies/README.md` quotes (a table cell, an interval)
-    is in one of the real studies' summaries (which the runner rebuilds from the committed run files) or in a
-    committed run's own summary."""
+    """Every decimal number quoted about the real-model studies (a table cell, an interval), in the real-model section
+    of `docs/studies/README.md` and in the README's bullets about the real model, is in one of the real studies'
+    summaries (which the runner rebuilds from the committed run files) or in a committed run's own summary."""
     text = open(os.path.join(ROOT, "docs", "studies", "README.md")).read()
-    section = text[text.index("## On a real chat model") :]
+    section = text[text.index("## On a real model") :]
     section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    bullets = [b.split("\n\n")[0] for b in readme.split("\n- ")[1:]]
+    real_bullets = [b for b in bullets if "real model" in b and "studies/README.md#on-a-real-model" in b]
+    assert real_bullets, "the README's study bullets say nothing about the real model"
     summaries = ""
     real = os.path.join(ROOT, "docs", "studies", "real")
     for folder, _, names in os.walk(real):
         if "summary.md" in names:
             summaries += open(os.path.join(folder, "summary.md")).read()
-    quoted = set(re.findall(r"(?<![\w.])[+-]?\d+\.\d{2,}", section))  # two or more decimals: results, not settings
-    assert quoted, "the section quotes no result to check"
-    missing = sorted(n for n in quoted if n not in summaries)
-    assert not missing, f"numbers quoted in the real-model section but in no real study summary: {missing}"
+    for where, quoting in (("docs/studies/README.md", section), ("README.md", "\n".join(real_bullets))):
+        # Two or more decimals: results, not settings. A `−` quoted for `-` leaves the digits, which still match.
+        quoted = set(re.findall(r"(?<![\w.])[+-]?\d+\.\d{2,}", quoting))
+        assert quoted, f"{where} quotes no real-model result to check"
+        missing = sorted(n for n in quoted if n not in summaries)
+        assert not missing, f"numbers {where} quotes about the real model but no real study summary has: {missing}"
