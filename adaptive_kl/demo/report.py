@@ -271,14 +271,25 @@ def _series(run: VariantRun, panel: str, metric: str) -> dict[int, float]:
     return dict(zip(steps, _smooth(list(values), window)))
 
 
-def _seed_curve(series: list[dict[int, float]]):
+# Panels whose metric cannot leave a range → that range. A t-interval over 3 seeds of a fraction can reach past 0 or
+# 1 (one seed at 0, two near 0.8); the band is clipped so that it never shows a value the metric cannot take.
+PANEL_BOUNDS = {
+    **dict.fromkeys(("validation_accuracy", "diversity"), (0.0, 1.0)),
+    **dict.fromkeys(("completion_length", "drift", "general_drift"), (0.0, math.inf)),
+}
+
+
+def _seed_curve(series: list[dict[int, float]], bounds: tuple[float, float] = (-math.inf, math.inf)):
     """`(steps, mean, low, high)` over the steps every seed logged; the band is the 95% t-interval (none for one
-    seed)."""
+    seed), clipped to `bounds`, the values the metric can take."""
     steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
     stats = [mean_interval([s[step] for s in series]) for step in steps]
     mean = [m for m, _, _ in stats]
     half = [0.0 if math.isnan(h) else h for _, h, _ in stats]
-    return steps, mean, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)]
+    floor, ceiling = bounds
+    low = [max(floor, m - h) for m, h in zip(mean, half)]
+    high = [min(ceiling, m + h) for m, h in zip(mean, half)]
+    return steps, mean, low, high
 
 
 def _wrapped(labels: list[str], width: int) -> list[str]:
@@ -303,7 +314,8 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     def draw(ax, panel, metric, title):
         for i, (name, group) in enumerate(groups.items()):
             color = f"C{i % 10}"
-            steps, mean, low, high = _seed_curve([_series(run, panel, metric) for run in group])
+            bounds = PANEL_BOUNDS.get(panel, (-math.inf, math.inf))
+            steps, mean, low, high = _seed_curve([_series(run, panel, metric) for run in group], bounds)
             if not steps:
                 continue
             style = dict(marker="o", markersize=3) if panel in EVALUATED_PANELS else {}

@@ -12,7 +12,7 @@ import pytest
 from test_demo import check_png
 from tiny import run_python
 
-from adaptive_kl.demo.report import SUMMARY_HEADER, summarize, summary_table, write_plots
+from adaptive_kl.demo.report import PANEL_BOUNDS, SUMMARY_HEADER, _seed_curve, summarize, summary_table, write_plots
 from adaptive_kl.demo.runner import VariantRun
 from adaptive_kl.demo.seeds import T_975, group_name, mean_interval, paired_differences, seed_groups, t_975
 
@@ -109,6 +109,18 @@ def test_plots_draw_no_empty_panel_and_seed_bands(tmp_path):
                             "completion_length.png"])  # fmt: skip
     for path in paths:
         check_png(path)
+
+
+def test_a_seed_band_stays_inside_the_values_its_metric_can_take():
+    """Accuracy 0, 0.719, 0.844 over 3 seeds: the t-interval (0.521 ± 1.131) reaches below 0 and above 1, and the
+    plotted band is clipped to [0, 1]; a metric with no bounds keeps the whole interval."""
+    series = [{100: 0.0}, {100: 0.719}, {100: 0.844}]
+    mean, half = statistics.mean([0.0, 0.719, 0.844]), 4.303 * statistics.stdev([0.0, 0.719, 0.844]) / 3**0.5
+    assert mean - half < 0 and mean + half > 1
+    steps, means, low, high = _seed_curve(series, PANEL_BOUNDS["validation_accuracy"])
+    assert steps == [100] and means == pytest.approx([mean]) and low == [0.0] and high == [1.0]
+    _, _, low, high = _seed_curve(series)
+    assert low == pytest.approx([mean - half], abs=1e-3) and high == pytest.approx([mean + half], abs=1e-3)
 
 
 def test_a_panel_legend_of_long_variant_names_is_kept_whole_below_the_curves(tmp_path):
