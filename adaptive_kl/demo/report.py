@@ -312,9 +312,9 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     panels = [p for p in PANELS if any(_series(run, p[0], p[1]) for run in runs)]  # an empty panel is not drawn
 
     def draw(ax, panel, metric, title):
+        bounds = PANEL_BOUNDS.get(panel, (-math.inf, math.inf))
         for i, (name, group) in enumerate(groups.items()):
             color = f"C{i % 10}"
-            bounds = PANEL_BOUNDS.get(panel, (-math.inf, math.inf))
             steps, mean, low, high = _seed_curve([_series(run, panel, metric) for run in group], bounds)
             if not steps:
                 continue
