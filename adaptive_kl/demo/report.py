@@ -279,6 +279,22 @@ PANEL_BOUNDS = {
 }
 
 
+def panel_bounds(panel: str, runs: list[VariantRun]) -> tuple[float, float]:
+    """The values `panel`'s metric can take: `PANEL_BOUNDS`, and for the mean completion length no more than the
+    longest completion any of `runs` logged (TRL's `completions/max_length`, at most `max_completion_length`), which
+    no per-step mean, smoothed or averaged over seeds, can exceed."""
+    floor, ceiling = PANEL_BOUNDS.get(panel, (-math.inf, math.inf))
+    if panel == "completion_length":
+        longest = [
+            entry["completions/max_length"]
+            for run in runs
+            for entry in run.history
+            if "completions/max_length" in entry
+        ]
+        ceiling = min(ceiling, max(longest, default=math.inf))
+    return floor, ceiling
+
+
 def _seed_curve(series: list[dict[int, float]], bounds: tuple[float, float] = (-math.inf, math.inf)):
     """`(steps, mean, low, high)` over the steps every seed logged; the band is the 95% t-interval (none for one
     seed), clipped to `bounds`, the values the metric can take."""
@@ -312,7 +328,7 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     panels = [p for p in PANELS if any(_series(run, p[0], p[1]) for run in runs)]  # an empty panel is not drawn
 
     def draw(ax, panel, metric, title):
-        bounds = PANEL_BOUNDS.get(panel, (-math.inf, math.inf))
+        bounds = panel_bounds(panel, runs)
         for i, (name, group) in enumerate(groups.items()):
             color = f"C{i % 10}"
             steps, mean, low, high = _seed_curve([_series(run, panel, metric) for run in group], bounds)

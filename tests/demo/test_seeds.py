@@ -12,7 +12,15 @@ import pytest
 from test_demo import check_png
 from tiny import run_python
 
-from adaptive_kl.demo.report import PANEL_BOUNDS, SUMMARY_HEADER, _seed_curve, summarize, summary_table, write_plots
+from adaptive_kl.demo.report import (
+    PANEL_BOUNDS,
+    SUMMARY_HEADER,
+    _seed_curve,
+    panel_bounds,
+    summarize,
+    summary_table,
+    write_plots,
+)
 from adaptive_kl.demo.runner import VariantRun
 from adaptive_kl.demo.seeds import T_975, group_name, mean_interval, paired_differences, seed_groups, t_975
 
@@ -121,6 +129,25 @@ def test_a_seed_band_stays_inside_the_values_its_metric_can_take():
     assert steps == [100] and means == pytest.approx([mean]) and low == [0.0] and high == [1.0]
     _, _, low, high = _seed_curve(series)
     assert low == pytest.approx([mean - half], abs=1e-3) and high == pytest.approx([mean + half], abs=1e-3)
+
+
+def test_a_mean_length_band_stays_below_the_longest_completion():
+    """Mean lengths 128, 128, 60 at a step of a 128-token budget: the t-interval (105.3 ± 97.5) reaches past 128,
+    which no mean length can; the band stops at the longest completion the runs logged (`completions/max_length`).
+    Without that metric, or on another panel, the bounds are `PANEL_BOUNDS`'."""
+    lengths = [128.0, 128.0, 60.0]
+    runs = [
+        dataclasses.replace(r, history=[{"step": 1, "completions/mean_length": n, "completions/max_length": 128.0}])
+        for r, n in zip(RUNS, lengths)
+    ]
+    assert panel_bounds("completion_length", runs) == (0.0, 128.0)
+    assert panel_bounds("completion_length", RUNS) == PANEL_BOUNDS["completion_length"]  # no max_length logged
+    assert panel_bounds("reward", runs) == (-math.inf, math.inf)
+    mean, half = statistics.mean(lengths), 4.303 * statistics.stdev(lengths) / 3**0.5
+    assert mean + half > 128
+    series = [{1: n} for n in lengths]
+    _, means, low, high = _seed_curve(series, panel_bounds("completion_length", runs))
+    assert means == pytest.approx([mean]) and low == pytest.approx([mean - half], abs=0.1) and high == [128.0]
 
 
 def test_a_panel_legend_of_long_variant_names_is_kept_whole_below_the_curves(tmp_path):
