@@ -41,7 +41,7 @@ STUDIES_DIR = os.path.join(
 # most 64 tokens, ~37 s at 128 tokens (4 steps of the length study's first variant: 155 s, and ~35 s an evaluation of
 # the 64 validation problems). The planned 65 min a length-study run (100 steps, 5 evaluations) turned out to depend
 # on where the length goes: 24–37 min for β = 0 (its completions shrink to 4–24 tokens), 61–74 min for k3 in the loss
-# and 95 min for k1 summed in the reward (~61–68 tokens), 74–110 min for k1 per token (they grow to 85–103): ~17 h
+# and 73–95 min for k1 summed in the reward (~57–64 tokens), 74–110 min for k1 per token (they grow to 85–103): ~17 h
 # of one core for 5 variants × 3 seeds, about three sessions of two runs side by side. A β-study run (100 steps of
 # 64 tokens) took 28–41 min.
 STUDIES = {
