@@ -48,14 +48,21 @@ STUDIES = {
     # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
     # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
     # vanish, and placements with opposite length incentives. β = 0 first: paired differences are the KL's effect.
+    # The matched-strength arm (k1 summed at β = 0.00333) separates "dividing by the length" from "a weaker penalty":
+    # k1 per token at β = 0.2 is the summed penalty at β = 0.2 / L for answers of L tokens, and the starting mean
+    # completion length, measured over the first 5 steps of the 15 runs of seeds 0-2, is 60.09 tokens: 0.2 / 60.09 =
+    # 0.00333. Its primary endpoint, stated before its runs: the paired Δ length (last − first quarter) of k1 per
+    # token minus k1 summed at 0.00333, over seeds 0-4 (t with 4 degrees of freedom).
     "length": {
         "variants": [
             "beta=0 loss_type=grpo",
             "beta=0.2 loss_type=grpo kl_placement=reward kl_estimator=k1 kl_adaptation_method=length_normalized",
+            "beta=0.00333 loss_type=grpo kl_placement=reward kl_estimator=k1",
             "beta=0.2 loss_type=grpo kl_placement=reward kl_estimator=k1",
             "beta=0.2 loss_type=grpo",
             "beta=0.2 loss_type=dr_grpo",
         ],
+        "seeds": "0,1,2,3,4",
         "args": [
             "--model", "smollm2", "--steps", "100", "--eval-every", "25",
             "--set", "reward_weights=[1.0, 0.0]", "--set", "max_completion_length=128",
@@ -65,12 +72,14 @@ STUDIES = {
     "beta": {
         "variants": ["beta=0", "beta=0.04", "beta=0.2"],
         "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
+        "seeds": "0,1,2",
     },
     # The demo's five methods at the real-model demo's settings (β = 0.04, full reward), over 100 steps so that
     # `dynamic` reaches its reward threshold. Planned after the two above: ~10 h of one core for 3 seeds.
     "methods": {
         "variants": [f"kl_adaptation_method={m}" for m in ("none", "clip", "sigmoid", "length_normalized", "dynamic")],
         "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
+        "seeds": "0,1,2",
     },
 }  # fmt: skip
 DEFAULT_SEEDS = "0,1,2"
@@ -93,9 +102,22 @@ class Run:
         ]  # fmt: skip
 
 
-def planned_runs(studies: dict, names: list[str], seeds: list[int]) -> list[Run]:
-    """Every run of the studies, seed by seed (all variants of seed 0 first), the studies in their order."""
-    return [Run(name, variant, seed) for name in names for seed in seeds for variant in studies[name]["variants"]]
+def study_seeds(studies: dict, name: str, seeds: list[int] | None = None) -> list[int]:
+    """`seeds` when given (`--seeds`), else the study's own (its `seeds` entry, or DEFAULT_SEEDS)."""
+    if seeds is not None:
+        return seeds
+    return [int(s) for s in studies[name].get("seeds", DEFAULT_SEEDS).split(",")]
+
+
+def planned_runs(studies: dict, names: list[str], seeds: list[int] | None = None) -> list[Run]:
+    """Every run of the studies, seed by seed (all variants of seed 0 first), the studies in their order; `seeds`
+    (default: each study's own) for every study."""
+    return [
+        Run(name, variant, seed)
+        for name in names
+        for seed in study_seeds(studies, name, seeds)
+        for variant in studies[name]["variants"]
+    ]
 
 
 def variant_key(variant: str) -> str:
@@ -173,7 +195,7 @@ def execute(run: Run, out: str, studies: dict, threads: int) -> int:
     return code
 
 
-def summarize(name: str, out: str, studies: dict, seeds: list[int]) -> str | None:
+def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None) -> str | None:
     """Rewrites `<out>/<name>/summary.md`, `metrics.csv` and plots from the study's finished runs; returns the
     summary's path (None when no run is finished yet)."""
     from adaptive_kl.demo.report import write_report
@@ -183,7 +205,9 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int]) -> str | Non
     variants = [", ".join(v.split()) for v in studies[name]["variants"]]  # as `compare --variant` names them
     found = [
         run
-        for run in planned_runs(studies, [name], sorted(set(seeds) | found_seeds(name, out, studies)))
+        for run in planned_runs(
+            studies, [name], sorted(set(study_seeds(studies, name, seeds)) | found_seeds(name, out, studies))
+        )
         if finished(run, out)
     ]
     found.sort(key=lambda run: (studies[name]["variants"].index(run.variant), run.seed))  # baseline variant first
@@ -252,7 +276,11 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
     studies = STUDIES if studies is None else studies
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="+", choices=list(studies), help="studies to run (default: all)")
-    parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"seeds of every run (default {DEFAULT_SEEDS})")
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        help=f"seeds of every run (default: each study's own; length 0-4, the rest {DEFAULT_SEEDS})",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each (default 2)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads of each run (default: the cores shared by --jobs)"
@@ -272,7 +300,7 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        seeds = None if args.seeds is None else [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         parser.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
     names = args.only or list(studies)

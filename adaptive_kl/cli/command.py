@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2
-    from ..demo.report import summary_table, write_report
+    from ..demo.report import summary_table, write_completions, write_report
     from ..demo.run_files import save_runs
     from ..demo.runner import run_comparison
     from ..testing.environment import environment_lines
@@ -308,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     paths = write_report(runs, settings.out, title, notes)
     save_runs(runs, settings.out)
+    write_completions(runs, os.path.join(settings.out, "completions.md"))
     print("\n" + summary_table(runs))
     print(f"Wrote {paths['summary']}, {paths['csv']} and {len(paths['plots'])} plots to {settings.out}")
     if not paths["plots"]:

@@ -374,6 +374,25 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
     return paths
 
 
+def write_completions(runs: list[VariantRun], path: str) -> str | None:
+    """Writes what each run's policy wrote at its evaluations (`VariantRun.samples`: the greedy answer and one
+    sampled at temperature 1, for the first validation problems) to `path` as Markdown; returns the path, or `None`
+    (nothing written) when no run saved any."""
+    if not any(run.samples for run in runs):
+        return None
+    lines = ["# Completions", "", "At each evaluation, the first validation problems: the greedy answer and one "
+             "sampled at temperature 1 (the training's own sampling is not touched by it).", ""]  # fmt: skip
+    for run in runs:
+        for sample in run.samples:
+            lines += [f"## {run.name}: step {sample['step']}", "", f"Prompt (answer {sample['answer']}):", ""]
+            lines += [f"> {line}" for line in sample["prompt"].splitlines()] + [""]
+            for kind in ("greedy", "sampled"):
+                lines += [f"{kind}:", "", "```text", sample[kind], "```", ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
 def write_report(
     runs: list[VariantRun], directory: str, title: str = "adaptive-kl comparison", notes: str = ""
 ) -> dict:

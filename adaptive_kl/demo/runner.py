@@ -25,10 +25,10 @@ from transformers.trainer_callback import PrinterCallback
 
 from ..testing.cpu_scorer import install_cpu_scorer_if_needed
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
-from ..trainers.generation import prompt_texts
+from ..trainers.generation import generate_greedy, generate_sampled, prompt_texts
 from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
 from .policies import POLICY_DEMOS, resolve_policy
-from .task import TASK_REWARDS, evaluate_accuracy, load_gsm8k
+from .task import TASK_REWARDS, load_gsm8k, score_completions
 from .task.chat import chat_datasets
 from .task.general import general_retention_dataset
 from .variants import TRAINER_CLASSES, Variant
@@ -213,20 +213,43 @@ def load_policy(settings: DemoSettings):
 
 
 class ValidationCallback(TrainerCallback):
-    """Evaluates greedy validation accuracy before the first step and every `eval_every` steps (and at the end)."""
+    """Evaluates greedy validation accuracy before the first step and every `eval_every` steps (and at the end), and
+    keeps what the policy wrote for the first `n_samples` validation problems at each evaluation: its greedy answer
+    and one sampled at temperature 1 (seeded by `sample_seed` and the step; the training's random state is not
+    touched), so that a run's numbers can be read against its text."""
 
-    def __init__(self, tokenizer, validation, eval_every: int, max_new_tokens: int):
+    def __init__(
+        self, tokenizer, validation, eval_every: int, max_new_tokens: int, n_samples: int = 4, sample_seed: int = 0
+    ):
         self.tokenizer, self.validation = tokenizer, validation
         self.eval_every, self.max_new_tokens = eval_every, max_new_tokens
+        self.n_samples, self.sample_seed = n_samples, sample_seed
         self.evaluations: list[dict] = []
+        self.samples: list[dict] = []
 
     def _evaluate(self, step: int, model) -> None:
         if self.evaluations and self.evaluations[-1]["step"] == step:
             return
-        scores = evaluate_accuracy(
-            model, self.tokenizer, self.validation["prompt"], self.validation["answer"], self.max_new_tokens
-        )
+        prompts, answers = self.validation["prompt"], self.validation["answer"]
+        greedy = generate_greedy(model, self.tokenizer, prompts, self.max_new_tokens)
+        scores = score_completions(greedy, answers)
         self.evaluations.append({"step": step, **{f"val_{k}": v for k, v in scores.items()}})
+        n = min(self.n_samples, len(prompts))
+        if n:
+            sampled = generate_sampled(
+                model, self.tokenizer, prompts[:n], self.max_new_tokens, seed=self.sample_seed * 100_003 + step
+            )
+            for prompt, answer, greedy_text, sampled_text in zip(prompts[:n], answers[:n], greedy, sampled):
+                question = prompt[-1]["content"] if not isinstance(prompt, str) else prompt
+                self.samples.append(
+                    {
+                        "step": step,
+                        "prompt": question,
+                        "answer": answer,
+                        "greedy": greedy_text,
+                        "sampled": sampled_text,
+                    }
+                )
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._evaluate(state.global_step, model)
@@ -264,6 +287,8 @@ class VariantRun:
     wall_time: float
     retention: list[dict] = field(default_factory=list)  # `retention/*`, `general/*` at step 0 and every `eval_every`
     kl_warnings: list[dict] = field(default_factory=list)  # the KL-band episodes `KLHealthCallback` warned about
+    # What the policy wrote at each evaluation for the first validation problems: step, prompt, answer, greedy, sampled
+    samples: list[dict] = field(default_factory=list)
 
 
 def retention_dataset(validation, tokenizer):
@@ -290,7 +315,9 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         max_new_tokens = EMBEDDED_TASK["max_new_tokens"]
     else:
         max_new_tokens = demo["max_new_tokens"] if demo is not None else args.max_completion_length
-    validation_callback = ValidationCallback(tokenizer, validation, settings.eval_every, max_new_tokens)
+    validation_callback = ValidationCallback(
+        tokenizer, validation, settings.eval_every, max_new_tokens, sample_seed=args.seed
+    )
     kl_health = KLHealthCallback()
     start = time.perf_counter()
     _, trainer_cls = trainer_classes(variant_trainer(variant, settings))
@@ -332,6 +359,7 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         time.perf_counter() - start,
         retention=merged_by_step(*(retention.history for retention in retentions)),
         kl_warnings=kl_health.episodes,
+        samples=validation_callback.samples,
     )
 
 

@@ -1,4 +1,5 @@
-"""Greedy generation for evaluations run beside training (`RetentionCallback`, the demo's validation accuracy)."""
+"""Generation for evaluations run beside training (`RetentionCallback`, the demo's validation accuracy and saved
+completions): greedy, or sampled without touching the training's random state."""
 
 from __future__ import annotations
 
@@ -22,6 +23,33 @@ def prompt_texts(tokenizer, prompts: list) -> tuple[list[str], bool]:
 def generate_greedy(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int = 64) -> list[str]:
     """Greedy completions of `prompts` (plain text or conversations; left-padded batches), decoded without special
     tokens."""
+    return _generate(model, tokenizer, prompts, max_new_tokens, batch_size, do_sample=False)
+
+
+@torch.no_grad()
+def generate_sampled(
+    model, tokenizer, prompts: list, max_new_tokens: int, seed: int, temperature: float = 1.0, batch_size: int = 64
+) -> list[str]:
+    """Completions of `prompts` sampled at `temperature` (what a GRPO step samples at TRL's defaults), from a random
+    state seeded by `seed` and forked off the global one: the training's own sampling is not moved by it, so a run
+    that saves samples trains exactly as one that does not."""
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return _generate(
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens,
+            batch_size,
+            do_sample=True,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+        )
+
+
+def _generate(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, **sampling) -> list[str]:
     prompts, add_special_tokens = prompt_texts(tokenizer, prompts)
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     was_training = model.training
@@ -39,9 +67,9 @@ def generate_greedy(model, tokenizer, prompts: list, max_new_tokens: int, batch_
             output = model.generate(
                 **batch,
                 max_new_tokens=max_new_tokens,
-                do_sample=False,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
+                **sampling,
             )
             completions += tokenizer.batch_decode(output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     finally:

@@ -17,7 +17,11 @@ def evaluate_accuracy(
         "answer_accuracy": fraction whose final number is right, marker or not (`final_number`), "format": fraction
         with an answer marker, "completion_length": mean completion length in characters}`.
     """
-    completions = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
+    return score_completions(generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size), answers)
+
+
+def score_completions(completions: list[str], answers: list) -> dict[str, float]:
+    """The scores of `evaluate_accuracy` for completions already generated."""
     n = max(len(completions), 1)
     pairs = list(zip(completions, answers, strict=True))
     return {
