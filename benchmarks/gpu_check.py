@@ -1,7 +1,9 @@
 """The GPU check of adaptive-kl on Unsloth's real kernels: one device call, a verdict per check as each finishes.
 
-Run by `gpu_check.sh` (see there). On a GPU: a random-weight model of Qwen2.5-0.5B's shape in bf16, loaded by Unsloth's
-`FastLanguageModel` with LoRA (r = 16 on every linear layer), trained by Unsloth's generated `GRPOTrainer`.
+Run by `gpu_check.sh` (see there). On a GPU: a random-weight model of Qwen2.5-0.5B's shape in `--dtype` (bf16 by
+default), loaded once by Unsloth's `FastLanguageModel` with LoRA (r = 16 on every linear layer) and trained by
+Unsloth's generated `GRPOTrainer`; every check builds its trainers on that one model, its LoRA weights reset to their
+initial values first, so that no check pays for a model load and compile of its own (the 4-bit check loads its own).
 
 A preflight comes first (versions, `import unsloth`, the generated trainer class, the CUDA device and its bf16); if
 it fails, the check stops there with the reason (exit status 2). Then each check runs in its own `try`, in the order
@@ -10,27 +12,40 @@ appends its section to the report. No check starts once `--budget` seconds have 
 those are listed as skipped, and a second call runs them with `--only` (or leaves the done ones out with `--skip`).
 Exit status: 0 when no check failed (skips included), 1 when one did.
 
-Checks (`--only`/`--skip` take names or their prefix before the dash: `parity` is every `parity-*`):
-- `parity-<loss_type>`: method `none` against Unsloth's own β loss, for every loss type: the KL contribution itself
-  (ours − policy-only against stock − policy-only), of the loss and of every LoRA gradient, on two micro-batches laid
-  out as training lays them out (prompts repeated for their completions, ≥ 64 tokens on a GPU) through
-  `trainer.training_step` with gradient accumulation 2. Tolerance 1e-3 on a GPU (bf16 kernels), and the KL term's
-  share of the loss must be ≥ 10× the tolerance, so that dropping the term or scaling it by 1.01 fails. The section
-  records the paths Unsloth's scorer took (its prefix-grouper and sequence-packing markers on the model);
-- `parity-long`: the same for `dapo` past Unsloth's offloading threshold (> 1024 completion tokens, > 8 rows: its
-  offloaded log-softmax); GPU only;
-- `train-<method>`: each KL method and estimator trains `--steps` steps; every logged value finite, the KL logged;
-- `beta-trajectory`: `dynamic` with every reward above the threshold and `kl_scaling="log"`: β_t = β·0.9^(t−1)·α(t);
-- `steps-per-generation`, `evaluation`, `reference-resets` (LoRA on Unsloth's model), `4bit` (bitsandbytes; GPU
-  only): each trains and logs finite values (evaluation: `evaluate()` logs the KL), resets happen at their steps;
+Checks, in the order they run (`--only`/`--skip` take names or their prefix before the dash: `parity` is every
+`parity-*`; the default call skips `cost-trl`, the second call):
+- `parity-<loss_type>`: method `none` against Unsloth's own β loss, for every loss type, on two micro-batches laid
+  out as training lays them out (prompts repeated for their completions, 64 tokens on a GPU) through
+  `trainer.training_step` with gradient accumulation 2. Each quantity is the KL contribution itself (ours −
+  policy-only against stock − policy-only, relative to the latter). The criterion is the gradient arriving on the
+  per-token log-probabilities Unsloth's loss receives, where our term enters (a hook in the Unsloth capture shim,
+  `recording_logp_gradients`): tolerance 1e-5 (they are float32 in every dtype; measured 1.5–5.7e-7 in float32 on a
+  CPU), which ×1.01 or a dropped term exceeds 1000-fold. The loss must agree too (1e-4; 1e-3 with bf16 kernels), the
+  KL term must be ≥ 10× that share of the loss, and the worst LoRA gradient must sit within 10× of a control measured
+  in the same call: stock against stock with β·(1 + 2^-20), a true change of 9.5e-7 that the backward through the
+  model amplifies by its rounding (2.1e-2 for grpo in float32 on a CPU, 2.3e-2 for ours on the H100): the noise
+  floor of that metric on this device and dtype. The section records the paths Unsloth's scorer took;
+- `train-none`: method `none` trains `--steps` steps; every logged value finite, the KL logged;
 - `cost`: Unsloth's stock trainer and ours (method `none`) alternated, twice each (stock against stock: the A/A row
-  that shows the noise); median step time and peak memory above the memory allocated before each build;
-- `cost-trl`: TRL's own trainer and ours on it, in a second process (Unsloth patches TRL for the whole process), on
-  TRL's own scorer (a CPU stand-in only where there is no GPU).
+  that shows the noise), 1 warm-up and 6 timed steps each on a GPU (the model is compiled by then: the parity and
+  training checks ran on it); median step time and peak memory above the memory allocated before each build. It runs
+  right after the parity checks and one training check, so that a budget cut never lands on it;
+- `parity-long`: parity for `dapo` past Unsloth's offloading threshold (> 1024 completion tokens, > 8 rows: its
+  offloaded log-softmax), one micro-batch; GPU only;
+- `train-<method>`: each other KL method and estimator trains as `train-none` does;
+- `beta-trajectory`: `dynamic` with every reward above the threshold and `kl_scaling="log"`: β_t = β·0.9^(t−1)·α(t);
+- `steps-per-generation`, `evaluation`, `reference-resets` (LoRA on Unsloth's model), `4bit` (bitsandbytes, its own
+  model; GPU only): each trains and logs finite values (evaluation: `evaluate()` logs the KL), resets happen at their
+  steps;
+- `cost-trl`, the second call: TRL's own trainer and ours on it, in a second process (Unsloth patches TRL for the
+  whole process), on TRL's own scorer (a CPU stand-in only where training runs on a CPU).
+
+Training checks run 3 steps of 16-token completions on a GPU (`--steps`, `--train-completion-length`): enough to
+show that a method trains, logs finite values and follows its formula.
 
 `--dry-run` takes the same path on a CPU: Unsloth's trainer is generated with `UNSLOTH_ALLOW_CPU=1` (as in
-`tests/unsloth_worker.py`), the model is the tiny one in float32 with PEFT's LoRA, shorter runs. The test suite runs
-it, and makes a check fail on purpose (`--perturb-kl`).
+`tests/unsloth_worker.py`), the model is the tiny one (float32 unless `--dtype` says otherwise) with PEFT's LoRA,
+shorter runs. The test suite runs it in float32 and in float64, and makes a check fail on purpose (`--perturb-kl`).
 """
 
 from __future__ import annotations
@@ -54,6 +69,10 @@ from adaptive_kl.kl.aggregation import LOSS_TYPES  # torch only: Unsloth is stil
 HERE = os.path.dirname(os.path.abspath(__file__))
 BETA = 0.04
 PARITY_BETA = 0.3  # the KL term a large share of the loss: its contribution is far above the loss's rounding
+CONTROL_STEP = 2.0**-20  # the control's relative change of β: a true change far below every tolerance
+LOGP_TOLERANCE = 1e-5  # the criterion: measured 1.5-5.7e-7 in float32 (2026-11-26, CPU); x1.01 gives 1e-2
+CONTROL_MULTIPLE = 10.0  # the worst LoRA gradient of ours within this many times the control's
+DTYPES = ("bfloat16", "float32", "float64")
 TRAINING = {  # check name → our config's fields
     "train-none": {},
     "train-clip": {"kl_adaptation_method": "clip", "kl_clip_threshold": 0.05},
@@ -152,17 +171,18 @@ def preflight(opts) -> list[str]:
         raise SystemExit(f"Unsloth did not patch TRL's GRPOTrainer (got {trl.GRPOTrainer.__name__})")
     if opts.dry_run:
         torch.set_num_threads(1)
-        from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
+        from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
-        install_cpu_scorer_if_needed()  # TRL 1.15's fused scorer needs a GPU driver
-        device = "DRY RUN on a CPU: tiny model, float32, PEFT's LoRA"
+        install_cpu_scorer_if_needed("cpu")  # TRL 1.15's fused scorer needs a GPU (the TRL process of cost-trl)
+        device = f"DRY RUN on a CPU: tiny model, {opts.dtype_name}, PEFT's LoRA"
     else:
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA device (on a CPU, run with --dry-run)")
-        if not torch.cuda.is_bf16_supported():
-            raise SystemExit(f"{torch.cuda.get_device_name()} has no bf16, which the check trains in")
+        if opts.dtype_name == "bfloat16" and not torch.cuda.is_bf16_supported():
+            raise SystemExit(f"{torch.cuda.get_device_name()} has no bf16: run with --dtype float32")
         free, total = torch.cuda.mem_get_info()
-        device = f"{torch.cuda.get_device_name()}, {total / 2**30:.0f} GiB ({free / 2**30:.0f} free), bf16"
+        memory = f"{total / 2**30:.0f} GiB ({free / 2**30:.0f} free)"
+        device = f"{torch.cuda.get_device_name()}, {memory}, {opts.dtype_name}"
     import importlib.metadata as metadata
 
     names = ("torch", "transformers", "trl", "peft", "accelerate", "unsloth", "unsloth_zoo", "bitsandbytes")
@@ -181,10 +201,14 @@ def preflight(opts) -> list[str]:
 # --- building trainers ----------------------------------------------------------------------------------------------
 
 
-def load_policy(opts, dtype, load_in_4bit: bool = False):
-    """The policy with LoRA: `(model, peft_config)`; `peft_config` is for the trainer when it applies LoRA itself."""
+_POLICIES: dict = {}  # load_in_4bit → the policy every check of the call trains (see `policy`)
+
+
+def load_policy(opts, load_in_4bit: bool = False):
+    """The policy in `opts.dtype` with LoRA (r = 16 on every linear layer): Unsloth's `FastLanguageModel` on a GPU,
+    PEFT's LoRA otherwise."""
     import torch
-    from peft import LoraConfig
+    from peft import LoraConfig, get_peft_model
 
     lora = dict(r=16, lora_alpha=16, lora_dropout=0.0)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -192,21 +216,43 @@ def load_policy(opts, dtype, load_in_4bit: bool = False):
         from unsloth import FastLanguageModel
 
         model, _ = FastLanguageModel.from_pretrained(
-            opts.model_dir, max_seq_length=2048, dtype=torch.bfloat16, load_in_4bit=load_in_4bit
+            opts.model_dir, max_seq_length=2048, dtype=opts.dtype, load_in_4bit=load_in_4bit
         )
-        return FastLanguageModel.get_peft_model(model, target_modules=targets, random_state=0, **lora), None
+        return FastLanguageModel.get_peft_model(model, target_modules=targets, random_state=0, **lora)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(opts.model_dir, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(opts.model_dir, dtype=opts.dtype)
     if opts.host == "unsloth":  # the two methods Unsloth's trainer calls on a FastLanguageModel (GPU-only to load)
         import types
 
-        from peft import get_peft_model
-
         model.for_training = types.MethodType(lambda self, **kwargs: self.train(), model)
         model.for_inference = types.MethodType(lambda self, **kwargs: self.eval(), model)
-        return get_peft_model(model, LoraConfig(target_modules=targets, **lora)), None
-    return model, LoraConfig(target_modules=targets, **lora)
+    torch.manual_seed(0)
+    return get_peft_model(model, LoraConfig(target_modules=targets, **lora))
+
+
+def policy(opts, load_in_4bit: bool = False):
+    """The call's policy, loaded (and compiled, on its first steps) once: each call returns it with its LoRA weights
+    back at their initial values, no gradients, and the forward of its first trainer's `Accelerator` removed (each
+    trainer wraps it again), so that every check starts from the same model as if freshly loaded."""
+    if load_in_4bit not in _POLICIES:
+        model = load_policy(opts, load_in_4bit)
+        initial = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+        _POLICIES[load_in_4bit] = model, initial, "forward" in vars(model), set(model.peft_config)
+    model, initial, own_forward, adapters = _POLICIES[load_in_4bit]
+    import torch
+
+    for adapter in set(model.peft_config) - adapters:  # e.g. TRL 1.15's "ref" copy, which it adds once per model
+        model.delete_adapter(adapter)
+    model.set_adapter("default")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name in initial:
+                parameter.copy_(initial[name])
+            parameter.grad = None
+    if not own_forward:
+        vars(model).pop("forward", None)  # accelerate's mixed-precision wrapper of the last trainer
+    return model
 
 
 def digit_reward(completions, **kwargs):
@@ -220,16 +266,17 @@ def prompts(count: int):
     return Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(16) for b in range(8)][:count]})
 
 
-def build(opts, fields: dict | None, steps: int = 1, beta: float = BETA, dtype=None, load_in_4bit=False, **config):
-    """A trainer on a freshly loaded policy (in `dtype`, default `opts.dtype`): stock (`fields=None`) or ours with
-    `fields`; `config` over the other config fields."""
+def build(opts, fields: dict | None, steps: int = 1, beta: float = BETA, load_in_4bit=False, **config):
+    """A trainer on the call's policy (`policy`: as if freshly loaded): stock (`fields=None`) or ours with `fields`;
+    `config` over the other config fields."""
+    import torch
     import trl
     from transformers import AutoTokenizer
 
     from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(opts.model_dir)
-    length = config.pop("completion_length", opts.completion_length)
+    length = config.pop("completion_length", opts.train_completion_length)
     common = dict(
         output_dir=tempfile.mkdtemp(),
         beta=beta,
@@ -249,7 +296,7 @@ def build(opts, fields: dict | None, steps: int = 1, beta: float = BETA, dtype=N
         report_to="none",
         disable_tqdm=True,
         seed=0,
-        bf16=not opts.dry_run,
+        bf16=opts.dtype == torch.bfloat16,
         use_cpu=opts.dry_run,
     )
     common.update(config)
@@ -258,15 +305,13 @@ def build(opts, fields: dict | None, steps: int = 1, beta: float = BETA, dtype=N
     else:
         config_cls, trainer_cls, common = AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, {**common, **fields}
     eval_dataset = prompts(16) if common.get("eval_strategy", "no") != "no" else None
-    model, peft_config = load_policy(opts, dtype or opts.dtype, load_in_4bit)
     return trainer_cls(
-        model=model,
+        model=policy(opts, load_in_4bit),
         reward_funcs=[digit_reward],
         args=config_cls(**common),
         train_dataset=prompts(128),
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        peft_config=peft_config,
     )
 
 
@@ -287,23 +332,10 @@ _PARITY_TRAINERS: dict = {}  # rows per micro-batch → (stock, ours), built onc
 
 
 def parity_trainers(opts, rows: int):
-    """Unsloth's stock trainer and ours (method `none`), on the same LoRA weights, fed micro-batches as they are."""
-    import torch
-
+    """Unsloth's stock trainer and ours (method `none`), on the call's policy, fed micro-batches as they are."""
     if rows not in _PARITY_TRAINERS:
-        # Dry, in float64: in float32 the two summation orders (β·k added before the host's aggregation, or after)
-        # differ by rounding that cancellation amplifies past 1e-4 of the KL's share (see tests/unsloth_worker.py).
-        dtype = torch.float64 if opts.dry_run else opts.dtype
-        config = dict(beta=PARITY_BETA, dtype=dtype, gradient_accumulation_steps=2, per_device_train_batch_size=rows)
+        config = dict(beta=PARITY_BETA, gradient_accumulation_steps=2, per_device_train_batch_size=rows)
         stock, ours = build(opts, None, **config), build(opts, {}, **config)
-        # LoRA's B starts at 0, which makes every A gradient 0: random B, so that every gradient is compared.
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for name, parameter in stock.model.named_parameters():
-                if "lora_B" in name:
-                    noise = torch.randn(parameter.shape, generator=generator) * 0.02
-                    parameter.copy_(noise.to(parameter.device, parameter.dtype))
-        ours.model.load_state_dict(stock.model.state_dict())  # the same LoRA weights (A is random too)
         if opts.perturb_kl is not None:
             perturb_kl_term(ours, {"drop": 0.0, "scale": 1.01}[opts.perturb_kl])
         for trainer in (stock, ours):
@@ -313,18 +345,51 @@ def parity_trainers(opts, rows: int):
     return _PARITY_TRAINERS[rows]
 
 
-def accumulated_step(trainer, micro_batches) -> tuple:
-    """The loss (summed) and the LoRA gradients of one optimizer step through `trainer.training_step`."""
+def randomize_lora_b(model) -> None:
+    """LoRA's B starts at 0, which makes every A gradient 0: a random B (the same in every parity check), so that
+    every gradient is compared."""
     import torch
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                noise = torch.randn(parameter.shape, generator=generator) * 0.02
+                parameter.copy_(noise.to(parameter.device, parameter.dtype))
+
+
+@dataclass
+class StepResult:
+    """One optimizer step's loss, LoRA gradients and the gradients that arrived on Unsloth's per-token
+    log-probabilities (one [B, T] tensor per micro-batch, in order)."""
+
+    loss: object
+    grads: dict
+    logp_grads: list
+
+
+def accumulated_step(trainer, micro_batches, beta: float | None = None) -> StepResult:
+    """One optimizer step through `trainer.training_step`, with the host's β set to `beta` for it (default: as is)."""
+    import torch
+
+    from adaptive_kl.trainers.unsloth import recording_logp_gradients
 
     model = trainer.model
     model.zero_grad(set_to_none=True)
     trainer.current_gradient_accumulation_steps = len(micro_batches)
-    loss = sum(
-        trainer.training_step(model, dict(batch), batch["num_items_in_batch"]).float() for batch in micro_batches
-    )
+    own_beta = trainer.beta
+    trainer.beta = own_beta if beta is None else beta
+    logp_grads = []
+    try:
+        with recording_logp_gradients(logp_grads):
+            loss = sum(
+                trainer.training_step(model, dict(batch), batch["num_items_in_batch"]).float()
+                for batch in micro_batches
+            )
+    finally:
+        trainer.beta = own_beta
     grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return torch.as_tensor(loss), grads
+    return StepResult(torch.as_tensor(loss), grads, logp_grads)
 
 
 def kl_contribution_difference(ours, stock, policy_only) -> float:
@@ -334,58 +399,87 @@ def kl_contribution_difference(ours, stock, policy_only) -> float:
     return difference / kl if kl > 0 else (0.0 if difference == 0 else math.inf)
 
 
-def parity(opts, loss_type: str, completion_length: int, rows_per_micro_batch: int) -> Outcome:
+def flat(tensors: list):
+    import torch
+
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0, dtype=torch.float64)
+
+
+def worst_gradient(result: StepResult, stock: StepResult, policy_only: StepResult) -> tuple[str, float]:
+    """The LoRA gradient whose KL contribution differs most from stock's (relative to it), and by how much."""
+    differences = {
+        name: kl_contribution_difference(result.grads[name], stock.grads[name], policy_only.grads[name])
+        for name in stock.grads
+        if name in result.grads
+    }
+    worst = max(differences, key=differences.get) if differences else "none"
+    return worst, differences.get(worst, math.nan)
+
+
+def parity(opts, loss_type: str, completion_length: int, rows_per_micro_batch: int, micro_batches: int = 2):
     from adaptive_kl.testing.batches import grouped_inputs
 
     stock, ours = parity_trainers(opts, rows_per_micro_batch)
+    randomize_lora_b(policy(opts))  # the one policy both trainers hold, back at its initial LoRA weights first
     for trainer in (stock, ours):
         trainer.loss_type = trainer.args.loss_type = loss_type
         level = "sequence" if loss_type == "luspo" else "token"
         trainer.importance_sampling_level = trainer.args.importance_sampling_level = level
     num_prompts = rows_per_micro_batch // stock.num_generations
-    batches = [grouped_inputs(stock, num_prompts, completion_length, seed=seed) for seed in (0, 1)]
-    stock_loss, stock_grads = accumulated_step(stock, batches)
-    our_loss, our_grads = accumulated_step(ours, batches)
-    stock.beta = 0.0  # stock's own loss without its KL term: the policy-only part both share
-    try:
-        policy_loss, policy_grads = accumulated_step(stock, batches)
-    finally:
-        stock.beta = PARITY_BETA
-    tolerance = 1e-4 if opts.dry_run else 1e-3  # float32 on a CPU; bf16 kernels on a GPU
-    share = abs(stock_loss - policy_loss).item() / max(abs(stock_loss).item(), 1e-30)
-    loss_difference = kl_contribution_difference(our_loss, stock_loss, policy_loss)
-    differences = {
-        name: kl_contribution_difference(our_grads[name], stock_grads[name], policy_grads[name])
-        for name in stock_grads
-        if name in our_grads
-    }
-    worst = max(differences, key=differences.get) if differences else "none"
+    batches = [
+        grouped_inputs(stock, num_prompts, completion_length, seed=seed, micro_batches=micro_batches)
+        for seed in range(micro_batches)
+    ]
+    stock_step = accumulated_step(stock, batches)
+    our_step = accumulated_step(ours, batches)
+    policy_step = accumulated_step(stock, batches, beta=0.0)  # stock's loss without its KL term: what both share
+    control_step = accumulated_step(stock, batches, beta=PARITY_BETA * (1 + CONTROL_STEP))
+
+    loss_tolerance = 1e-3 if opts.dtype_name == "bfloat16" else 1e-4
+    share = abs(stock_step.loss - policy_step.loss).item() / max(abs(stock_step.loss).item(), 1e-30)
+    loss_difference = kl_contribution_difference(our_step.loss, stock_step.loss, policy_step.loss)
+    logp_counts = [len(step.logp_grads) for step in (stock_step, our_step, policy_step)]
+    logp_difference = (
+        kl_contribution_difference(*(flat(step.logp_grads) for step in (our_step, stock_step, policy_step)))
+        if len(set(logp_counts)) == 1 and logp_counts[0] > 0
+        else math.inf
+    )
+    worst, lora_difference = worst_gradient(our_step, stock_step, policy_step)
+    control_worst, control = worst_gradient(control_step, stock_step, policy_step)
+    lora_tolerance = CONTROL_MULTIPLE * max(control, CONTROL_STEP)  # a control of 0: rounding hid its change
+    compared = stock_step.grads.keys() == our_step.grads.keys() and bool(stock_step.grads)
     passed = (
-        stock_grads.keys() == our_grads.keys()
-        and bool(differences)
-        and loss_difference <= tolerance
-        and differences[worst] <= tolerance
-        and share >= 10 * tolerance
+        compared
+        and logp_difference <= LOGP_TOLERANCE
+        and loss_difference <= loss_tolerance
+        and share >= 10 * loss_tolerance
+        and lora_difference <= lora_tolerance
     )
     summary = (
-        f"KL contribution: loss {loss_difference:.1e}, worst of {len(differences)} gradients {differences[worst]:.1e} "
-        f"(tolerance {tolerance:g}); KL share {share:.2f}"
-        if differences
-        else "no gradients"
+        f"KL contribution: log-prob gradients {logp_difference:.1e} (tolerance {LOGP_TOLERANCE:g}), loss "
+        f"{loss_difference:.1e}, worst LoRA gradient {lora_difference:.1e} against the control's {control:.1e}; "
+        f"KL share {share:.2f}"
     )
     return Outcome(
         "PASS" if passed else "FAIL",
         summary,
         [
-            f"β = {PARITY_BETA}, {loss_type}, 2 micro-batches of {num_prompts} prompts × {stock.num_generations} "
-            f"completions of ≤ {completion_length} tokens, through `training_step` (gradient accumulation 2).",
+            f"β = {PARITY_BETA}, {loss_type}, {micro_batches} micro-batch{'es' if micro_batches > 1 else ''} of "
+            f"{num_prompts} prompts × {stock.num_generations} completions of ≤ {completion_length} tokens, through "
+            f"`training_step` (gradient accumulation {micro_batches}), {opts.dtype_name}.",
             "",
             "| quantity | ours − stock, relative to stock's KL contribution | tolerance |",
             "|---|---|---|",
-            f"| loss | {loss_difference:.2e} | {tolerance:g} |",
-            f"| worst LoRA gradient (`{worst}`) | {differences.get(worst, math.nan):.2e} | {tolerance:g} |",
-            f"| KL share of the loss | {share:.3g} | ≥ {10 * tolerance:g} |",
-            f"| gradients compared | {len(differences)} (stock {len(stock_grads)}, ours {len(our_grads)}) | |",
+            f"| gradient on the per-token log-probabilities ({logp_counts[1]} scorings; the criterion) "
+            f"| {logp_difference:.2e} | {LOGP_TOLERANCE:g} |",
+            f"| loss | {loss_difference:.2e} | {loss_tolerance:g} |",
+            f"| worst LoRA gradient (`{worst}`) | {lora_difference:.2e} | {lora_tolerance:.2e} "
+            f"({CONTROL_MULTIPLE:g} × the control) |",
+            f"| control: stock with β·(1 + 2^-20) against stock, worst LoRA gradient (`{control_worst}`) "
+            f"| {control:.2e} | (the noise floor; its true change is {CONTROL_STEP:.1e}) |",
+            f"| KL share of the loss | {share:.3g} | ≥ {10 * loss_tolerance:g} |",
+            f"| gradients compared | {len(stock_step.grads)} (stock {len(stock_step.grads)}, ours "
+            f"{len(our_step.grads)}) | |",
             "",
             f"Unsloth's scorer paths: {scorer_paths(stock)}",
         ],
@@ -419,7 +513,7 @@ def parity_check(loss_type: str):
 def parity_long(opts) -> Outcome:
     if opts.dry_run:
         return Outcome("SKIP", "GPU only: Unsloth's offloaded log-softmax is a GPU memory path (16 × 1040 tokens)")
-    return parity(opts, "dapo", OFFLOAD_LENGTH, rows_per_micro_batch=16)
+    return parity(opts, "dapo", OFFLOAD_LENGTH, rows_per_micro_batch=16, micro_batches=1)
 
 
 # --- training -------------------------------------------------------------------------------------------------------
@@ -557,7 +651,7 @@ def measured_run(opts, fields: dict | None) -> dict:
     else:
         reset_peak_memory()
         baseline = 0.0
-    trainer = build(opts, fields, opts.cost_steps)
+    trainer = build(opts, fields, opts.cost_steps, completion_length=opts.completion_length)
     timer = StepTimes()
     trainer.add_callback(timer.callback)
     trainer.train()
@@ -602,7 +696,8 @@ def cost(opts) -> Outcome:
     runs = alternated_runs(opts, UNSLOTH_STOCK, "ours, none")
     lines, summary = cost_lines(runs, UNSLOTH_STOCK)
     finite = all(r["finite"] for _, r in runs)
-    head = f"{opts.cost_steps} steps a run, median after {opts.warmup}; β = {BETA}"
+    timed = opts.cost_steps - opts.warmup
+    head = f"{opts.cost_steps} steps a run, median of the {timed} after {opts.warmup}; β = {BETA}"
     head += f"; 8 completions of {opts.completion_length} tokens"
     return Outcome("PASS" if finite else "FAIL", summary, [head, "", *lines])
 
@@ -629,18 +724,22 @@ def trl_process(opts) -> None:
 
 # --- the call -------------------------------------------------------------------------------------------------------
 
+# The order is the priority under a budget cut: parity, one method training, the cost, then the rest.
 CHECKS = {
     **{f"parity-{loss_type}": parity_check(loss_type) for loss_type in LOSS_TYPES},
+    "train-none": training_check(TRAINING["train-none"]),
+    "cost": None,  # set below: defined after the training checks
     "parity-long": parity_long,
-    **{name: training_check(fields) for name, fields in TRAINING.items()},
+    **{name: training_check(fields) for name, fields in TRAINING.items() if name != "train-none"},
     "beta-trajectory": beta_trajectory,
     "steps-per-generation": steps_per_generation,
     "evaluation": evaluation,
     "reference-resets": reference_resets,
     "4bit": four_bit,
-    "cost": cost,
     "cost-trl": cost_trl,
 }
+CHECKS["cost"] = cost
+SECOND_CALL = ["cost-trl"]  # left out of the default call (TRL's own trainer, a second process): `--only cost-trl`
 
 
 def names(value: str) -> list[str]:
@@ -653,24 +752,42 @@ def names(value: str) -> list[str]:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    parser.add_argument("--dry-run", action="store_true", help="the same path on a CPU, tiny model, float32")
+    parser.add_argument("--dry-run", action="store_true", help="the same path on a CPU, tiny model")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, help="the model's and the training's precision (default: bfloat16; float32 dry)"
+    )
     parser.add_argument("--budget", type=float, default=480.0, help="seconds after which no check starts (480)")
     parser.add_argument("--only", type=names, default=[], help="comma-separated checks (or prefixes) to run")
-    parser.add_argument("--skip", type=names, default=[], help="comma-separated checks (or prefixes) to leave out")
-    parser.add_argument("--steps", type=int, help="optimizer steps of each training check (default: 5; 3 dry)")
-    parser.add_argument("--cost-steps", type=int, help="optimizer steps of each timed run (default: 10; 3 dry)")
-    parser.add_argument("--warmup", type=int, help="first steps left out of the median (default: 2; 1 dry)")
-    parser.add_argument("--completion-length", type=int, help="tokens per completion (default: 64; 8 dry)")
+    parser.add_argument(
+        "--skip",
+        type=names,
+        default=None,
+        help=f"comma-separated checks (or prefixes) to leave out (default: {','.join(SECOND_CALL)}, the second "
+        "call, unless --only is given; --skip= leaves out none)",
+    )
+    parser.add_argument("--steps", type=int, help="optimizer steps of each training check (default: 3)")
+    parser.add_argument("--cost-steps", type=int, help="optimizer steps of each timed run (default: 7; 3 dry)")
+    parser.add_argument("--warmup", type=int, help="first steps left out of the median (default: 1)")
+    parser.add_argument(
+        "--completion-length", type=int, help="tokens per completion of parity and cost (default: 64; 8 dry)"
+    )
+    parser.add_argument(
+        "--train-completion-length", type=int, help="tokens per completion of the training checks (default: 16; 8 dry)"
+    )
     parser.add_argument("--output", help="the report (markdown), appended to as checks end")
     parser.add_argument("--perturb-kl", choices=["drop", "scale"], help=argparse.SUPPRESS)  # for the tests
     parser.add_argument("--host", choices=["unsloth", "trl"], default="unsloth", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)  # the TRL process's results
     opts = parser.parse_args(argv)
-    opts.steps = opts.steps or (3 if opts.dry_run else 5)
-    opts.cost_steps = opts.cost_steps or (3 if opts.dry_run else 10)
-    opts.warmup = opts.warmup if opts.warmup is not None else (1 if opts.dry_run else 2)
+    opts.steps = opts.steps or 3
+    opts.cost_steps = opts.cost_steps or (3 if opts.dry_run else 7)
+    opts.warmup = opts.warmup if opts.warmup is not None else 1
     opts.completion_length = opts.completion_length or (8 if opts.dry_run else 64)
+    opts.train_completion_length = opts.train_completion_length or (8 if opts.dry_run else 16)
+    opts.dtype_name = opts.dtype or ("float32" if opts.dry_run else "bfloat16")
+    if opts.skip is None:
+        opts.skip = [] if opts.only else list(SECOND_CALL)
     if opts.warmup >= opts.cost_steps:
         parser.error(f"--warmup ({opts.warmup}) must be smaller than --cost-steps ({opts.cost_steps}).")
     return opts
@@ -688,11 +805,11 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    opts.dtype = torch.float32 if opts.dry_run else torch.bfloat16
+    opts.dtype = getattr(torch, opts.dtype_name)
     if opts.host == "trl":
         trl_process(opts)
         return 0
-    from adaptive_kl.testing.environment import environment_lines
+    from adaptive_kl.metrics.environment import environment_lines
     from adaptive_kl.testing.tiny_model import save_random_model
 
     shape = "tiny" if opts.dry_run else "qwen2.5-0.5b"
@@ -703,8 +820,9 @@ def main(argv=None) -> int:
         "",
         *environment_lines(command),
         *header,
-        f"- settings: {shape} shape, random weights, LoRA r=16 on every linear layer, batch 8 × "
-        f"{opts.completion_length} completion tokens, {opts.steps} steps per training check, budget {opts.budget:g} s",
+        f"- settings: {shape} shape, random weights, {opts.dtype_name}, LoRA r=16 on every linear layer, batch 8 × "
+        f"{opts.completion_length} completion tokens (parity, cost), {opts.steps} steps of "
+        f"{opts.train_completion_length} tokens per training check, budget {opts.budget:g} s",
         "",
     ]
     print("\n".join(lines), flush=True)

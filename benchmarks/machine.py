@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from adaptive_kl.testing.environment import device_name, environment_lines  # noqa: F401  (re-exported)
+from adaptive_kl.metrics.environment import device_name, environment_lines  # noqa: F401  (re-exported)
 
 
 def report(script: str, argv: list[str] | None, details: list[str], table: list[str], output: str | None) -> None:

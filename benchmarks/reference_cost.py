@@ -36,7 +36,7 @@ from step_overhead import (
     timing_settings,
 )
 
-from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
+from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
 
 FULL_BASE, LORA_BASE = "full, β = 0, stock", "LoRA, β = 0, stock"

@@ -40,9 +40,9 @@ from machine import current_memory_mib, precise_cpu_memory, report, reset_peak_m
 from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
 from adaptive_kl.testing.tiny_model import save_random_model
 from adaptive_kl.trainers.config import KL_METHODS
+from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
 
 STOCK = "stock (beta=0)"  # method "none" at β = 0: the trainer runs stock TRL's loss (the control row)

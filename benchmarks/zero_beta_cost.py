@@ -35,7 +35,7 @@ from step_overhead import (
 )
 from transformers import TrainerCallback
 
-from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
+from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
 
 SKIP, NO_SKIP = "ours, dynamic → β = 0, reference skipped", "ours, dynamic → β = 0, skip disabled"

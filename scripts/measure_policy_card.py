@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from adaptive_kl.demo.policies import POLICY_DEMOS, resolve_policy  # noqa: E402
 from adaptive_kl.demo.task import evaluate_accuracy  # noqa: E402
 from adaptive_kl.demo.task.chat import CHAT_INSTRUCTION, CHAT_TASK, chat_datasets  # noqa: E402
-from adaptive_kl.testing.environment import environment_lines  # noqa: E402
+from adaptive_kl.metrics.environment import environment_lines  # noqa: E402
 
 
 def main() -> None:

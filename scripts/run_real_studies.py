@@ -200,7 +200,7 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
     summary's path (None when no run is finished yet)."""
     from adaptive_kl.demo.report import write_report
     from adaptive_kl.demo.run_files import load_runs
-    from adaptive_kl.testing.environment import environment_lines
+    from adaptive_kl.metrics.environment import environment_lines
 
     variants = [", ".join(v.split()) for v in studies[name]["variants"]]  # as `compare --variant` names them
     found = [

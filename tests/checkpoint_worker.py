@@ -43,7 +43,7 @@ if __name__ == "__main__":
     from tiny import make_trainer
 
     from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-    from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
+    from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
     install_cpu_scorer_if_needed()
     trainer = make_trainer(

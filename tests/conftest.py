@@ -8,8 +8,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed  # noqa: E402
 from adaptive_kl.testing.tiny_model import save_tiny_model  # noqa: E402
+from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed  # noqa: E402
 
 
 SCORER_NOTE = install_cpu_scorer_if_needed()

@@ -24,7 +24,7 @@ from tiny import TRAIN_KWARGS, prompt_dataset
 from transformers import AutoTokenizer, TrainerCallback
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed
+from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
 
 GROUP = 4  # num_generations

@@ -137,9 +137,10 @@ def test_a_failed_preflight_stops_with_its_reason(tmp_path):
 
 @needs_unsloth
 def test_the_gpu_check_runs_dry_on_the_cpu(tmp_path, gpu_check):
-    result, report, lines = run_script(tmp_path, "--dry-run")
+    """Every check, in float32 (where the old LoRA-gradient criterion failed on rounding), cost-trl included."""
+    result, report, lines = run_script(tmp_path, "--dry-run", "--skip=")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert "- device: CPU" in report and "DRY RUN" in report
+    assert "- device: CPU" in report and "DRY RUN on a CPU: tiny model, float32" in report
     verdicts = {m.group(1): m.group(2) for m in lines}
     assert verdicts.pop("verdict") == "PASS"
     assert list(verdicts) == list(gpu_check.CHECKS)  # one line per check, in order
@@ -147,18 +148,44 @@ def test_the_gpu_check_runs_dry_on_the_cpu(tmp_path, gpu_check):
     assert {name for name, status in verdicts.items() if status != "PASS"} == gpu_only
     assert all(f"### {name}: SKIP GPU only" in report for name in gpu_only)
     assert "Unsloth's scorer paths:" in report and "### verdict: PASS" in report
+    # The criterion and the control, with their numbers, in every parity section.
+    assert report.count("| gradient on the per-token log-probabilities") == len(gpu_check.LOSS_TYPES)
+    assert report.count("| control: stock with β·(1 + 2^-20) against stock") == len(gpu_check.LOSS_TYPES)
 
 
 @needs_unsloth
+def test_the_default_call_leaves_cost_trl_to_the_second(gpu_check):
+    assert gpu_check.parse_args(["--dry-run"]).skip == ["cost-trl"]
+    assert gpu_check.parse_args(["--dry-run", "--only", "cost-trl"]).skip == []
+    assert gpu_check.parse_args(["--dry-run", "--skip="]).skip == []
+    names = list(gpu_check.CHECKS)  # the priority under a budget cut: parity, one training check, then the cost
+    assert names.index("cost") == len(gpu_check.LOSS_TYPES) + 1 and names[len(gpu_check.LOSS_TYPES)] == "train-none"
+
+
+@needs_unsloth
+def test_parity_passes_dry_in_float64(tmp_path, gpu_check):
+    result, report, lines = run_script(tmp_path, "--dry-run", "--dtype", "float64", "--only", "parity")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    verdicts = {m.group(1): m.group(2) for m in lines}
+    assert all(verdicts[f"parity-{loss_type}"] == "PASS" for loss_type in gpu_check.LOSS_TYPES), verdicts
+    assert verdicts["verdict"] == "PASS" and "tiny model, float64" in report
+
+
+@needs_unsloth
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("perturbation", ["scale", "drop"])
-def test_parity_fails_when_the_kl_term_is_scaled_or_dropped(tmp_path, perturbation):
-    """Ours' KL term × 1.01 (or × 0) fails parity, and the call exits 1; with a 1 s budget the next check is not
-    started, and says so."""
+def test_parity_fails_when_the_kl_term_is_scaled_or_dropped(tmp_path, perturbation, dtype):
+    """Ours' KL term × 1.01 (or × 0) fails parity in either dtype, and the call exits 1; with a 1 s budget the next
+    check is not started, and says so."""
     result, report, lines = run_script(
-        tmp_path, "--dry-run", "--perturb-kl", perturbation, "--only", "parity-dapo,train-none", "--budget", "1"
-    )
+        tmp_path, "--dry-run", "--dtype", dtype, "--perturb-kl", perturbation, "--only", "parity-dapo,train-none",
+        "--budget", "1",
+    )  # fmt: skip
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
     verdicts = {m.group(1): (m.group(2), m.group(3)) for m in lines}
     assert verdicts["parity-dapo"][0] == "FAIL"
+    # The log-probability criterion sees it: ×1.01 is 1e-2 of the KL contribution, a dropped term all of it.
+    seen = float(re.search(r"log-prob gradients (\S+) ", verdicts["parity-dapo"][1]).group(1))
+    assert seen == pytest.approx(1e-2 if perturbation == "scale" else 1.0, rel=1e-2)
     assert verdicts["train-none"][0] == "SKIP" and "budget" in verdicts["train-none"][1]
     assert "### verdict: FAIL (0 passed, 1 failed" in report

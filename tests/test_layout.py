@@ -32,8 +32,8 @@ ALLOWED = {
     "trainers": {"kl", "metrics", "models"},
     "experimental": {"kl", "trainers"},
     "testing": {"trainers"},
-    "demo": {"kl", "metrics", "models", "trainers", "experimental", "testing"},
-    "cli": {"kl", "metrics", "models", "trainers", "experimental", "testing", "demo"},
+    "demo": {"kl", "metrics", "models", "trainers", "experimental"},
+    "cli": {"kl", "metrics", "models", "trainers", "experimental", "demo"},
 }
 HOST_PACKAGES = ("trl", "transformers", "peft", "accelerate")
 
@@ -89,6 +89,11 @@ def test_each_layer_imports_only_the_layers_below_it(layer):
             if target == "adaptive_kl":
                 raise AssertionError(f"{module} imports the package root; import the module that defines the name")
             assert layer_of(target) in {layer} | ALLOWED[layer], f"{module} imports {target}"
+
+
+def test_library_code_never_imports_testing():
+    """`testing/` is scaffolding for tests and benchmarks: no other layer may import it (the table above says so)."""
+    assert all("testing" not in allowed for layer, allowed in ALLOWED.items() if layer != "testing")
 
 
 def test_the_import_check_sees_relative_imports():

@@ -63,7 +63,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer  # noqa: E402
 from adaptive_kl.experimental.binomial import BinomialKLConfig  # noqa: E402
 from adaptive_kl.kl.aggregation import LOSS_TYPES  # noqa: E402
-from adaptive_kl.testing.cpu_scorer import install_cpu_scorer_if_needed  # noqa: E402
+from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed  # noqa: E402
 from adaptive_kl.trainers.unsloth import CapturingEfficientGRPO, capturing_efficient_grpo, install_capture_shim  # noqa: E402
 
 

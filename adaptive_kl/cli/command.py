@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..demo.report import summary_table, write_completions, write_report
     from ..demo.run_files import save_runs
     from ..demo.runner import run_comparison
-    from ..testing.environment import environment_lines
+    from ..metrics.environment import environment_lines
 
     start = time.perf_counter()
     runs = run_comparison(variants, settings, progress=progress)

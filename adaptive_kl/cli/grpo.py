@@ -39,10 +39,10 @@ from trl.scripts.grpo import GRPOScriptArguments
 
 from ..demo.policies import resolve_policy
 from ..demo.task.rewards import accuracy_reward, format_reward
-from ..testing.cpu_scorer import install_cpu_scorer_if_needed
 from ..trainers.config import AdaptiveKLGRPOConfig
 from ..trainers.grpo import AdaptiveKLGRPOTrainer
 from ..trainers.inputs import RewardOutputError
+from ..trainers.scorer import install_cpu_scorer_if_needed
 from .usage import UsageError, check_local_path, check_model, closest
 
 
@@ -309,7 +309,8 @@ def close_processes(trainer) -> None:
 def main(argv: list[str]) -> int:
     """Runs `adaptive-kl grpo` (the `argv` after `grpo`); a bad input raises `UsageError` before any training."""
     script_args, training_args, model_args, dataset_args = parse(argv)
-    install_cpu_scorer_if_needed()  # TRL 1.15's fused scorer needs a GPU driver; as the demo, a stand-in on a CPU
+    # TRL 1.15's fused scorer needs a GPU: a stand-in when training runs on a CPU, never on a GPU
+    install_cpu_scorer_if_needed("cpu" if training_args.use_cpu else None)
     trainer = build_trainer(script_args, training_args, model_args, dataset_args)
     try:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

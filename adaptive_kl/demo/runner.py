@@ -23,9 +23,9 @@ from peft import LoraConfig
 from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from ..testing.cpu_scorer import install_cpu_scorer_if_needed
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
 from ..trainers.generation import generate_greedy, generate_sampled, prompt_texts
+from ..trainers.scorer import install_cpu_scorer_if_needed
 from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
 from .policies import POLICY_DEMOS, resolve_policy
 from .task import TASK_REWARDS, load_gsm8k, score_completions
@@ -304,8 +304,8 @@ def retention_dataset(validation, tokenizer):
 
 def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRun:
     """Trains one variant from the same starting policy, seed and data as every other variant."""
-    install_cpu_scorer_if_needed()
     args = make_config(variant, settings, variant_output_dir(variant, settings))
+    install_cpu_scorer_if_needed("cpu" if args.use_cpu else None)  # TRL 1.15's fused scorer: a GPU, or a stand-in
     model, tokenizer = load_policy(settings)
     demo = settings.policy_demo
     peft_config = LoraConfig(task_type="CAUSAL_LM", **demo["lora"]) if demo is not None else None

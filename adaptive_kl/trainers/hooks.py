@@ -146,8 +146,28 @@ HOST_INTERNALS = (
                  "the full-model reference (None for PEFT): dropped once β is 0 for good (`release_reference_model`)"),
     HostInternal("_models", "accelerate.Accelerator", "accelerator attribute",
                  "the models `prepare_model` keeps, the reference among them: it is removed there too when released"),
+    HostInternal("_ChunkedLogProbFunction", "trl.trainer.utils", "module attribute",
+                 "TRL 1.15's fused LM-head scorer (Triton; absent in 1.16): replaced by a plain-torch stand-in for "
+                 "training on a CPU (`host_log_prob_scorer`, `replace_host_log_prob_scorer`; `trainers.scorer`)"),
 )  # fmt: skip
 # Not in the table, because its *absence* is what is checked: `_compute_liger_loss` (see `check_host`).
+
+
+def host_log_prob_scorer():
+    """TRL 1.15's fused LM-head scorer (`trl.trainer.utils._ChunkedLogProbFunction`), or None where TRL has none."""
+    import trl.trainer.utils as trl_utils
+
+    return vars(trl_utils).get("_ChunkedLogProbFunction")
+
+
+def replace_host_log_prob_scorer(scorer) -> None:
+    """Makes TRL score log-probabilities with `scorer` (same `apply` call as `_ChunkedLogProbFunction`), for the whole
+    process: stock trainers and ours alike."""
+    import trl.trainer.utils as trl_utils
+
+    if "_ChunkedLogProbFunction" not in vars(trl_utils):
+        raise unsupported_trl("trl.trainer.utils has no _ChunkedLogProbFunction to replace")
+    trl_utils._ChunkedLogProbFunction = scorer
 
 
 # --- before anything is loaded ---------------------------------------------------------------------------------------

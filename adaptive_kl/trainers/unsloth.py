@@ -174,6 +174,7 @@ def keep_host_init(config_cls: type) -> None:
 
 
 _CAPTURE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("adaptive_kl_unsloth_capture", default=None)
+_LOGP_GRADIENTS: contextvars.ContextVar[list | None] = contextvars.ContextVar("adaptive_kl_logp_grads", default=None)
 
 
 class CapturingEfficientGRPO:
@@ -181,13 +182,19 @@ class CapturingEfficientGRPO:
 
     `apply` is Unsloth's own, except while `capturing_efficient_grpo()` is open: then it records its arguments
     (by `APPLY_PARAMETERS` name) in the open capture and passes β = 0, so Unsloth computes the policy loss alone and
-    compiles one graph whatever β does. Every other attribute is the original's.
+    compiles one graph whatever β does. While `recording_logp_gradients()` is open, it also hooks the call's per-token
+    log-probabilities (stock's calls and ours alike). Every other attribute is the original's.
     """
 
     def __init__(self, original):
         self.original = original
 
     def apply(self, *args):
+        gradients = _LOGP_GRADIENTS.get()
+        if gradients is not None and torch.is_tensor(args[0]) and args[0].requires_grad:
+            # The gradient arriving on `_new_logps` in the backward: Unsloth's loss's (computed in its forward, with
+            # its β) plus, on our trainer, that of the KL term added from the same tensor.
+            args[0].register_hook(lambda grad: gradients.append(grad.detach().to(torch.float64, copy=True)))
         capture = _CAPTURE.get()
         if capture is None:
             return self.original.apply(*args)
@@ -242,6 +249,18 @@ def capturing_efficient_grpo(capture: dict):
         yield capture
     finally:
         _CAPTURE.reset(token)
+
+
+@contextmanager
+def recording_logp_gradients(gradients: list):
+    """While open, each `UnslothEfficientGRPO.apply` call through the shim appends to `gradients`, in the backward, the
+    gradient that arrives on its per-token log-probabilities [B, T] (float64): where the KL term enters, so that ours
+    and stock's can be compared before the model's backward amplifies their rounding (the GPU check's parity)."""
+    token = _LOGP_GRADIENTS.set(gradients)
+    try:
+        yield gradients
+    finally:
+        _LOGP_GRADIENTS.reset(token)
 
 
 # --- what the KL term needs, read off the captured call --------------------------------------------------------------

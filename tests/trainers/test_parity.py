@@ -23,7 +23,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.aggregation import LOSS_TYPES
-from adaptive_kl.testing.cpu_scorer import Float64LogProbFunction
+from adaptive_kl.trainers.scorer import Float64LogProbFunction
 
 
 BETA = 0.3

@@ -1,15 +1,20 @@
 """A plain-torch stand-in for TRL 1.15's fused LM-head scorer, so that TRL 1.15 runs GRPO on a CPU.
 
 TRL 1.15 computes per-token log-probabilities with a Triton kernel (`trl.kernels.ChunkedLogProbFunction`), which
-needs a GPU driver: stock TRL 1.15 cannot train GRPO on a CPU. The demo and the tests substitute this function for it
-on such a machine only (for stock TRL and for our trainer alike, so comparisons between them stay exact). It computes
-the same quantities from full logits, which is fine for small vocabularies (the embedded policy has ~100 tokens) and
-costs a [B, T, V] tensor on large ones.
+needs a GPU: stock TRL 1.15 cannot train GRPO on a CPU. The `adaptive-kl` command, the demo, the tests and the
+benchmarks substitute this function for it when training runs on a CPU and the kernel fails there (for stock TRL and
+for our trainer alike, so comparisons between them stay exact), never when training runs on a GPU. It computes the
+same quantities from full logits, which is fine for small vocabularies (the embedded policy has ~100 tokens) and
+costs a [B, T, V] float32 tensor on large ones. TRL 1.16 has no fused scorer: nothing is replaced.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+from .hooks import host_log_prob_scorer, replace_host_log_prob_scorer
 
 
 OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
@@ -48,20 +53,32 @@ class Float64LogProbFunction(TorchLogProbFunction):
     compute_dtype = torch.float64
 
 
-def install_cpu_scorer_if_needed() -> str | None:
-    """Substitutes the stand-in when TRL's fused scorer cannot run here; returns why, or None if not needed.
+def install_cpu_scorer_if_needed(device: str | torch.device | None = None) -> str | None:
+    """Substitutes the stand-in when TRL's fused scorer cannot run on the device training will use; returns why, or
+    None when nothing was replaced.
 
-    Newer TRL versions have no fused scorer (nothing to replace) and pass through.
+    Args:
+        device: where the trainer computes (default: `"cuda"` when CUDA is available, else `"cpu"`; pass `"cpu"`
+            for a run with `use_cpu=True`). The kernel is probed with tensors on it. On a GPU the stand-in is never
+            installed, whatever the probe says: its full logits would cost gigabytes per micro-batch there, and a
+            kernel that fails on a GPU is a broken install to fix, so a warning says so.
     """
-    import trl.trainer.utils as trl_utils
-
-    if not hasattr(trl_utils, "_ChunkedLogProbFunction"):
+    scorer = host_log_prob_scorer()
+    if scorer is None:  # TRL 1.16 and newer: no fused scorer
         return None
-    scorer = trl_utils._ChunkedLogProbFunction
-    hidden, weight, targets = torch.randn(2, 4), torch.randn(5, 4), torch.tensor([1, 2])
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
-        scorer.apply(hidden, weight, None, targets, 1.0, 4096)
+        hidden, weight = torch.randn(2, 4, device=device), torch.randn(5, 4, device=device)
+        scorer.apply(hidden, weight, None, torch.tensor([1, 2], device=device), 1.0, 4096)
         return None
     except Exception as error:  # no Triton (None), or Triton without a GPU driver
-        trl_utils._ChunkedLogProbFunction = TorchLogProbFunction
+        if device.type != "cpu":
+            warnings.warn(
+                f"TRL's fused LM-head scorer failed on {device} ({type(error).__name__}: {error}); it is kept (the "
+                "CPU stand-in is for CPU training only): check the install of triton and torch for this GPU.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+        replace_host_log_prob_scorer(TorchLogProbFunction)
         return f"TRL's fused LM-head scorer cannot run here ({type(error).__name__}); using a plain-torch stand-in"
