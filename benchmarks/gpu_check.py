@@ -372,11 +372,12 @@ def accumulated_step(trainer, micro_batches, beta: float | None = None) -> StepR
     """One optimizer step through `trainer.training_step`, with the host's β set to `beta` for it (default: as is)."""
     import torch
 
+    from adaptive_kl.trainers.hooks import set_accumulation_steps
     from adaptive_kl.trainers.unsloth import recording_logp_gradients
 
     model = trainer.model
     model.zero_grad(set_to_none=True)
-    trainer.current_gradient_accumulation_steps = len(micro_batches)
+    set_accumulation_steps(trainer, len(micro_batches))
     own_beta = trainer.beta
     trainer.beta = own_beta if beta is None else beta
     logp_grads = []

@@ -40,8 +40,8 @@ from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.demo.policies import resolve_policy
 from adaptive_kl.kl.controller import KL_SCALINGS
+from adaptive_kl.tasks.policies import resolve_policy
 from adaptive_kl.testing.tiny_model import MODEL_SHAPES, save_random_model
 from adaptive_kl.trainers.config import KL_METHODS
 from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed

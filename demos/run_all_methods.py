@@ -11,7 +11,7 @@ Every option of `adaptive-kl demo` works here (`--help` lists them). The steps i
 
 import sys
 
-from adaptive_kl.cli.command import main
+from adaptive_kl.console import main
 
 
 if __name__ == "__main__":

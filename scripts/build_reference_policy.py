@@ -25,7 +25,7 @@ import torch
 import transformers
 
 from adaptive_kl.demo.embedded import EMBEDDED_POLICY_DIR, EMBEDDED_TASK
-from adaptive_kl.demo.task import evaluate_accuracy, task_splits
+from adaptive_kl.tasks import evaluate_accuracy, task_splits
 from adaptive_kl.testing.tiny_model import MODEL_SHAPES, build_model, build_tokenizer
 
 

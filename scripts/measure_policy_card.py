@@ -17,10 +17,11 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from adaptive_kl.demo.policies import POLICY_DEMOS, resolve_policy  # noqa: E402
-from adaptive_kl.demo.task import evaluate_accuracy  # noqa: E402
-from adaptive_kl.demo.task.chat import CHAT_INSTRUCTION, CHAT_TASK, chat_datasets  # noqa: E402
+from adaptive_kl.demo.budgets import POLICY_DEMOS  # noqa: E402
 from adaptive_kl.metrics.environment import environment_lines  # noqa: E402
+from adaptive_kl.tasks import evaluate_accuracy  # noqa: E402
+from adaptive_kl.tasks.chat import CHAT_INSTRUCTION, CHAT_TASK, chat_datasets  # noqa: E402
+from adaptive_kl.tasks.policies import resolve_policy  # noqa: E402
 
 
 def main() -> None:

@@ -190,3 +190,99 @@ def test_the_real_model_study_numbers_come_from_the_committed_runs():
         assert quoted, f"{where} quotes no real-model result to check"
         missing = sorted(n for n in quoted if n not in summaries)
         assert not missing, f"numbers {where} quotes about the real model but no real study summary has: {missing}"
+
+
+# Names that look like config fields (our prefixes) in the docs but are something else, each said what it is.
+NOT_FIELDS = {
+    "binomial_kl": "the demo's trainer name for BinomialKLTrainer (`trainer=binomial_kl`)",
+    "correct_fraction": "a binomial-KL metric",
+    "kl_length_corr": "a metric (`adaptive_kl/kl_length_corr`)",
+    "kl_penalty": "a function of the trainer (the KL in the reward)",
+    "kl_to_start": "a RetentionCallback argument",
+}
+FIELD_PREFIXES = ("kl_", "beta", "ref_reset", "reward_threshold", "dynamic_", "target_kl", "skip_zero",
+                  "resume_without", "diversity_", "correct_", "binomial_")  # fmt: skip
+FIELD_MENTION = re.compile(r"`--?(\w+)|`(\w+)(?==|`)")  # `--flag`, `field=value` or `field`
+
+
+def config_fields() -> set[str]:
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from adaptive_kl import AdaptiveKLGRPOConfig
+    from adaptive_kl.experimental.binomial import BinomialKLConfig
+
+    return {
+        f.name for config in (GRPOConfig, AdaptiveKLGRPOConfig, BinomialKLConfig) for f in dataclasses.fields(config)
+    }
+
+
+def unknown_fields(text: str, fields: set[str]) -> set[str]:
+    names = {m.group(1) or m.group(2) for m in FIELD_MENTION.finditer(text)}
+    return {n for n in names if n.startswith(FIELD_PREFIXES) and n not in fields and n not in NOT_FIELDS}
+
+
+def test_every_config_field_named_in_the_docs_exists():
+    """A field written in the README or docs/ (`kl_clip_threshold`, `--kl_scaling`, `reward_threshold=0.7`) is a
+    field of `AdaptiveKLGRPOConfig`, `GRPOConfig` or `BinomialKLConfig`: a renamed field is not cited by its old
+    name."""
+    fields = config_fields()
+    found = {}
+    for page in PAGES:
+        if f"{os.sep}runs{os.sep}" in page:
+            continue
+        with open(page) as f:
+            for name in unknown_fields(f.read(), fields):
+                found.setdefault(name, []).append(os.path.relpath(page, ROOT))
+    assert not found, found
+    assert unknown_fields("set `kl_clip_treshold=0.5` or `--beta_decay 0.9`", fields) == {
+        "kl_clip_treshold", "beta_decay",
+    }  # fmt: skip
+
+
+def test_pyprojects_comments_name_real_constants():
+    """`# = adaptive_kl.<path>` beside a requirement names the constant that must equal it, and that constant exists
+    and holds the same range."""
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        text = f.read()
+    cited = re.findall(r'"(\w+)([^"]*)"[,\]]*\s*#.*?= (adaptive_kl(?:\.\w+)+)', text)
+    assert len(cited) >= 2, cited
+    for package, requirement, constant in cited:
+        assert resolves(constant), f"pyproject.toml names {constant}, which does not exist"
+        module, _, name = constant.rpartition(".")
+        import importlib
+
+        assert getattr(importlib.import_module(module), name) == requirement, (package, requirement, constant)
+
+
+def layer_floors(allowed: dict[str, set[str]]) -> list[set[str]]:
+    """The layers of an import table bottom up, floor by floor: a layer sits one floor above the highest it imports."""
+    floor: dict[str, int] = {}
+
+    def of(layer: str) -> int:
+        if layer not in floor:
+            floor[layer] = 1 + max((of(below) for below in allowed[layer]), default=-1)
+        return floor[layer]
+
+    for layer in allowed:
+        of(layer)
+    return [{layer for layer, f in floor.items() if f == n} for n in range(max(floor.values()) + 1)]
+
+
+def readme_layers() -> list[set[str]]:
+    with open(os.path.join(ROOT, "README.md")) as f:
+        development = f.read().split("## Development", 1)[1]
+    line = re.search(r"Layers, bottom up: (.+?)\. ", development.replace("\n", " ")).group(1)
+    return [set(re.findall(r"`(\w+)(?:/|\.py)`", floor)) for floor in line.split("→")]
+
+
+def test_the_readmes_layer_list_is_the_layout_tests_table():
+    """The README's "Layers, bottom up" line lists the floors that tests/test_layout.py's ALLOWED table implies."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("layout", os.path.join(ROOT, "tests", "test_layout.py"))
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    assert readme_layers() == layer_floors(layout.ALLOWED)
+    assert layer_floors({"a": set(), "b": {"a"}, "c": {"a"}, "d": {"b", "c"}}) == [{"a"}, {"b", "c"}, {"d"}]

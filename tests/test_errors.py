@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.cli.command import main
+from adaptive_kl.console import main
 from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
 from adaptive_kl.trainers.hooks import HOST_INTERNALS, UnsupportedTRLError, check_host
 

@@ -1,9 +1,11 @@
 """The package's layers, checked: the formula sheet imports torch only, and each layer imports only those below it.
 
-Layers, bottom up: `kl` (pure math) and `metrics` (diversity), torch only; `models` (where models come from) →
-`trainers` (TRL wiring) → `experimental` → `demo` (what the demo runs) → `cli` (the command). `testing` is scaffolding
-for tests and benchmarks and reaches the host only through the seam (`trainers.hooks`). Modules that moved keep their
-old path for a release as an alias (`adaptive_kl._deprecation.MOVED_MODULES`), checked here too.
+Layers, bottom up: `kl` (pure math) and `metrics` (diversity), torch only, and `models` (where models come from) →
+`trainers` (TRL wiring) → `experimental` → `tasks` (the math tasks, their rewards, the named policies) → `usage` (the
+command line's shared checks) → `cli` (`adaptive-kl grpo`) and `demo` (`adaptive-kl demo`/`compare`), side by side,
+neither importing the other → `console` (the `adaptive-kl` command, which hands each subcommand to its layer).
+`testing` is scaffolding for tests and benchmarks: it reaches the host only through the seam (`trainers.hooks`), and
+no layer of the package imports it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,10 @@ import os
 import pkgutil
 import subprocess
 import sys
-import warnings
 
 import pytest
 
 import adaptive_kl
-from adaptive_kl._deprecation import MOVED_MODULES
 
 
 PACKAGE_DIR = os.path.dirname(adaptive_kl.__file__)
@@ -32,18 +32,22 @@ ALLOWED = {
     "trainers": {"kl", "metrics", "models"},
     "experimental": {"kl", "trainers"},
     "testing": {"trainers"},
-    "demo": {"kl", "metrics", "models", "trainers", "experimental"},
-    "cli": {"kl", "metrics", "models", "trainers", "experimental", "demo"},
+    "tasks": {"models", "trainers"},
+    "usage": {"models", "tasks"},
+    "cli": {"kl", "metrics", "models", "trainers", "experimental", "tasks", "usage"},
+    "demo": {"kl", "metrics", "models", "trainers", "experimental", "tasks", "usage"},
+    "console": {"cli", "demo"},
 }
 HOST_PACKAGES = ("trl", "transformers", "peft", "accelerate")
 
 
 def package_modules(layer: str | None = None) -> list[str]:
-    """Every module of the package (or of one layer), by dotted name, but the aliases of moved modules."""
+    """Every module of the package (or of one layer: a package, or a single module such as `console`), by dotted
+    name."""
     prefix = "adaptive_kl." + (f"{layer}." if layer else "")
     path = [os.path.join(PACKAGE_DIR, layer)] if layer else [PACKAGE_DIR]
     names = [prefix.rstrip(".")] if layer else []
-    return [m for m in names + [m.name for m in pkgutil.walk_packages(path, prefix)] if m not in MOVED_MODULES]
+    return names + [m.name for m in pkgutil.walk_packages(path, prefix)]
 
 
 def module_file(name: str) -> str:
@@ -78,8 +82,7 @@ def layer_of(module: str) -> str | None:
 
 def test_every_module_is_in_a_layer():
     top_level = {m for m in package_modules() if m.count(".") == 1}
-    scaffolding = {"adaptive_kl.__main__", "adaptive_kl._deprecation"}
-    assert top_level == {f"adaptive_kl.{layer}" for layer in ALLOWED} | scaffolding
+    assert top_level == {f"adaptive_kl.{layer}" for layer in ALLOWED} | {"adaptive_kl.__main__"}
 
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
@@ -92,15 +95,26 @@ def test_each_layer_imports_only_the_layers_below_it(layer):
 
 
 def test_library_code_never_imports_testing():
-    """`testing/` is scaffolding for tests and benchmarks: no other layer may import it (the table above says so)."""
+    """`testing/` is scaffolding for tests and benchmarks: no other layer may import it (the table above says so, and
+    no module outside it does, `__main__` included)."""
     assert all("testing" not in allowed for layer, allowed in ALLOWED.items() if layer != "testing")
+    outside = [m for m in package_modules() if layer_of(m) != "testing"]
+    assert [m for m in outside if any(layer_of(t) == "testing" for t in imported_modules(m))] == []
+
+
+def test_the_command_and_the_demo_stand_side_by_side():
+    """`cli` (`adaptive-kl grpo`) and `demo` never import each other: what both use is in `tasks` and `usage` below
+    them, and only `console` stands on both."""
+    assert "demo" not in ALLOWED["cli"] and "cli" not in ALLOWED["demo"]
+    assert [layer for layer, allowed in ALLOWED.items() if {"cli", "demo"} & allowed] == ["console"]
 
 
 def test_the_import_check_sees_relative_imports():
     """The check above is not vacuous: it resolves the relative imports of a module that has them."""
     assert "adaptive_kl.kl.aggregation" in imported_modules("adaptive_kl.kl.term")
     assert "adaptive_kl.trainers.hooks" in imported_modules("adaptive_kl.experimental.binomial.trainer")
-    assert "adaptive_kl.trainers.generation" in imported_modules("adaptive_kl.demo.task.evaluation")
+    assert "adaptive_kl.trainers.generation" in imported_modules("adaptive_kl.tasks.evaluation")
+    assert "adaptive_kl.tasks.policies" in imported_modules("adaptive_kl.usage")
 
 
 def fresh_import(modules: list[str]) -> set[str]:
@@ -124,18 +138,30 @@ def test_the_formula_sheet_imports_torch_only():
 
 
 def test_library_code_never_imports_the_demo():
-    """Every module of `kl`, `trainers` and `experimental` imported together in a fresh interpreter: no module of
-    `adaptive_kl.demo` or `adaptive_kl.testing` is loaded."""
-    modules = [m for layer in ("kl", "trainers", "experimental") for m in package_modules(layer)]
+    """Every module of the library and of the tasks (`kl`, `trainers`, `experimental`, `tasks`, `usage`) imported
+    together in a fresh interpreter: no module of either command (`demo`, `cli`, `console`) or of `testing` is
+    loaded."""
+    modules = [m for layer in ("kl", "trainers", "experimental", "tasks", "usage") for m in package_modules(layer)]
     loaded = fresh_import(modules)
     assert set(modules) <= loaded
-    assert not [m for m in loaded if m.startswith(("adaptive_kl.demo", "adaptive_kl.testing"))]
+    commands = ("adaptive_kl.demo", "adaptive_kl.cli", "adaptive_kl.console", "adaptive_kl.testing")
+    assert not [m for m in loaded if m.startswith(commands)]
+
+
+@pytest.mark.parametrize(("layer", "other"), [("cli", "adaptive_kl.demo"), ("demo", "adaptive_kl.cli")])
+def test_neither_command_loads_the_other(layer, other):
+    """Every module of `cli` (or of `demo`) imported in a fresh interpreter: nothing of the other is loaded."""
+    modules = package_modules(layer)
+    loaded = fresh_import(modules)
+    assert set(modules) <= loaded
+    assert not [m for m in loaded if m.startswith(other)]
 
 
 def test_the_package_and_the_command_do_not_import_trl():
-    """`import adaptive_kl` and the command's module leave TRL and Transformers unloaded (`adaptive-kl --unsloth`
+    """`import adaptive_kl` and the command's modules leave TRL and Transformers unloaded (`adaptive-kl --unsloth`
     imports Unsloth first, which must come before them)."""
-    loaded = fresh_import(["adaptive_kl", "adaptive_kl.demo", "adaptive_kl.cli", "adaptive_kl.cli.command"])
+    command = ["adaptive_kl.console", "adaptive_kl.cli.command", "adaptive_kl.demo.command", "adaptive_kl.usage"]
+    loaded = fresh_import(["adaptive_kl", "adaptive_kl.demo", "adaptive_kl.cli", "adaptive_kl.tasks", *command])
     assert not {"trl", "transformers", "adaptive_kl.trainers.config"} & loaded
 
 
@@ -170,39 +196,20 @@ def test_the_kl_package_holds_only_kl_math():
     assert not hasattr(validation, "looks_like_local_path")
 
 
-@pytest.mark.parametrize("old", sorted(MOVED_MODULES))
-def test_a_moved_module_keeps_its_old_path_for_a_release(old):
-    """The old import path gives the very module it moved to, with a DeprecationWarning naming the new path (in a
-    fresh interpreter: the alias is made once per process)."""
-    new = MOVED_MODULES[old]
-    code = (
-        "import importlib, warnings\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        f"    old = importlib.import_module({old!r})\n"
-        f"assert old is importlib.import_module({new!r}), old\n"
-        "print([str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)])\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"{old} moved to {new}" in result.stdout
-
-
-def test_the_console_entry_point_is_the_cli():
-    """`adaptive-kl` runs `adaptive_kl.cli:main`, and `python -m adaptive_kl` the same function."""
+def test_the_console_entry_point_is_the_dispatcher():
+    """`adaptive-kl` runs `adaptive_kl.console:main`, and `python -m adaptive_kl` the same function: its help lists
+    every subcommand, the demo's and the training command's."""
     import tomllib
 
     with open(os.path.join(os.path.dirname(PACKAGE_DIR), "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
-    assert scripts == {"adaptive-kl": "adaptive_kl.cli:main"}
-    from adaptive_kl.cli import main
-    from adaptive_kl.cli.command import main as command_main
-
-    assert main is command_main
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from adaptive_kl.demo.cli import main as old_main
-    assert old_main is main
+    assert scripts == {"adaptive-kl": "adaptive_kl.console:main"}
+    assert "adaptive_kl.console" in imported_modules("adaptive_kl.__main__")
+    result = subprocess.run(
+        [sys.executable, "-m", "adaptive_kl", "--help"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("usage: adaptive-kl [-h] {demo,grpo,compare} ...")
 
 
 def test_the_tests_are_laid_out_like_the_package():

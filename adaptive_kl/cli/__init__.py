@@ -1,16 +1,10 @@
-"""The `adaptive-kl` command (also `python -m adaptive_kl`): the console entry point `main`.
+"""The training command, `adaptive-kl grpo`: TRL's `trl grpo` script with `AdaptiveKLGRPOConfig`.
 
 | module | what |
 |---|---|
-| `command` | the parser and `main`: `demo`, `compare` (the demo package's runner and reports) and `grpo` |
-| `grpo` | `adaptive-kl grpo`: TRL's GRPO script with our config (recipes, local datasets, reward functions) |
-| `usage` | the command-line checks shared by the subcommands (`UsageError`) |
+| `command` | its line in the command's parser and its start: Unsloth first when asked for, then the script |
+| `grpo` | TRL's GRPO script with our config (recipes, local datasets, reward functions) |
 
-The top of the package stack: nothing imports it. Importing it imports no TRL, so that `adaptive-kl --unsloth` can
-import Unsloth before anything imports TRL.
+Beside the demo (`adaptive_kl.demo`), which it never imports; the dispatcher `adaptive_kl.console` stands on both.
+Importing `command` imports no TRL, so that `--unsloth` can import Unsloth first.
 """
-
-from .command import main
-
-
-__all__ = ["main"]

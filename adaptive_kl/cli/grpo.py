@@ -37,13 +37,14 @@ import yaml
 from trl import DatasetMixtureConfig, ModelConfig, TrlParser, get_dataset, get_peft_config, get_quantization_config
 from trl.scripts.grpo import GRPOScriptArguments
 
-from ..demo.policies import resolve_policy
-from ..demo.task.rewards import accuracy_reward, format_reward
+from ..tasks.policies import resolve_policy
+from ..tasks.rewards import accuracy_reward, format_reward
 from ..trainers.config import AdaptiveKLGRPOConfig
 from ..trainers.grpo import AdaptiveKLGRPOTrainer
+from ..trainers.hooks import close_progress_bars, set_wrapped_model
 from ..trainers.inputs import RewardOutputError
 from ..trainers.scorer import install_cpu_scorer_if_needed
-from .usage import UsageError, check_local_path, check_model, closest
+from ..usage import UsageError, check_local_path, check_model, closest
 
 
 PROG = "adaptive-kl grpo"
@@ -296,7 +297,7 @@ def close_processes(trainer) -> None:
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     trainer.accelerator.wait_for_everyone()
-    trainer.model_wrapped = trainer.model
+    set_wrapped_model(trainer, trainer.model)
     trainer.accelerator.free_memory()  # releases accelerate's references to the prepared (wrapped) model
     gc.collect()
     trainer.accelerator.wait_for_everyone()
@@ -315,10 +316,7 @@ def main(argv: list[str]) -> int:
     try:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     except RewardOutputError as error:  # found on the first batch a reward function scores
-        for callback in trainer.callback_handler.callbacks:  # close the interrupted progress bar before the message
-            if getattr(callback, "training_bar", None) is not None:
-                callback.training_bar.close()
-                callback.training_bar = None
+        close_progress_bars(trainer)  # the interrupted progress bar, before the message
         raise UsageError(str(error)) from None
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Training completed; model saved to {training_args.output_dir}.")

@@ -1,19 +1,21 @@
-"""What the `adaptive-kl demo` and `compare` commands run: the tasks, the embedded and named policies, variants, the
-runner and reports (the command itself is `adaptive_kl.cli`).
+"""The demo: `adaptive-kl demo` and `compare`, which train variants of the trainer on a task (`adaptive_kl.tasks`) with
+the same seed and budget, and report them side by side.
 
 | module | what |
 |---|---|
-| `task/` | the math tasks (embedded, chat, GSM8K): problems, answer extraction, rewards, accuracy |
-| `embedded` | the shipped reference policy (`reference_policy/`) and the task's datasets |
-| `policies` | named policies (`smollm2`) and the real-model demo's budget |
+| `command` | the two subcommands: train the variants, write the report, print its main columns |
+| `arguments` | their command line, read into settings and variants (`UsageError` on bad input) |
+| `embedded` | the shipped reference policy (`reference_policy/`) and the embedded task's split it was tuned on |
+| `budgets` | the demo's budget for each named policy (`smollm2`) |
 | `variants` | the variants a comparison trains, from command-line values to configs |
 | `runner` | trains and evaluates each variant |
 | `seeds` | several seeds of a comparison: groups, intervals |
 | `report` | the summary table, CSV and plots |
 | `run_files` | a comparison's runs saved to and read from `runs.json` |
 
-Above the library, which never imports it; only `adaptive_kl.cli` sits above it. Names are imported on first use, so
-`adaptive-kl --unsloth` can import Unsloth before anything imports TRL.
+Beside the training command (`adaptive_kl.cli`), which it never imports; the dispatcher `adaptive_kl.console` stands
+on both, and the library never imports either. Names are imported on first use, so `adaptive-kl --unsloth` can import
+Unsloth before anything imports TRL.
 """
 
 import importlib
@@ -29,6 +31,7 @@ _EXPORTS = {
     "run_comparison": "runner",
     "run_variant": "runner",
     "summary_table": "report",
+    "terminal_table": "report",
     "write_report": "report",
 }
 

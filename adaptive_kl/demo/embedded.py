@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from .task.problems import task_splits, to_dataset
+from ..tasks.problems import task_splits, to_dataset
 
 
 EMBEDDED_POLICY_DIR = os.path.join(os.path.dirname(__file__), "reference_policy")

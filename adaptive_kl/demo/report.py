@@ -53,12 +53,28 @@ SUMMARY_HEADER = (
     "KL–length corr. (last quarter)",
 )
 # Columns after `SUMMARY_HEADER`, shown only when some run of the table has them (TRL's truncation rate, which says
-# whether a lengthening stopped at `max_completion_length`; the chat task's general-prompt retention, `task.general`):
+# whether a lengthening stopped at `max_completion_length`; the chat task's general-prompt retention, `tasks.general`):
 # (summary key, header, number format).
 OPTIONAL_SUMMARY_COLUMNS = (
     ("late_truncated", "truncated (last quarter)", ".2f"),
+    # The validation accuracy counts an answer only after the task's marker, which a chat model does not write at
+    # first; the right final number anywhere in the answer (`tasks.answers.final_number`) is the yardstick beside it.
+    ("start_answer_accuracy", "format-free accuracy (step 0)", ".3f"),
+    ("final_answer_accuracy", "format-free accuracy (final)", ".3f"),
     ("delta_general_loglik", "Δ general-chat loglik", "+.4f"),
     ("final_general_kl_to_start", "general-chat KL to start (final)", ".4f"),
+)
+# The columns `adaptive-kl demo` and `compare` print at the end, in this order: those a reader compares across the
+# variants (validation accuracy, reward, KL, β, completion length, drift from the start, wall time). summary.md keeps
+# them all.
+TERMINAL_COLUMNS = (
+    "final_accuracy",
+    "late_reward",
+    "mean_raw_kl",
+    "final_beta",
+    "mean_completion_length",
+    "final_kl_to_start",
+    "wall_time",
 )
 # The diversity table, written when a run logged `diversity/*` (`diversity_metrics=True`): means over the last quarter.
 DIVERSITY_COLUMNS = (
@@ -98,8 +114,10 @@ def summarize(run: VariantRun) -> dict[str, float]:
     completion's KL and its length (`adaptive_kl/kl_length_corr`, logged only with β > 0); last, the fraction of
     completions cut at `max_completion_length` over the last quarter of steps (TRL's `completions/clipped_ratio`), the
     change of the general-prompt log-likelihood from step 0 and the final general-prompt KL to the start
-    (`task.general`); NaN for what a run did not log."""
+    (`tasks.general`), and the format-free accuracy (the right final number, marker or not) at step 0 and at the end;
+    NaN for what a run did not log."""
     accuracies = [e["val_accuracy"] for e in run.evaluations]
+    answer_accuracies = [e["val_answer_accuracy"] for e in run.evaluations if "val_answer_accuracy" in e]
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
     retention = [e["retention/loglik"] for e in run.retention if "retention/loglik" in e]
     drift = [e["retention/kl_to_start"] for e in run.retention if "retention/kl_to_start" in e]
@@ -125,6 +143,8 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "late_truncated": _late_mean(run, "completions/clipped_ratio"),
         "delta_general_loglik": general[-1] - general[0] if general else math.nan,
         "final_general_kl_to_start": general_drift[-1] if general_drift else math.nan,
+        "start_answer_accuracy": answer_accuracies[0] if answer_accuracies else math.nan,
+        "final_answer_accuracy": answer_accuracies[-1] if answer_accuracies else math.nan,
     }
 
 
@@ -139,9 +159,9 @@ def _markdown_table(header, rows) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
-def _summary_columns(summaries: list[dict]) -> tuple[list[str], list[str], list[str]]:
+def _summary_columns(summaries: list[dict], only: tuple[str, ...] | None = None) -> tuple[list, list, list]:
     """`(keys, headers, formats)` of the table: `SUMMARY_HEADER`'s columns, then each optional column that some
-    run has a value for."""
+    run has a value for; or, given `only` (summary keys), those columns alone, in its order."""
     optional = {key for key, _, _ in OPTIONAL_SUMMARY_COLUMNS}
     base = [key for key in summaries[0] if key not in optional]  # in `SUMMARY_HEADER`'s order
     headers, formats = list(SUMMARY_HEADER[1:]), list(SUMMARY_FORMATS)
@@ -150,17 +170,21 @@ def _summary_columns(summaries: list[dict]) -> tuple[list[str], list[str], list[
         for key, header, spec in OPTIONAL_SUMMARY_COLUMNS
         if any(not math.isnan(summary[key]) for summary in summaries)
     ]
-    return base + [k for k, _, _ in shown], headers + [h for _, h, _ in shown], formats + [f for _, _, f in shown]
+    columns = [*zip(base, headers, formats, strict=True), *shown]
+    if only is not None:
+        by_key = {key: (key, header, spec) for key, header, spec in columns}
+        columns = [by_key[key] for key in only]
+    return [k for k, _, _ in columns], [h for _, h, _ in columns], [f for _, _, f in columns]
 
 
-def summary_table(runs: list[VariantRun]) -> str:
+def summary_table(runs: list[VariantRun], columns: tuple[str, ...] | None = None) -> str:
     """A markdown table with one row per variant (columns: `SUMMARY_HEADER`, then any `OPTIONAL_SUMMARY_COLUMNS`
-    some run has). With several seeds per variant, the cells are `mean ± half-width` over seeds, a `seeds` column
-    follows the name, and a second table gives each variant's paired difference from the first variant (on the seeds
-    both ran)."""
+    some run has; or the summary keys `columns`, in their order). With several seeds per variant, the cells are
+    `mean ± half-width` over seeds, a `seeds` column follows the name, and a second table gives each variant's paired
+    difference from the first variant (on the seeds both ran)."""
     groups = seed_groups(runs)
     summaries = {id(run): summarize(run) for run in runs}
-    keys, headers, formats = _summary_columns(list(summaries.values()))
+    keys, headers, formats = _summary_columns(list(summaries.values()), columns)
     if all(len(group) == 1 for group in groups.values()):
         rows = [
             [run.name]
@@ -195,6 +219,11 @@ def summary_table(runs: list[VariantRun]) -> str:
     )
     intro = "Means over seeds ± the half-width of the 95% t-interval over seeds.\n\n"
     return intro + _markdown_table(header, rows) + paired
+
+
+def terminal_table(runs: list[VariantRun]) -> str:
+    """The summary table with `TERMINAL_COLUMNS` alone: what the command prints (summary.md has every column)."""
+    return summary_table(runs, TERMINAL_COLUMNS)
 
 
 def diversity_table(runs: list[VariantRun]) -> str:

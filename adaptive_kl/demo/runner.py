@@ -3,7 +3,7 @@
 Each run logs every step (TRL's metrics and `adaptive_kl/*`), evaluates greedy validation accuracy at step 0 and
 every `eval_every` steps, and, where the task has reference solutions, their log-likelihood (`retention/*`) on the
 same schedule (on the chat task also the starting policy's own answers to general chat prompts, `general/*`:
-`task.general`); a `KLHealthCallback` warns when the mean KL leaves the 0.01–0.2 band. A variant's `trainer` override
+`tasks.general`); a `KLHealthCallback` warns when the mean KL leaves the 0.01–0.2 band. A variant's `trainer` override
 picks the trainer: `"grpo"` (`AdaptiveKLGRPOTrainer`, the default) or `"binomial_kl"` (`BinomialKLTrainer`). On the
 embedded default everything runs on a CPU in minutes; with `model` set to a hub id
 or local path (and optionally `unsloth`), the same code trains a real model on a GPU.
@@ -16,6 +16,7 @@ import importlib
 import os
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 from datasets import Dataset
@@ -23,14 +24,15 @@ from peft import LoraConfig
 from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
+from ..tasks import TASK_REWARDS, load_gsm8k, score_completions
+from ..tasks.chat import chat_datasets
+from ..tasks.general import general_retention_dataset
+from ..tasks.policies import resolve_policy
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
 from ..trainers.generation import generate_greedy, generate_sampled, prompt_texts
 from ..trainers.scorer import install_cpu_scorer_if_needed
+from .budgets import POLICY_DEMOS
 from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
-from .policies import POLICY_DEMOS, resolve_policy
-from .task import TASK_REWARDS, load_gsm8k, score_completions
-from .task.chat import chat_datasets
-from .task.general import general_retention_dataset
 from .variants import TRAINER_CLASSES, Variant
 
 
@@ -43,7 +45,7 @@ class DemoSettings:
     """What every variant of a comparison shares: model, task, budget, seed and output directory."""
 
     out: str = "adaptive-kl-demo"
-    model: str | None = None  # None: the embedded reference policy; a named policy (`policies`), hub id or path
+    model: str | None = None  # None: the embedded reference policy; a named policy (`tasks.policies`), hub id or path
     unsloth: bool = False
     task: str = "embedded"  # or "chat" (conversations, for chat models) or "gsm8k"
     gsm8k_path: str = "openai/gsm8k"
@@ -59,7 +61,7 @@ class DemoSettings:
 
     @property
     def policy_demo(self) -> dict | None:
-        """The named policy's demo budget (`policies.POLICY_DEMOS`), or None."""
+        """The named policy's demo budget (`budgets.POLICY_DEMOS`), or None."""
         return POLICY_DEMOS.get(self.model) if self.model is not None and not self.unsloth else None
 
 
@@ -177,7 +179,21 @@ def make_config(variant: Variant, settings: DemoSettings, output_dir: str):
     foreign = sorted(set(chosen) - known)
     if foreign:
         raise ValueError(f"{', '.join(foreign)} is not a field of {config_cls.__name__} (trainer={trainer!r})")
+    if trainer == "grpo":  # the shared defaults of one method (dynamic's threshold, ...) are left out of the others
+        fields = {name: value for name, value in fields.items() if name in chosen or name not in unread(fields)}
     return config_cls(output_dir=output_dir, **fields)
+
+
+def unread(fields: dict) -> set[str]:
+    """The parameters `fields` (a GRPO variant's config fields) set that no setting of theirs reads."""
+    from ..trainers.config import AdaptiveKLGRPOConfig, parse_kl_adaptation_method, unread_parameters
+
+    known = {
+        f.name: f.default for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.default is not dataclasses.MISSING
+    }
+    values = SimpleNamespace(**{**known, **fields})
+    values.kl_methods = parse_kl_adaptation_method(values.kl_adaptation_method)
+    return set(unread_parameters(values))
 
 
 def task_datasets(settings: DemoSettings, n_train: int, seed: int):
@@ -334,7 +350,7 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     # A real model's vocabulary is large: smaller batches keep the (batch, length, vocabulary) logits small.
     batch_size = 64 if demo is None else 16
     held_out = retention_dataset(validation, tokenizer)
-    # A chat model also answers general prompts (`task.general`): the starting policy's own answers (a new LoRA
+    # A chat model also answers general prompts (`tasks.general`): the starting policy's own answers (a new LoRA
     # adapter adds zero), scored as it trains; no more of them than validation problems (`--quick` stays quick).
     general = None
     if settings.task == "chat":

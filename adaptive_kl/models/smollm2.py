@@ -126,7 +126,7 @@ def _convert(source: str, directory: str) -> None:
     config = quantized.config
     # Without the quantization config the model is an ordinary one that Trainer trains (see the module docstring).
     del config.quantization_config
-    config._name_or_path = SMOLLM2_HUB_ID
+    config.name_or_path = SMOLLM2_HUB_ID  # the public setter of `_name_or_path`
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict(), assign=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..trainers.hooks import score_policy
+from ..trainers.hooks import group_size, score_policy, set_accumulation_steps
 
 
 def fabricated_inputs(trainer, seed: int = 0) -> dict:
@@ -35,16 +35,17 @@ def grouped_inputs(trainer, num_prompts: int, completion_length: int, seed: int 
     old policies. `num_items_in_batch` counts the tokens of `micro_batches` such micro-batches (the optimizer step's).
     """
     g = torch.Generator().manual_seed(seed)
-    rows, vocab = num_prompts * trainer.num_generations, trainer.model.config.vocab_size
+    group = group_size(trainer, "train")
+    rows, vocab = num_prompts * group, trainer.model.config.vocab_size
     pad = trainer.processing_class.pad_token_id
     prompt_ids = not_pad(torch.randint(3, vocab - 1, (num_prompts, 8), generator=g), pad)
-    prompt_ids = prompt_ids.repeat_interleave(trainer.num_generations, dim=0)
+    prompt_ids = prompt_ids.repeat_interleave(group, dim=0)
     lengths = torch.randint(completion_length // 2, completion_length + 1, (rows,), generator=g)
     lengths[0] = completion_length
     completion_mask = mask_after(lengths, completion_length)
     completion_ids = not_pad(torch.randint(3, vocab - 1, (rows, completion_length), generator=g), pad)
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad)
-    rewards = torch.randn(num_prompts, trainer.num_generations, generator=g)
+    rewards = torch.randn(num_prompts, group, generator=g)
     advantages = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
     return scored_micro_batch(
         trainer, prompt_ids, completion_ids, completion_mask, advantages.flatten(), g, micro_batches
@@ -96,7 +97,7 @@ def loss_and_grads(trainer, inputs, *, train: bool = True, accumulation_steps: i
     model = trainer.model
     model.train(train)
     model.zero_grad(set_to_none=True)
-    trainer.current_gradient_accumulation_steps = accumulation_steps
+    set_accumulation_steps(trainer, accumulation_steps)
     with torch.set_grad_enabled(train):
         loss = trainer.compute_loss(model, inputs)
     if not train:

@@ -159,7 +159,7 @@ class RetentionCallback(TrainerCallback):
     - `metric="accuracy"`: `dataset` has a string column `prompt` plus whatever columns `score_fn` needs. Greedy
       completions (`max_new_tokens` new tokens, left-padded batches) are scored by
       `score_fn(completions=[str], prompts=[str], **other_columns) -> list[float]`, the signature of a TRL reward
-      function (e.g. `adaptive_kl.demo.task.accuracy_reward`); scores of `None` are left out, as TRL does with rewards.
+      function (e.g. `adaptive_kl.tasks.accuracy_reward`); scores of `None` are left out, as TRL does with rewards.
       Logs `{prefix}/accuracy`, the mean score.
 
     Schedule: once at `on_train_begin` (the baseline, stored in `self.history` only) and at `on_step_end` when

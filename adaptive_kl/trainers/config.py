@@ -7,7 +7,7 @@ The parent is whatever `trl.GRPOConfig` is when this module is first imported: T
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .hooks import check_trl_version
 
@@ -28,6 +28,40 @@ from .unsloth import check_import_order, is_unsloth_class, keep_host_init  # noq
 
 KL_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
 KL_TRANSFORMS = ("clip", "sigmoid")
+
+
+def _dynamic(config) -> bool:
+    return "dynamic" in config.kl_methods
+
+
+def _beta_adapts(config) -> bool:
+    return _dynamic(config) or config.kl_controller != "fixed"
+
+
+# Parameters read only under a setting: field → (whether the config reads it, apart from β > 0; what makes it read).
+# One set while nothing reads it warns at construction (`warn_unread_parameters`).
+PARAMETER_READERS = {
+    "kl_clip_threshold": (lambda c: "clip" in c.kl_methods, "kl_adaptation_method with 'clip'"),
+    "kl_target": (
+        lambda c: "sigmoid" in c.kl_methods,
+        "kl_adaptation_method with 'sigmoid' (it is the gate's centre; the controllers' target is target_kl)",
+    ),
+    "dynamic_beta_decay": (_dynamic, "kl_adaptation_method with 'dynamic'"),
+    "reward_threshold": (_dynamic, "kl_adaptation_method with 'dynamic'"),
+    "beta_schedule_steps": (_dynamic, "kl_adaptation_method with 'dynamic'"),
+    "target_kl": (
+        lambda c: c.kl_controller != "fixed",
+        "kl_controller='adaptive' or 'stepwise' (the sigmoid gate's centre is kl_target)",
+    ),
+    "kl_horizon": (lambda c: c.kl_controller == "adaptive", "kl_controller='adaptive'"),
+    "beta_min": (_beta_adapts, "kl_adaptation_method with 'dynamic', or a kl_controller other than 'fixed'"),
+    "kl_monitor_steps": (
+        lambda c: _beta_adapts(c) and c.beta_min == 0 and c.skip_zero_beta_reference,
+        "a β that can reach 0 and stay there (dynamic or a target-KL controller, beta_min=0) with "
+        "skip_zero_beta_reference=True",
+    ),
+    "resume_without_kl_state": (_beta_adapts, "a β that adapts (dynamic or a target-KL controller)"),
+}
 
 
 def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
@@ -55,13 +89,27 @@ def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
     return methods
 
 
+def unread_parameters(config) -> list[str]:
+    """The parameters of `PARAMETER_READERS` that `config` (an `AdaptiveKLGRPOConfig`, or anything with its fields
+    and `kl_methods`) sets to other than their defaults while nothing reads them."""
+    defaults = {f.name: f.default for f in fields(AdaptiveKLGRPOConfig) if f.name in PARAMETER_READERS}
+    return [
+        name
+        for name, (is_read, _) in PARAMETER_READERS.items()
+        if getattr(config, name) != defaults[name] and not (config.beta > 0 and is_read(config))
+    ]
+
+
 @dataclass
 class AdaptiveKLGRPOConfig(GRPOConfig):
     r"""
     Configuration class for [`AdaptiveKLGRPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the KL adaptation.
 
-    With every field below at its default the trainer is stock TRL. Anything else needs `beta > 0` (TRL loads no
-    reference model at `beta = 0`). The loss is `policy_loss + β_t · Agg(f(k))`; `docs/design.md` has the formulas.
+    With every field below at its default the trainer is stock TRL. The five selectors (`kl_estimator`,
+    `kl_adaptation_method`, `kl_placement`, `kl_scaling`, `kl_controller`) set to anything else need `beta > 0` (TRL
+    loads no reference model at `beta = 0`): a `ValueError` otherwise. A parameter set while nothing reads it (the
+    method, controller or β it belongs to is off; `PARAMETER_READERS`) warns at construction, naming what would make
+    it take effect. The loss is `policy_loss + β_t · Agg(f(k))`; `docs/design.md` has the formulas.
 
     Parameters:
         > Parameters that control the per-token KL estimate k and its transform f(k)
@@ -75,7 +123,8 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         kl_clip_threshold (`float`, *optional*, defaults to `1.0`):
             `clip`: per-token KL above this value is clipped (and carries no gradient).
         kl_target (`float`, *optional*, defaults to `0.1`):
-            `sigmoid`: the KL at which the gate σ(k − τ) is one half.
+            `sigmoid` only: the gate's centre τ, the per-token KL at which σ(k − τ) is one half (the seed documents'
+            name). Not the controllers' target, which is `target_kl`.
 
         > Parameters that control where the KL goes
 
@@ -97,7 +146,8 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         kl_controller (`str`, *optional*, defaults to `"fixed"`):
             `"fixed"`, `"adaptive"` (Ziegler et al., 2019) or `"stepwise"` target-KL controller of β.
         target_kl (`float`, *optional*, defaults to `0.05`):
-            Target mean per-token KL of the target-KL controllers.
+            `kl_controller="adaptive"` or `"stepwise"` only: the target mean per-token KL (PPO's name). Not the sigmoid
+            gate's centre, which is `kl_target`.
         kl_horizon (`int`, *optional*, defaults to `10000`):
             Horizon (in sequences) of the `"adaptive"` controller.
         beta_min (`float`, *optional*, defaults to `0.0`):
@@ -163,7 +213,10 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
     )
     kl_target: float = field(
         default=0.1,
-        metadata={"help": "sigmoid: per-token KL k is weighted by sigmoid(k - kl_target). Must be >= 0."},
+        metadata={
+            "help": "sigmoid only: the gate's centre, the per-token KL k is weighted by sigmoid(k - kl_target). Must "
+            "be >= 0. (The target-KL controllers' target is target_kl.)"
+        },
     )
     kl_placement: str = field(
         default="loss",
@@ -204,7 +257,10 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
     )
     target_kl: float = field(
         default=0.05,
-        metadata={"help": "Target mean per-token KL of the 'adaptive' and 'stepwise' controllers. Must be > 0."},
+        metadata={
+            "help": "kl_controller='adaptive' or 'stepwise' only: the target mean per-token KL. Must be > 0. (The "
+            "sigmoid gate's centre is kl_target.)"
+        },
     )
     kl_horizon: int = field(
         default=10000,
@@ -401,12 +457,25 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             f"loss_type must be one of {LOSS_TYPES} when beta > 0 (the KL term mirrors its aggregation), "
             f"got {self.loss_type!r}.",
         )
+        self.warn_unread_parameters()
         if self.kl_estimator == "k1" and self.beta > 0 and self.kl_placement == "loss":
             warnings.warn(
                 "kl_estimator='k1' in the loss has zero expected gradient: it measures KL but does not regularize "
                 "towards the reference. Use 'k2' or 'k3' in the loss, or kl_placement='reward' for k1.",
                 UserWarning,
                 stacklevel=4,  # the caller of AdaptiveKLGRPOConfig(...)
+            )
+
+    def warn_unread_parameters(self) -> None:
+        """Warns once (at construction) for each parameter of `PARAMETER_READERS` set to other than its default while
+        nothing reads it, naming what would make it take effect."""
+        for name in unread_parameters(self):
+            reader = PARAMETER_READERS[name][1]
+            needs = f"beta > 0 and {reader}" if self.beta == 0 else reader
+            warnings.warn(
+                f"{name}={getattr(self, name)!r} has no effect: it is read only with {needs}.",
+                UserWarning,
+                stacklevel=5,  # the caller of AdaptiveKLGRPOConfig(...)
             )
 
     @property

@@ -3,22 +3,31 @@
 Both trainers (`AdaptiveKLGRPOTrainer` and the experimental `BinomialKLTrainer`) subclass whatever `trl.GRPOTrainer`
 is (TRL's own, or Unsloth's generated trainer) and reach into it only through this module:
 
-- `HOST_INTERNALS`: every private method and attribute of the host (`trl.GRPOTrainer` and its base
-  `transformers.Trainer`) that the package overrides, calls, reads or writes, with what it does with it. No other
-  module names one (`tests/trainers/test_seam.py` checks it on the source); Unsloth's own internals have their table in
-  `adaptive_kl.trainers.unsloth`;
+- `HOST_INTERNALS`: every name of the host (`trl.GRPOTrainer`, its base `transformers.Trainer`, their
+  `ProgressCallback` and `Accelerator`) that the package overrides, calls, reads or writes and that they do not
+  document as public API: private names and undocumented attributes alike (`loss_type`, `scale_rewards`,
+  `current_gradient_accumulation_steps`, ...), each with what the package does with it and its accessor here. No other
+  module names one (`tests/trainers/test_seam.py` checks the whole package's source); Unsloth's own internals have
+  their table in `adaptive_kl.trainers.unsloth`;
 - `check_trl_version`: the supported TRL range, read from the package metadata before TRL is imported;
 - `resolve_args`: the trainer's config (a default one for `args=None`, a `TypeError` for a plain `GRPOConfig`), after
   refusing a host that Unsloth replaced once our classes were built on TRL's own;
 - `check_host` (before any model is loaded) and `check_host_attributes` (right after the host's `__init__`): refuse a
-  host that lacks any name of the table, or that computes its loss with Liger's fused loss (which never calls ours);
+  host that lacks any name of the table (where its kind says: `INTERNAL_KINDS`), or that computes its loss with
+  Liger's fused loss (which never calls ours);
 - `HostHooks`, the mixin that overrides the host's private methods and hands the trainers named extension points
   (`_on_generation_batch`, `_on_scored`, `_micro_batch_loss`, `_on_checkpoint_saved`, `_on_checkpoint_loaded`,
   `_on_callback_state_loaded`); it captures each generation batch's rewards and, while the host's loss runs with
   β = 0, the policy log-probabilities it computes: exactly one scoring per loss, carrying a gradient in training;
-- accessors for the host's state (`host_beta`, `host_built_without_reference`, `metric_store`, `generation_buffer`,
-  `score_policy`, `replace_logged_advantages`) and the layout of TRL's batches (`completion_loss_mask`,
-  `MULTIMODAL_INPUTS`).
+- accessors, the only way the package reaches an entry of the table: the host's loss settings (`host_loss_settings`,
+  `accumulation_steps`), its rollouts (`group_size`, `scale_rewards`, `reward_weights`, `reward_func_names`,
+  `sampling_temperature`, `checking_reward_outputs`), its state (`host_beta`, `host_built_without_reference`,
+  `reference_model`, `release_reference_model`, `sharding_engine`, `host_optimizer`, `metric_store`,
+  `generation_buffer`, `score_policy`, `replace_logged_advantages`), what the command touches (`set_wrapped_model`,
+  `close_progress_bars`), and the layout of TRL's batches (`completion_loss_mask`, `MULTIMODAL_INPUTS`).
+
+No module reads a host attribute with a default (`getattr(trainer, name, None)`): a host that lacks an entry fails at
+construction, naming it, rather than falling back silently.
 
 A host that does not behave as these hooks expect raises `UnsupportedTRLError`, naming the installed TRL and the
 supported range. `ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL=1` lets an unsupported TRL be imported, to try a new release; it
@@ -27,8 +36,12 @@ never lets one train on without the hooks (for instance without the KL term's gr
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import inspect
 import os
+import re
+import sys
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -37,7 +50,7 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .inputs import check_drawn_prompts, checking_reward_outputs
+from .inputs import check_drawn_prompts, checked_reward_funcs
 from .unsloth import capturing_efficient_grpo, check_import_order
 
 
@@ -94,13 +107,24 @@ def unsupported_trl(problem: str) -> UnsupportedTRLError:
 
 @dataclass(frozen=True)
 class HostInternal:
-    """A private name of the host that this package uses."""
+    """A name of the host that this package uses and that the host does not document as public API: a private one, or
+    an attribute its classes set without documenting it (e.g. `GRPOTrainer.loss_type`, a copy of `args.loss_type`)."""
 
     name: str
     owner: str  # the class that defines it
-    kind: str  # "method" (overridden or called), "class attribute", "attribute" (set by the host's `__init__`), or
-    # "accelerator attribute" (of the `Accelerator` the host's `__init__` builds)
-    use: str  # what the package does with it
+    kind: str  # where it lives, hence how it is checked at construction: one of `INTERNAL_KINDS`
+    use: str  # what the package does with it, and the accessor of this module that reaches it
+
+
+# How each kind of entry is checked when a trainer is built (`check_host`, then `check_host_attributes`).
+INTERNAL_KINDS = {
+    "method": "overridden or called: the host class has it",
+    "class attribute": "the host class has it",
+    "attribute": "set by the host's `__init__`: the built trainer has it",
+    "training attribute": "set by the host's training loop, not by `__init__`: a class of the host's MRO assigns it",
+    "accelerator attribute": "of the `Accelerator` the host's `__init__` builds: it has it",
+    "callback attribute": "of the host's `ProgressCallback`, set by its `__init__`: each one in the handler has it",
+}
 
 
 # Read in the host's source on trl 1.15.0 (transformers 5.17.0) and trl 1.16.0 (transformers 5.23.0 and 5.24.0).
@@ -146,6 +170,42 @@ HOST_INTERNALS = (
                  "the full-model reference (None for PEFT): dropped once β is 0 for good (`release_reference_model`)"),
     HostInternal("_models", "accelerate.Accelerator", "accelerator attribute",
                  "the models `prepare_model` keeps, the reference among them: it is removed there too when released"),
+    HostInternal("loss_type", "trl.GRPOTrainer", "attribute",
+                 "the loss's aggregation, which the KL term shares (`host_loss_settings`)"),
+    HostInternal("importance_sampling_level", "trl.GRPOTrainer", "attribute",
+                 "token or sequence: how the KL term's bias correction weights tokens (`host_loss_settings`)"),
+    HostInternal("max_completion_length", "trl.GRPOTrainer", "attribute",
+                 "dr_grpo's constant normalizer, which the KL term shares (`host_loss_settings`)"),
+    HostInternal("current_gradient_accumulation_steps", "transformers.Trainer", "training attribute",
+                 "the micro-batches of the optimizer step in progress (fewer for a last partial step): the KL term's "
+                 "normalizer and the binomial trainer's step (`accumulation_steps`)"),
+    HostInternal("scale_rewards", "trl.GRPOTrainer", "attribute",
+                 "how KL-in-the-reward's group advantages are scaled, as the host's (`scale_rewards`)"),
+    HostInternal("num_generations", "trl.GRPOTrainer", "attribute",
+                 "the group size in training: advantages and diversity groups (`group_size`)"),
+    HostInternal("num_generations_eval", "trl.GRPOTrainer", "attribute",
+                 "the group size in evaluation (`group_size`)"),
+    HostInternal("reward_weights", "trl.GRPOTrainer", "attribute",
+                 "the (K,) weights of the total reward TRL logs as `reward` (`reward_weights`)"),
+    HostInternal("reward_funcs", "trl.GRPOTrainer", "attribute",
+                 "swapped for checking wrappers while a batch is scored, the user's list again after "
+                 "(`checking_reward_outputs`)"),
+    HostInternal("reward_func_names", "trl.GRPOTrainer", "attribute",
+                 "the names TRL logs each reward function under: named in warnings and errors (`reward_func_names`)"),
+    HostInternal("temperature", "trl.GRPOTrainer", "attribute",
+                 "the sampling temperature the binomial trainer's log-probabilities use (`sampling_temperature`)"),
+    HostInternal("is_deepspeed_enabled", "transformers.Trainer", "attribute",
+                 "a DeepSpeed engine owns the models: no reset under ZeRO-3, no release (`sharding_engine`)"),
+    HostInternal("is_fsdp_enabled", "transformers.Trainer", "attribute",
+                 "FSDP shards the models: no reset, no release (`sharding_engine`)"),
+    HostInternal("optimizer", "transformers.Trainer", "attribute",
+                 "its moments are cleared by a reset with `ref_reset_optimizer` (`host_optimizer`)"),
+    HostInternal("model_wrapped", "transformers.Trainer", "attribute",
+                 "documented for reading only; the command sets it back to the model to drop the DDP wrapper before "
+                 "the process group ends (`set_wrapped_model`)"),
+    HostInternal("training_bar", "transformers.ProgressCallback", "callback attribute",
+                 "the progress bar a run interrupted by a bad reward output leaves open: closed before the message "
+                 "(`close_progress_bars`)"),
     HostInternal("_ChunkedLogProbFunction", "trl.trainer.utils", "module attribute",
                  "TRL 1.15's fused LM-head scorer (Triton; absent in 1.16): replaced by a plain-torch stand-in for "
                  "training on a CPU (`host_log_prob_scorer`, `replace_host_log_prob_scorer`; `trainers.scorer`)"),
@@ -183,7 +243,8 @@ def check_host(host: type, args, trainer_name: str, own_loss: bool) -> None:
         own_loss (`bool`): whether the trainer's loss is in use (`AdaptiveKLGRPOTrainer`: only with β > 0).
 
     Raises:
-        UnsupportedTRLError: the host lacks a method or class attribute of `HOST_INTERNALS`.
+        UnsupportedTRLError: the host lacks a method or class attribute of `HOST_INTERNALS`, or no class of its MRO
+            sets one of its training attributes.
         ValueError: `use_liger_kernel=True` on a host that computes its loss with Liger's fused GRPO loss
             (`_compute_liger_loss`), which never calls ours. TRL 1.15 and 1.16 have no such path: there Liger only
             swaps layer kernels, and the loss is TRL's own.
@@ -191,8 +252,11 @@ def check_host(host: type, args, trainer_name: str, own_loss: bool) -> None:
     missing = [
         internal.name
         for internal in HOST_INTERNALS
-        if (internal.kind == "method" and not callable(getattr(host, internal.name, None)))
+        if (
+            internal.kind == "method" and not (hasattr(host, internal.name) and callable(getattr(host, internal.name)))
+        )
         or (internal.kind == "class attribute" and not hasattr(host, internal.name))
+        or (internal.kind == "training attribute" and not assigned_in_host_source(host, internal.name))
     ]
     if missing:
         raise unsupported_trl(
@@ -205,17 +269,36 @@ def check_host(host: type, args, trainer_name: str, own_loss: bool) -> None:
         )
 
 
+@functools.cache  # once per process: it reads the modules' source
+def assigned_in_host_source(host: type, name: str) -> bool:
+    """Whether the module of a TRL or Transformers class of `host`'s MRO assigns `self.<name>`: how an attribute that
+    only the training loop sets (so a trainer that has not trained lacks it) is checked before any model is loaded."""
+    pattern = re.compile(rf"\bself\.{re.escape(name)}\s*=[^=]")
+    modules = {cls.__module__ for cls in host.__mro__ if cls.__module__.split(".")[0] in ("trl", "transformers")}
+    for module in modules:  # not ours, nor Unsloth's generated module (no source file), nor `builtins`
+        try:
+            if pattern.search(inspect.getsource(sys.modules[module])):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
 def check_host_attributes(trainer) -> None:
-    """Refuses, right after the host's `__init__`, a host that did not set an attribute of `HOST_INTERNALS`.
+    """Refuses, right after the host's `__init__`, a host that did not set an attribute of `HOST_INTERNALS`: on the
+    trainer, on its `Accelerator`, and on each of its `ProgressCallback`s.
 
     Raises:
         UnsupportedTRLError: naming the missing attributes.
     """
-    owners = {"attribute": trainer, "accelerator attribute": trainer.accelerator}
+    from transformers.trainer_callback import ProgressCallback  # not at import: see `check_trl_version`
+
+    bars = [callback for callback in trainer.callback_handler.callbacks if isinstance(callback, ProgressCallback)]
+    owners = {"attribute": [trainer], "accelerator attribute": [trainer.accelerator], "callback attribute": bars}
     missing = [
         internal.name
         for internal in HOST_INTERNALS
-        if internal.kind in owners and not hasattr(owners[internal.kind], internal.name)
+        if any(not hasattr(owner, internal.name) for owner in owners.get(internal.kind, ()))
     ]
     if missing:
         raise unsupported_trl(f"the host's __init__ set no {missing}, which {type(trainer).__name__} uses")
@@ -233,7 +316,7 @@ def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, r
 
     check_import_order(host, trl.GRPOTrainer, "GRPOTrainer")
     if args is None:
-        name = model if isinstance(model, str) else model.config._name_or_path
+        name = model if isinstance(model, str) else model.config.name_or_path
         return config_cls(f"{name.split('/')[-1]}-{run_suffix}")
     if not isinstance(args, config_cls):
         raise TypeError(
@@ -429,6 +512,117 @@ def completion_loss_mask(batch: dict):
 # --- the host's state ------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HostLossSettings:
+    """How the host aggregates the micro-batch loss that the KL term is added to, read when that loss is computed (a
+    test or a user may change them on the trainer between steps)."""
+
+    loss_type: str  # TRL's `loss_type` ("grpo", "dapo", ...)
+    importance_sampling_level: str  # "token" or "sequence"
+    max_completion_length: int | None  # dr_grpo's constant normalizer
+    accumulation_steps: float  # the optimizer step's micro-batches (1.0 in evaluation: TRL does not accumulate there)
+
+
+def host_loss_settings(trainer, mode: str) -> HostLossSettings:
+    """`trainer`'s loss aggregation for a micro-batch of `mode` ("train" or "eval")."""
+    return HostLossSettings(
+        loss_type=trainer.loss_type,
+        importance_sampling_level=trainer.importance_sampling_level,
+        max_completion_length=trainer.max_completion_length,
+        accumulation_steps=accumulation_steps(trainer) if mode == "train" else 1.0,
+    )
+
+
+def accumulation_steps(trainer) -> int:
+    """The micro-batches of the optimizer step in progress, as Transformers' training loop set them on `trainer` (fewer
+    for a last partial step). A trainer that never ran a training step (a loss computed by hand) has none yet: then
+    the configured `gradient_accumulation_steps`, what the loop sets for a full step. `check_host` has checked that the
+    loop sets it, so its absence means "not yet", never "renamed"."""
+    if "current_gradient_accumulation_steps" in vars(trainer):
+        return trainer.current_gradient_accumulation_steps
+    return trainer.args.gradient_accumulation_steps
+
+
+def set_accumulation_steps(trainer, steps: int) -> None:
+    """Sets what Transformers' training loop sets before each optimizer step (the micro-batches it accumulates over),
+    for a loss computed outside that loop: tests, benchmarks, the GPU check."""
+    trainer.current_gradient_accumulation_steps = steps
+
+
+def group_size(trainer, mode: str) -> int:
+    """The completions per prompt of a generation batch of `mode` ("train" or "eval")."""
+    return trainer.num_generations if mode == "train" else trainer.num_generations_eval
+
+
+def scale_rewards(trainer) -> str | bool:
+    """How the host scales its group advantages (TRL's `scale_rewards`)."""
+    return trainer.scale_rewards
+
+
+def reward_weights(trainer) -> torch.Tensor:
+    """The `(K,)` weights of the total reward TRL logs as `reward` (one per reward function)."""
+    return trainer.reward_weights
+
+
+def reward_func_names(trainer) -> list[str]:
+    """The names TRL logs each reward function under, in order."""
+    return trainer.reward_func_names
+
+
+def sampling_temperature(trainer) -> float:
+    """The temperature the host samples completions at (and scores their log-probabilities at)."""
+    return trainer.temperature
+
+
+def sharding_engine(trainer) -> str | None:
+    """`"deepspeed"` or `"fsdp"` when that engine owns `trainer`'s models (a reset or a release must not touch them),
+    else `None`."""
+    if trainer.is_deepspeed_enabled:
+        return "deepspeed"
+    return "fsdp" if trainer.is_fsdp_enabled else None
+
+
+def host_optimizer(trainer):
+    """`trainer`'s optimizer: `None` until `train` builds it (unless one was passed in)."""
+    return trainer.optimizer
+
+
+def reference_model(trainer):
+    """TRL's full-model reference of `trainer`: `None` for a PEFT policy (its reference is an adapter) and once
+    released (`release_reference_model`)."""
+    return trainer.ref_model
+
+
+def set_wrapped_model(trainer, model) -> None:
+    """Makes `model` the outermost model `trainer` holds (Transformers' `model_wrapped`), e.g. `trainer.model` to drop
+    a DDP wrapper before the process group it holds is destroyed."""
+    trainer.model_wrapped = model
+
+
+def close_progress_bars(trainer) -> None:
+    """Closes the training progress bar of each of `trainer`'s `ProgressCallback`s that has one open (a run that an
+    exception interrupted leaves it open, and a message printed then lands inside it)."""
+    from transformers.trainer_callback import ProgressCallback  # not at import: see `check_trl_version`
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+            callback.training_bar.close()
+            callback.training_bar = None
+
+
+@contextmanager
+def checking_reward_outputs(trainer):
+    """While the host scores a batch: `trainer.reward_funcs` holds wrappers that check what each reward function
+    returns (`inputs.checked_reward_funcs`), before TRL converts it. Outside, the list is the user's own, object for
+    object."""
+    funcs = trainer.reward_funcs
+    trainer.reward_funcs = checked_reward_funcs(funcs, trainer.reward_func_names)
+    try:
+        yield
+    finally:
+        trainer.reward_funcs = funcs
+
+
 def host_beta(trainer) -> float:
     """TRL's β of `trainer` (its config's `beta`; 0 while the host's loss runs inside ours)."""
     return trainer.beta
@@ -441,8 +635,9 @@ def metric_store(trainer, mode: str) -> dict[str, list[float]]:
 
 
 def has_metric_store(trainer) -> bool:
-    """Whether `trainer` keeps TRL's metric store (a GRPO trainer, stock or ours)."""
-    return isinstance(getattr(trainer, "_metrics", None), dict) and "train" in trainer._metrics
+    """Whether `trainer` keeps TRL's metric store (a GRPO trainer, stock or ours): the question a callback that takes
+    any trainer asks before it logs there, so a trainer without one is an answer, not an error."""
+    return hasattr(trainer, "_metrics") and isinstance(trainer._metrics, dict) and "train" in trainer._metrics
 
 
 def generation_buffer(trainer) -> list | None:

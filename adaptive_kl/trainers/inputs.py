@@ -6,16 +6,16 @@ as an `IndexError` from `generate`, a reward function returning strings as `too 
 
 - `check_train_dataset`: before any model is loaded, every prompt of a map-style dataset; `check_drawn_prompts`: the
   rows of a streaming dataset as training draws them (it is never read ahead of training);
-- `checking_reward_outputs`: while a batch is scored, wraps each reward function so that what it returns is checked
-  on every call, before TRL converts it (one float, `None` or a number-like scalar per completion); a bad output raises
-  `RewardOutputError` (a `TypeError`) naming the function, the value and the completion.
+- `checked_reward_funcs`: the reward functions wrapped so that what each returns is checked on every call, before TRL
+  converts it (one float, `None` or a number-like scalar per completion); a bad output raises `RewardOutputError` (a
+  `TypeError`) naming the function, the value and the completion. `hooks.checking_reward_outputs` hands them to the
+  host while a batch is scored.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from contextlib import contextmanager
 from numbers import Real
 
 import torch
@@ -165,18 +165,11 @@ def checked_reward_func(func: Callable, name: str) -> Callable:
     return checked
 
 
-@contextmanager
-def checking_reward_outputs(trainer):
-    """While the host scores a batch: `trainer.reward_funcs` holds `checked_reward_func` wrappers of the reward
-    functions (reward models stay as they are), so every output is checked before TRL converts it. Outside, the list
-    is the user's own, object for object."""
-    funcs = trainer.reward_funcs
-    checked = [
+def checked_reward_funcs(funcs: list, names: list[str]) -> list:
+    """`funcs` with every reward function wrapped by `checked_reward_func` under its name in `names` (reward models,
+    `torch.nn.Module`s, stay as they are). `hooks.checking_reward_outputs` hands them to the host while it scores a
+    batch."""
+    return [
         func if isinstance(func, torch.nn.Module) else checked_reward_func(func, name)
-        for func, name in zip(funcs, trainer.reward_func_names, strict=True)
+        for func, name in zip(funcs, names, strict=True)
     ]
-    trainer.reward_funcs = checked
-    try:
-        yield
-    finally:
-        trainer.reward_funcs = funcs

@@ -21,6 +21,7 @@ reference's weights differ from the model that was loaded, so every checkpoint a
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -195,3 +196,39 @@ def load_reference(directory: str, policy, ref_model) -> None:
                 f"{path}: {name} has shape {tuple(saved[name].shape)}, expected {tuple(reference.shape)}."
             )
         reference.copy_(saved[name])
+
+
+# --- the reference TRL scores a PEFT model with ----------------------------------------------------------------------
+
+
+def reference_is_base_despite_trained_adapter(model) -> bool:
+    """Whether the reference is scored with the adapter disabled although the adapter already changes the model.
+
+    TRL copies a PEFT model's adapter into a frozen `"ref"` adapter and scores the reference with it, except for
+    LoRA with `target_parameters` on peft < 0.20, where it falls back to the base model. A LoRA adapter changes the
+    model once any `lora_B` is non-zero (PEFT initializes them to zero).
+    """
+    from peft import PeftModel  # only here: this module is imported before TRL and Transformers are checked
+
+    if not isinstance(model, PeftModel) or REFERENCE_ADAPTER in model.peft_config:
+        return False
+    return any(
+        param.detach().abs().max().item() > 0
+        for name, param in model.named_parameters()
+        if "lora_B" in name or "lora_embedding_B" in name
+    )
+
+
+def warn_if_reference_is_base(model) -> None:
+    """Warns (to the trainer's caller) when the KL term of `model` would pull it back towards the base model rather
+    than towards the trained adapter it starts from (`reference_is_base_despite_trained_adapter`)."""
+    if reference_is_base_despite_trained_adapter(model):
+        warnings.warn(
+            "The PEFT model carries a trained adapter, and the reference policy is the base model with the "
+            "adapter disabled: the KL term pulls the policy back towards the base model, not towards the adapter "
+            "you start from. To regularize towards the adapter, upgrade to peft>=0.20 (TRL then copies it as the "
+            "reference), or merge it into the base model (merge_and_unload), save that and pass a new "
+            "peft_config.",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -154,3 +154,31 @@ def missing_kl_state_message(checkpoint: str, beta: float) -> str:
         f"adapted β at beta={beta} instead of its saved value. To start β afresh from this checkpoint, set "
         "resume_without_kl_state=True."
     )
+
+
+def check_resumed_kl_state(trainer, resume_from_checkpoint) -> None:
+    """Before `trainer` resumes from `resume_from_checkpoint`, before anything is loaded: refuses a damaged saved β
+    state, and a missing one (a stock TRL checkpoint) when β's trajectory depends on it, unless
+    `resume_without_kl_state=True` (β then starts afresh). A sound state is loaded later, by `on_train_begin`; the
+    reset reference's weights it saved are loaded now (`ReferenceResetter.load_saved_reference`).
+
+    Raises:
+        ValueError: the state is damaged, or missing without the opt-in.
+    """
+    args, controller = trainer.args, trainer.beta_controller
+    checkpoint = resolve_checkpoint(resume_from_checkpoint, args.output_dir)
+    if checkpoint is None:
+        return  # Transformers says so
+    saved = read_checkpoint_kl_state(checkpoint)
+    if saved is not None:
+        trainer.resetter.load_saved_reference(checkpoint, saved["reference_reset_state"])
+        return
+    if controller.has_training_state:
+        if not args.resume_without_kl_state:
+            raise ValueError(missing_kl_state_message(checkpoint, args.beta))
+        trainer.run_warnings.warn(
+            "fresh_beta",
+            f"Resuming from {checkpoint}, which has no adaptive-KL controller state: β starts afresh at "
+            f"beta={args.beta} (resume_without_kl_state=True).",
+        )
+    controller.reset()  # a fixed β_base is a function of the step: nothing is lost

@@ -106,6 +106,26 @@ def unsloth_host_module(trainer_cls: type) -> ModuleType | None:
     return None
 
 
+def prepare_unsloth_host(trainer_cls: type, kl_placement: str) -> ModuleType | None:
+    """For a trainer built on Unsloth's GRPO trainer: its generated module, with the capture shim installed; `None` on
+    plain TRL.
+
+    Raises:
+        ValueError: `kl_placement="reward"`, whose rollout scoring is Unsloth's own code, which is not hooked.
+        UnsupportedUnslothError: the generated module does not have the code the shim relies on.
+    """
+    module = unsloth_host_module(trainer_cls)
+    if module is None:
+        return None
+    if kl_placement == "reward":
+        raise ValueError(
+            "kl_placement='reward' is not supported on Unsloth's GRPOTrainer: its rollout scoring is its own "
+            "code, which this package does not hook. Use kl_placement='loss', or plain TRL."
+        )
+    install_capture_shim(module)
+    return module
+
+
 def check_import_order(ours: type, current: type, name: str) -> None:
     """Refuses a class of ours built on TRL's `name` when Unsloth has since replaced `trl.<name>`.
 

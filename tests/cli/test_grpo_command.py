@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 from tiny import launch_two_processes
 
 from adaptive_kl.cli import grpo as grpo_command
-from adaptive_kl.cli.command import main
-from adaptive_kl.cli.usage import UsageError, grpo_asks_for_unsloth
+from adaptive_kl.cli.command import grpo_asks_for_unsloth
+from adaptive_kl.console import main
+from adaptive_kl.usage import UsageError
 
 
 RECIPE = os.path.join(REPO, "demos", "grpo_recipe.yaml")
@@ -146,7 +147,7 @@ def test_local_dataset_forms(tmp_path):
 def test_reward_functions_by_name_path_and_trl_name(tmp_path, monkeypatch):
     from trl.rewards import think_format_reward
 
-    from adaptive_kl.demo.task import format_reward
+    from adaptive_kl.tasks import format_reward
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "user_rewards.py").write_text(

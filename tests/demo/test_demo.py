@@ -13,7 +13,8 @@ import torch
 from repo_paths import REPO
 from tiny import run_python
 
-from adaptive_kl.cli.command import build, main
+from adaptive_kl.console import main
+from adaptive_kl.demo.arguments import build
 from adaptive_kl.demo.report import (
     CSV_COLUMNS,
     SUMMARY_HEADER,
@@ -21,6 +22,7 @@ from adaptive_kl.demo.report import (
     step_rows,
     summarize,
     summary_table,
+    terminal_table,
     write_report,
 )
 from adaptive_kl.demo.runner import TRAINER_DEFAULTS, DemoSettings, VariantRun
@@ -215,6 +217,47 @@ def test_summary_numbers():
     assert len(table) == 4
 
 
+def test_the_format_free_accuracy_is_reported_beside_the_accuracy():
+    """The right final number, marker or not (`val_answer_accuracy`), at step 0 and at the end: a column only where
+    a run evaluated it."""
+    run = fabricated_run()
+    assert math.isnan(summarize(run)["start_answer_accuracy"])
+    assert "format-free accuracy" not in summary_table([run])
+    for evaluation, answer_accuracy in zip(run.evaluations, (0.266, 0.5, 0.125)):
+        evaluation["val_answer_accuracy"] = answer_accuracy
+    s = summarize(run)
+    assert (s["start_answer_accuracy"], s["final_answer_accuracy"]) == (0.266, 0.125)
+    header, _, row = summary_table([run]).splitlines()
+    cells = dict(zip(header.split(" | "), row.split(" | ")))
+    assert cells["format-free accuracy (step 0)"] == "0.266" and cells["format-free accuracy (final)"] == "0.125"
+
+
+# What the command prints: the columns a reader compares (summary.md keeps every column).
+TERMINAL_HEADER = [
+    "variant",
+    "val. accuracy (final)",
+    "reward (last quarter)",
+    "mean raw KL",
+    "final β",
+    "mean completion length",
+    "held-out KL to start (final)",
+    "wall time (s)",
+]
+
+
+def test_the_printed_table_keeps_the_columns_a_reader_compares():
+    """`terminal_table` is the summary table cut to accuracy, reward, KL, β, length, drift and wall time, with the
+    same cells; the full table (summary.md's) is unchanged."""
+    runs = [fabricated_run("clip"), fabricated_run("sigmoid")]
+    full = [[c.strip() for c in line.strip("|").split("|")] for line in summary_table(runs).splitlines()]
+    short = [[c.strip() for c in line.strip("|").split("|")] for line in terminal_table(runs).splitlines()]
+    assert full[0] == list(SUMMARY_HEADER) and short[0] == TERMINAL_HEADER
+    assert len(short) == len(full) == 4 and short[1] == ["---"] * len(TERMINAL_HEADER)
+    for full_row, short_row in zip(full[2:], short[2:], strict=True):
+        assert short_row == [full_row[full[0].index(header)] for header in TERMINAL_HEADER]
+    assert short[2] == ["clip", "0.400", "1.500", "0.3000", "0.02", "12.0", "n/a", "12"]
+
+
 def test_step_rows_merge_evaluations_and_keep_every_metric():
     rows = step_rows([fabricated_run()])
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -257,8 +300,9 @@ def test_quick_demo_table(quick_demo):
     """The table's numbers are those of the CSV, summarized."""
     out, result = quick_demo
     rows = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
-    # TRL logs the truncation rate, so its optional column follows the fixed ones.
-    assert rows[0] == "| " + " | ".join((*SUMMARY_HEADER, "truncated (last quarter)")) + " |"
+    # TRL logs the truncation rate and the evaluations the format-free accuracy: their optional columns follow.
+    optional = ("truncated (last quarter)", "format-free accuracy (step 0)", "format-free accuracy (final)")
+    assert rows[0] == "| " + " | ".join((*SUMMARY_HEADER, *optional)) + " |"
     assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == list(DEMO_METHODS)
     with open(out / "metrics.csv") as f:
         records = list(csv.DictReader(f))
@@ -273,8 +317,16 @@ def test_quick_demo_table(quick_demo):
         assert float(cells[4]) == pytest.approx(sum(raw) / len(raw), abs=5e-5)
         assert float(cells[6]) == pytest.approx(float(mine[-1]["adaptive_kl/current_beta"]), rel=1e-3)
         truncated = [float(r["completions/clipped_ratio"]) for r in mine if r["completions/clipped_ratio"]]
-        assert float(cells[-1]) == pytest.approx(statistics.mean(truncated[-max(1, len(truncated) // 4) :]), abs=5e-3)
-    assert "| none |" in result.stdout  # the table is also printed
+        assert float(cells[-3]) == pytest.approx(statistics.mean(truncated[-max(1, len(truncated) // 4) :]), abs=5e-3)
+        answer_accuracy = [float(r["val_answer_accuracy"]) for r in mine if r["val_answer_accuracy"]]
+        assert [float(c) for c in cells[-2:]] == pytest.approx([answer_accuracy[0], answer_accuracy[-1]], abs=5e-4)
+    # The printed table: the same rows, cut to the columns a reader compares.
+    printed = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert printed[0] == "| " + " | ".join(TERMINAL_HEADER) + " |"
+    header = rows[0].strip("| ").split(" | ")
+    for row, line in zip(rows[1:], printed[1:], strict=True):
+        cells = row.strip("| ").split(" | ")
+        assert line.strip("| ").split(" | ") == [cells[header.index(name)] for name in TERMINAL_HEADER]
 
 
 def test_quick_demo_csv(quick_demo):
@@ -379,3 +431,24 @@ def test_summary_of_retention_warnings_and_diversity():
     table = diversity_table([run, fabricated_run("sigmoid")]).splitlines()
     assert table[2].startswith("| clip | 0.250 | n/a") and table[3].startswith("| sigmoid | n/a")
     assert diversity_table([fabricated_run()]) == ""  # no run logged diversity/*
+
+
+@pytest.mark.parametrize("model", [None, "smollm2"])
+def test_the_demos_configs_set_no_parameter_their_method_does_not_read(model):
+    """The shared defaults of one method (`dynamic`'s threshold, decay and floor) are left out of the others' configs,
+    so the demo warns about nothing it did not ask for; a variant that sets one itself keeps it, and is warned."""
+    import warnings
+
+    from adaptive_kl.demo.runner import make_config
+    from adaptive_kl.demo.variants import Variant
+
+    settings = DemoSettings(model=model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        configs = {m: make_config(Variant(m, {"kl_adaptation_method": m}), settings, "unused") for m in DEMO_METHODS}
+    assert [str(w.message) for w in caught if "has no effect" in str(w.message)] == []
+    dynamic = configs["dynamic"]
+    assert dynamic.reward_threshold != 0.8 and dynamic.beta_min > 0  # the demo's own, not the config's defaults
+    with pytest.warns(UserWarning, match="reward_threshold=0.3 has no effect"):
+        kept = make_config(Variant("x", {"kl_adaptation_method": "clip", "reward_threshold": 0.3}), settings, "unused")
+    assert kept.reward_threshold == 0.3

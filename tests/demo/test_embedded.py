@@ -7,7 +7,7 @@ import os
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from adaptive_kl.demo.embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_card, embedded_policy_path
-from adaptive_kl.demo.task import evaluate_accuracy
+from adaptive_kl.tasks import evaluate_accuracy
 
 
 def test_policy_is_shipped_and_small():

@@ -1,4 +1,4 @@
-"""The chat task's general-prompt retention set (`adaptive_kl.demo.task.general`) and how reports show it."""
+"""The chat task's general-prompt retention set (`adaptive_kl.tasks.general`) and how reports show it."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from adaptive_kl.demo.report import SUMMARY_HEADER, summarize, summary_table
 from adaptive_kl.demo.runner import VariantRun, merged_by_step
-from adaptive_kl.demo.task import general
-from adaptive_kl.demo.task.general import GENERAL_CHAT_PROMPTS, general_retention_dataset
+from adaptive_kl.tasks import general
+from adaptive_kl.tasks.general import GENERAL_CHAT_PROMPTS, general_retention_dataset
 from adaptive_kl.trainers.generation import generate_greedy
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from repo_paths import REPO
 
-from adaptive_kl.cli.command import build
+from adaptive_kl.demo.arguments import build
 from adaptive_kl.demo.run_files import load_runs
 
 
@@ -29,7 +29,7 @@ def script():
 
 
 def test_every_real_study_is_a_valid_comparison_on_the_real_model(script, tmp_path, monkeypatch):
-    monkeypatch.setattr("adaptive_kl.cli.command.check_model", lambda *args: None)  # no conversion needed to parse
+    monkeypatch.setattr("adaptive_kl.demo.arguments.check_model", lambda *args: None)  # no conversion needed to parse
     for name in script.STUDIES:
         for run in script.planned_runs(script.STUDIES, [name], [0]):
             settings, variants, _, _ = build(run.command(str(tmp_path), script.STUDIES)[3:])

@@ -19,6 +19,7 @@ from adaptive_kl.demo.report import (
     panel_bounds,
     summarize,
     summary_table,
+    terminal_table,
     write_plots,
 )
 from adaptive_kl.demo.runner import VariantRun
@@ -99,6 +100,25 @@ def test_the_table_gives_means_intervals_seeds_and_paired_differences():
     (log_vs_none,) = differences[1:]
     assert log_vs_none[:2] == ["kl_scaling=log", "3"]
     assert log_vs_none[2] == f"+0.060 ± {4.302653 * 0.01 / math.sqrt(3):.3f}"  # paired: s of (0.05, 0.07, 0.06)
+    assert "Paired differences from kl_scaling=none" in text
+
+
+def test_the_printed_table_over_seeds_keeps_its_intervals_and_paired_differences():
+    """The table the command prints has the seed means and the paired differences of the full table, for the columns
+    a reader compares alone."""
+    text = terminal_table(RUNS)
+    tables = [[cells(line) for line in block.splitlines() if line.startswith("| ")] for block in text.split("\n\n")]
+    means, differences = [t for t in tables if t]
+    wanted = ["val. accuracy (final)", "reward (last quarter)", "mean raw KL", "final β", "mean completion length",
+              "held-out KL to start (final)", "wall time (s)"]  # fmt: skip
+    assert means[0] == ["variant", "seeds", *wanted] == differences[0]
+    full = [
+        [cells(line) for line in block.splitlines() if line.startswith("| ")]
+        for block in summary_table(RUNS).split("\n\n")
+    ]
+    full_means = [t for t in full if t][0]
+    for row, full_row in zip(means[1:], full_means[1:], strict=True):
+        assert row == [full_row[full_means[0].index(name)] for name in means[0]]
     assert "Paired differences from kl_scaling=none" in text
 
 

@@ -9,7 +9,7 @@ import os
 import pytest
 from repo_paths import REPO
 
-from adaptive_kl.cli.command import build
+from adaptive_kl.demo.arguments import build
 
 
 SCRIPT = os.path.join(REPO, "scripts", "run_studies.py")

@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-from adaptive_kl.demo.task import TASK_REWARDS
 from adaptive_kl.models import MissingModelError, smollm2_path
+from adaptive_kl.tasks import TASK_REWARDS
 
 
 # Two prompts of different lengths (one with a system message), so the batch is left-padded.
@@ -240,9 +240,9 @@ def test_converted_checkpoint_is_the_gguf_model_as_a_plain_float_model(smollm2_d
 def test_a_missing_package_names_the_install_command(monkeypatch, tmp_path):
     import importlib.util
 
-    from adaptive_kl.cli.command import build
-    from adaptive_kl.cli.usage import UsageError
+    from adaptive_kl.demo.arguments import build
     from adaptive_kl.models import smollm2 as module
+    from adaptive_kl.usage import UsageError
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -259,8 +259,8 @@ def test_a_missing_package_names_the_install_command(monkeypatch, tmp_path):
 def test_demo_settings_for_the_named_policy(smollm2_dir, tmp_path):
     """`--model smollm2` picks the chat task and the real-model budget; the embedded policy cannot take the chat
     task."""
-    from adaptive_kl.cli.command import build
-    from adaptive_kl.cli.usage import UsageError
+    from adaptive_kl.demo.arguments import build
+    from adaptive_kl.usage import UsageError
 
     settings, variants, _, _ = build(["demo", "--model", "smollm2", "--out", str(tmp_path)])
     assert (settings.task, settings.steps, settings.n_validation) == ("chat", 20, 64)

@@ -279,7 +279,7 @@ def test_accuracy_with_fake_score_function(trainer):
 
 
 def test_accuracy_accepts_a_task_reward_function(trainer):
-    from adaptive_kl.demo.task import accuracy_reward
+    from adaptive_kl.tasks import accuracy_reward
 
     data = {"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}
     callback = RetentionCallback(

@@ -181,3 +181,59 @@ def test_trainer_refuses_a_plain_grpo_config(tiny_model_dir):
     with pytest.raises(TypeError, match="AdaptiveKLGRPOConfig"):
         AdaptiveKLGRPOTrainer(model=tiny_model_dir, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
                               args=GRPOConfig(output_dir="unused", report_to="none", use_cpu=True))  # fmt: skip
+
+
+# A parameter set while nothing reads it: (its field, a value other than the default, the settings that read it).
+UNREAD_PARAMETERS = [
+    ("kl_clip_threshold", 0.5, {"kl_adaptation_method": "clip"}),
+    ("kl_target", 0.3, {"kl_adaptation_method": "sigmoid"}),
+    ("dynamic_beta_decay", 0.5, {"kl_adaptation_method": "dynamic"}),
+    ("reward_threshold", 0.5, {"kl_adaptation_method": "dynamic"}),
+    ("beta_schedule_steps", 50, {"kl_adaptation_method": "dynamic"}),
+    ("target_kl", 0.2, {"kl_controller": "stepwise"}),
+    ("kl_horizon", 500, {"kl_controller": "adaptive"}),
+    ("beta_min", 0.01, {"kl_controller": "stepwise"}),
+    ("kl_monitor_steps", 5, {"kl_adaptation_method": "dynamic"}),
+    ("resume_without_kl_state", True, {"kl_adaptation_method": "dynamic"}),
+]
+
+
+def unread_warnings(**kwargs) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config(**kwargs)
+    return [str(w.message) for w in caught if "has no effect" in str(w.message)]
+
+
+def test_every_parameter_with_a_reader_is_covered():
+    from adaptive_kl.trainers.config import PARAMETER_READERS
+
+    assert [name for name, _, _ in UNREAD_PARAMETERS] == list(PARAMETER_READERS)
+
+
+@pytest.mark.parametrize("name,value,readers", UNREAD_PARAMETERS, ids=[p[0] for p in UNREAD_PARAMETERS])
+def test_a_parameter_nothing_reads_warns_naming_what_would_read_it(name, value, readers):
+    """Set while its method (or controller) is off: one warning naming the field and what makes it take effect; with
+    beta=0 the warning says beta > 0 too; with its reader on, or at its default, none."""
+    from adaptive_kl.trainers.config import PARAMETER_READERS
+
+    reader = PARAMETER_READERS[name][1]
+    assert unread_warnings(beta=0.1, **{name: value}) == [
+        f"{name}={value!r} has no effect: it is read only with {reader}."
+    ]
+    if name == "beta_min":  # above beta=0 it is refused: beta_min must lie in [0, beta]
+        with pytest.raises(ValueError, match=r"beta_min must be a finite number in \[0, beta=0.0\]"):
+            config(beta=0.0, beta_min=value)
+    else:
+        assert unread_warnings(beta=0.0, **{name: value}) == [
+            f"{name}={value!r} has no effect: it is read only with beta > 0 and {reader}."
+        ]
+    assert unread_warnings(beta=0.1, **readers, **{name: value}) == []
+    assert unread_warnings(beta=0.1, **readers) == []
+
+
+def test_kl_target_and_target_kl_point_to_each_other():
+    """The sigmoid's centre and the controllers' target: each help says who reads it and names the other."""
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(AdaptiveKLGRPOConfig)}
+    assert "sigmoid only" in helps["kl_target"] and "target_kl" in helps["kl_target"]
+    assert "kl_controller='adaptive' or 'stepwise' only" in helps["target_kl"] and "kl_target" in helps["target_kl"]

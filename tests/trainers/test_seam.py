@@ -4,10 +4,15 @@ override set, instead of training without the KL term's gradient."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import inspect
+import pathlib
+import re
 
 import pytest
 import torch
+from packaging.version import Version
 from repo_paths import REPO
 from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, make_trainer, prompt_dataset
 from transformers import AutoTokenizer
@@ -15,7 +20,12 @@ from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
-from adaptive_kl.trainers.hooks import ALLOW_UNSUPPORTED_ENV, SUPPORTED_TRL, UnsupportedTRLError
+from adaptive_kl.trainers.hooks import (
+    ALLOW_UNSUPPORTED_ENV,
+    SUPPORTED_TRL,
+    UnsupportedTRLError,
+    installed_trl_version,
+)
 
 
 TRAINERS = [
@@ -172,124 +182,246 @@ def test_scoring_without_calculate_rewards_is_refused(tiny_model_dir, tmp_path, 
         trainer.train()
 
 
-# --- one table of the host's internals -------------------------------------------------------------------------------
+# --- one seam: every undocumented name of the host in one table, reached only through hooks.py -----------------------
 
-SEAM_MODULES = ("adaptive_kl/trainers/hooks.py", "adaptive_kl/trainers/unsloth.py")  # the two tables
-TRAINER_NAMES = {"trainer", "host", "GRPOTrainer", "Trainer"}  # names that hold a host trainer or its class
+SEAM_MODULES = (
+    "adaptive_kl/trainers/hooks.py",
+    "adaptive_kl/trainers/unsloth.py",
+)  # the two tables and their accessors
+HOST_HOLDERS = {"trainer", "host", "callback"}  # variables and parameters that hold a host object (or `x.trainer`)
+# What TRL and Transformers document as public API of a trainer and of its callbacks: any module may use it.
+DOCUMENTED = {
+    "args", "model", "accelerator", "state", "control", "processing_class", "train_dataset", "eval_dataset",
+    "callback_handler", "add_callback", "remove_callback", "pop_callback", "train", "evaluate", "predict", "log",
+    "compute_loss", "training_step", "save_model", "push_to_hub", "create_model_card", "end", "is_world_process_zero",
+    "is_in_train",
+}  # fmt: skip
 
 
-def host_private_names() -> set[str]:
-    """Every private name the host classes define or set on themselves: the methods and class attributes of
-    `trl.GRPOTrainer` and its bases (TRL's `_BaseTrainer`, `transformers.Trainer`), and each `self._name = ...` in
-    their modules' source."""
-    import inspect
-    import re
+# Accesses that the owners of these modules still have to move to the seam's accessors: module → names of the table.
+def host_names() -> set[str]:
+    """Every name the host defines or sets: the methods and class attributes of `trl.GRPOTrainer`'s MRO (TRL's
+    trainers, `transformers.Trainer`) and of `transformers.ProgressCallback`, and each `self.<name> = ...` in their
+    modules."""
+    from transformers.trainer_callback import ProgressCallback
 
     names = set()
-    for cls in GRPOTrainer.__mro__[:-1]:
-        names |= {name for name in vars(cls) if name.startswith("_") and not name.startswith("__")}
-        names |= set(re.findall(r"self\.(_[A-Za-z]\w*)\s*(?::[^=\n]+)?=", inspect.getsource(inspect.getmodule(cls))))
+    for cls in [*GRPOTrainer.__mro__[:-1], *ProgressCallback.__mro__[:-1]]:
+        names |= {name for name in vars(cls) if not name.startswith("__")}
+        source = inspect.getsource(inspect.getmodule(cls))
+        names |= set(re.findall(r"self\.([A-Za-z_]\w*)\s*(?::[^=\n]+)?=(?!=)", source))
     return names
 
 
-def seam_violations(source: str, private: set[str]) -> list[str]:
-    """Where `source` names a private attribute of the host outside the seam: an override or class attribute in a
-    subclass of the host, `self.<name>` inside one (and `self.beta`, TRL's β), `<trainer>.<name>` anywhere, and
-    `getattr(x, "<name>", ...)`."""
-    import ast
+def own_names(trees: list[ast.AST]) -> set[str]:
+    """The names the package defines on its classes: methods, class attributes, and each `self.<name> = ...`."""
+    names = set()
+    for tree in trees:
+        for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+            for item in cls.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(item.name)
+                for target in item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]:
+                    if isinstance(target, ast.Name):
+                        names.add(target.id)
+            for node in ast.walk(cls):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                for target in targets:
+                    for element in target.elts if isinstance(target, ast.Tuple) else [target]:
+                        if isinstance(element, ast.Attribute) and is_name(element.value, "self"):
+                            names.add(element.attr)
+    return names
 
+
+def is_name(node: ast.AST, *names: str) -> bool:
+    return isinstance(node, ast.Name) and node.id in names
+
+
+def is_host_class(cls: ast.ClassDef) -> bool:
+    """A subclass of the host trainer: one of its bases is named `...Trainer` or is the seam's `HostHooks`."""
+    bases = [base.id if isinstance(base, ast.Name) else getattr(base, "attr", "") for base in cls.bases]
+    return any(base.endswith("Trainer") or base == "HostHooks" for base in bases)
+
+
+def holds_host(node: ast.AST) -> bool:
+    """`trainer`, `host`, `callback`, or `<anything>.trainer`."""
+    return is_name(node, *HOST_HOLDERS) or (isinstance(node, ast.Attribute) and node.attr == "trainer")
+
+
+def seam_violations(source: str, host: set[str], own: set[str], in_seam: bool = False) -> list[tuple[str, str]]:
+    """`(name, where)` for each use in `source` of a host name that is not documented API: `self.<name>` in a subclass
+    of the host, `<holder>.<name>` on a variable or parameter that holds a host object, `getattr`/`hasattr`/`setattr`/
+    `delattr(<holder>, "<name>")`, and a method or class attribute of a subclass of the host that overrides one.
+    A name is undocumented when it is not in `DOCUMENTED` and either the host has it or the package does not define it
+    (a name of unknown origin). `getattr(<holder>, "<name>", default)` is flagged whatever the name, and in the seam
+    too (`in_seam`: only that rule applies): a missing host attribute must fail at construction, not fall back."""
     found = []
 
-    def flag(node, what):
-        found.append(f"line {node.lineno}: {what}")
+    def undocumented(name: str) -> bool:
+        return not name.startswith("__") and name not in DOCUMENTED and (name in host or name not in own)
 
     tree = ast.parse(source)
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", None) for b in cls.bases}
-        if not bases & {"HostHooks", "GRPOTrainer", "Trainer"}:
-            continue
-        for item in cls.body:
-            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in private:
-                flag(item, f"{cls.name} overrides {item.name}")
-            targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
-            for target in targets:
-                if isinstance(target, ast.Name) and target.id in private:
-                    flag(item, f"{cls.name} sets {target.id}")
-        for node in ast.walk(cls):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "self"
-                and node.attr in private | {"beta"}
-            ):
-                flag(node, f"self.{node.attr} in {cls.name}")
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in private:
-            holder = node.value
-            if (isinstance(holder, ast.Name) and holder.id in TRAINER_NAMES) or (
-                isinstance(holder, ast.Attribute) and holder.attr == "trainer"
-            ):
-                flag(node, f"{ast.unparse(node)}")
         if (
             isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in ("getattr", "hasattr", "setattr")
+            and is_name(node.func, "getattr", "hasattr", "setattr", "delattr")
             and len(node.args) >= 2
             and isinstance(node.args[1], ast.Constant)
-            and node.args[1].value in private
+            and holds_host(node.args[0])
         ):
-            flag(node, f"{node.func.id}(..., {node.args[1].value!r})")
+            name = node.args[1].value
+            if node.func.id == "getattr" and len(node.args) == 3:
+                found.append((name, f"line {node.lineno}: {ast.unparse(node)} (a silent fallback)"))
+            elif not in_seam and undocumented(name):
+                found.append((name, f"line {node.lineno}: {ast.unparse(node)}"))
+    if in_seam:
+        return found
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and holds_host(node.value) and undocumented(node.attr):
+            found.append((node.attr, f"line {node.lineno}: {ast.unparse(node)}"))
+    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and is_host_class(node)):
+        for item in cls.body:
+            targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
+            defined = [item.name] if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+            for name in defined + [target.id for target in targets if isinstance(target, ast.Name)]:
+                if name in host and undocumented(name):
+                    found.append((name, f"line {item.lineno}: {cls.name} overrides {name}"))
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Attribute) and is_name(node.value, "self") and undocumented(node.attr):
+                found.append((node.attr, f"line {node.lineno}: self.{node.attr} in {cls.name}"))
     return found
 
 
-def test_no_module_but_the_seam_names_a_private_attribute_of_the_host():
-    """Every private name of TRL's and Transformers' trainers that the package uses is in `hooks.HOST_INTERNALS`
-    (or Unsloth's table), and only the two seam modules name one."""
-    import pathlib
-
-    private = host_private_names()
+@pytest.fixture(scope="module")
+def package_sources() -> dict[str, str]:
     root = pathlib.Path(REPO)
-    violations = {
-        str(path.relative_to(root)): found
-        for path in sorted((root / "adaptive_kl").rglob("*.py"))
-        if str(path.relative_to(root)) not in SEAM_MODULES and (found := seam_violations(path.read_text(), private))
-    }
-    assert not violations, violations
+    return {str(path.relative_to(root)): path.read_text() for path in sorted((root / "adaptive_kl").rglob("*.py"))}
 
 
-def test_the_seam_check_sees_each_way_of_naming_a_host_internal():
-    """The source check itself: each pattern it must catch is caught, and the package's own names are not."""
-    private = host_private_names()
-    assert {"_metrics", "_logs", "_buffered_inputs", "_save_checkpoint", "_get_output_dir", "_tag_names"} <= private
+@pytest.fixture(scope="module")
+def names(package_sources) -> tuple[set[str], set[str]]:
+    """The host's names, and the package's own (those of the host it sets excepted: they stay the host's)."""
+    host = host_names()
+    return host, own_names([ast.parse(source) for source in package_sources.values()]) - host
+
+
+def test_only_the_seam_reaches_an_undocumented_name_of_the_host(package_sources, names):
+    """Every name of TRL's and Transformers' trainers (and of their `ProgressCallback`) that the package uses and that
+    they do not document is in `hooks.HOST_INTERNALS`, and only the seam modules (`hooks.py`, `unsloth.py`) use one;
+    no module, the seam included, reads one with a default (`getattr(trainer, name, None)`)."""
+    from adaptive_kl.trainers.hooks import HOST_INTERNALS
+
+    table = {internal.name for internal in HOST_INTERNALS}
+    outside, unlisted, fallbacks = {}, {}, {}
+    for path, source in package_sources.items():
+        in_seam = path in SEAM_MODULES
+        for name, where in seam_violations(source, *names, in_seam=in_seam):
+            if "silent fallback" in where:
+                fallbacks.setdefault(path, []).append(where)
+            elif name not in table:
+                unlisted.setdefault(path, []).append(where)
+            elif not in_seam:
+                outside.setdefault(path, []).append(where)
+    assert not unlisted, f"host names missing from hooks.HOST_INTERNALS: {unlisted}"
+    assert not outside, f"reach these through an accessor of trainers/hooks.py: {outside}"
+    assert not fallbacks, f"a missing host attribute must fail at construction (check_host_attributes): {fallbacks}"
+
+
+def test_the_seam_check_fails_on_a_direct_access_to_the_host(names):
+    """The source check itself: each way of reaching an undocumented host name outside the seam is caught, and the
+    package's own names and the host's documented API are not."""
+    host, own = names
+    assert {"loss_type", "scale_rewards", "current_gradient_accumulation_steps", "_metrics", "_tag_names"} <= host
     caught = seam_violations(
         "class T(HostHooks, GRPOTrainer):\n"
         "    _tag_names = ['x']\n"
         "    def _save_checkpoint(self, model, trial):\n"
         "        self._metrics['train']['a'].append(self.beta)\n"
+        "    def compute_loss(self, model, inputs):\n"
+        "        return self.loss_type\n"
         "def f(trainer):\n"
         "    trainer._logs.clear()\n"
-        "    return getattr(trainer, '_buffered_inputs', None)\n",
-        private,
+        "    steps = getattr(trainer, 'current_gradient_accumulation_steps', None) or 1\n"
+        "    return getattr(trainer, 'scale_rewards', None), trainer.num_generations_eval, steps\n"
+        "class Recorder:\n"
+        "    def on_step_end(self):\n"
+        "        return self.trainer.reward_weights, hasattr(self.trainer, 'temperature')\n",
+        host,
+        own,
     )
-    assert len(caught) == 6, caught
-    own = "class T(HostHooks, GRPOTrainer):\n    def _record(self):\n        self._step_stats = 1\n"
-    assert not seam_violations(own, private)
+    assert {name for name, _ in caught} == {
+        "_tag_names", "_save_checkpoint", "_metrics", "beta", "loss_type", "_logs", "scale_rewards",
+        "current_gradient_accumulation_steps", "num_generations_eval", "reward_weights", "temperature",
+    }, caught  # fmt: skip
+    assert [where for _, where in caught if "silent fallback" in where] == [
+        "line 9: getattr(trainer, 'current_gradient_accumulation_steps', None) (a silent fallback)",
+        "line 10: getattr(trainer, 'scale_rewards', None) (a silent fallback)",
+    ]
+    own_use = (
+        "class T(HostHooks, GRPOTrainer):\n"
+        "    def compute_loss(self, model, inputs):\n"
+        "        self._step_stats = 1\n"
+        "        return self.beta_controller, self.args.loss_type, self.accelerator, self.callback_handler\n"
+        "def f(trainer):\n"
+        "    trainer.add_callback(None)\n"
+        "    return trainer.state.global_step, trainer.kl_monitor\n"
+    )
+    assert not seam_violations(own_use, host, own | {"_step_stats"})
+    # In the seam only the fallback is refused; elsewhere a name nobody defines is refused too.
+    assert seam_violations("x = trainer._metrics\ny = getattr(trainer, '_logs', None)\n", host, own, in_seam=True) == [
+        ("_logs", "line 2: getattr(trainer, '_logs', None) (a silent fallback)")
+    ]
+    assert seam_violations("x = trainer.no_such_name\n", host, own) == [
+        ("no_such_name", "line 1: trainer.no_such_name")
+    ]
 
 
-def test_the_table_holds_every_internal_of_the_installed_host():
-    """Each entry exists in the installed TRL and Transformers: methods and class attributes on the class, attributes
-    on a built trainer; and the table is what `check_host` and `check_host_attributes` verify."""
+def test_the_table_holds_every_internal_of_the_installed_host(tiny_model_dir, tmp_path):
+    """Each entry exists in the installed TRL, Transformers and Accelerate, where its kind says: methods and class
+    attributes on the class, attributes on a built trainer, training attributes in the host's source, callback
+    attributes on a `ProgressCallback`, accelerator attributes on an `Accelerator`, module attributes in their module
+    (TRL 1.15's fused scorer only there)."""
+    import importlib
+
     import accelerate
+    from transformers.trainer_callback import ProgressCallback
 
-    from adaptive_kl.trainers.hooks import HOST_INTERNALS
+    from adaptive_kl.trainers.hooks import HOST_INTERNALS, INTERNAL_KINDS, assigned_in_host_source
 
-    host = [internal for internal in HOST_INTERNALS if internal.owner != "accelerate.Accelerator"]
-    assert {internal.name for internal in host} <= host_private_names() | {"beta", "ref_model"}
-    assert {internal.kind for internal in host} == {"method", "class attribute", "attribute"}
-    assert all(internal.use and internal.owner in ("trl.GRPOTrainer", "transformers.Trainer") for internal in host)
-    accelerator = [internal for internal in HOST_INTERNALS if internal not in host]
-    assert {internal.kind for internal in accelerator} == {"accelerator attribute"}
-    assert all(hasattr(accelerate.Accelerator(cpu=True), internal.name) for internal in accelerator)
+    trainer = make_trainer(
+        AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=0.1, output_dir=str(tmp_path)
+    )
+    owners = {
+        "method": GRPOTrainer,
+        "class attribute": GRPOTrainer,
+        "attribute": trainer,
+        "accelerator attribute": accelerate.Accelerator(cpu=True),
+        "callback attribute": ProgressCallback(),
+    }
+    assert {internal.kind for internal in HOST_INTERNALS} <= set(INTERNAL_KINDS) | {"module attribute"}
+    for internal in HOST_INTERNALS:
+        assert internal.use and internal.owner, internal
+        if internal.kind == "training attribute":
+            assert assigned_in_host_source(GRPOTrainer, internal.name), internal
+        elif internal.kind == "module attribute":
+            module = importlib.import_module(internal.owner)
+            assert hasattr(module, internal.name) or Version(installed_trl_version()) >= Version("1.16"), internal
+        else:
+            assert hasattr(owners[internal.kind], internal.name), internal
+
+
+def test_a_host_whose_training_loop_sets_no_attribute_of_the_table_fails_at_construction(monkeypatch):
+    """A training attribute (set by the host's training loop, so a new trainer lacks it) is checked in the host's
+    source before any model is loaded: a host that no longer sets it is refused, naming it."""
+    from adaptive_kl.trainers import hooks
+
+    renamed = hooks.HostInternal("renamed_accumulation_steps", "transformers.Trainer", "training attribute", "a test")
+    monkeypatch.setattr(hooks, "HOST_INTERNALS", (*hooks.HOST_INTERNALS, renamed))
+    args = AdaptiveKLGRPOConfig(**{**TRAIN_KWARGS, "beta": 0.1})
+    with pytest.raises(UnsupportedTRLError, match=r"has no \['renamed_accumulation_steps'\]"):
+        hooks.check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=True)
+    monkeypatch.setattr(hooks, "HOST_INTERNALS", hooks.HOST_INTERNALS[:-1])
+    hooks.check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=True)
 
 
 @pytest.mark.parametrize("name", ["_get_output_dir", "_load_callback_state", "_prepare_inputs", "_tag_names"])
@@ -305,7 +437,9 @@ def test_a_host_without_a_method_of_the_table_fails_at_construction(tiny_model_d
             trainer_cls(model=tiny_model_dir, reward_funcs=[length_reward], args=args, train_dataset=prompt_dataset())
 
 
-@pytest.mark.parametrize("name", ["_metrics", "_logs", "_buffered_inputs", "beta", "ref_model", "_models"])
+@pytest.mark.parametrize(
+    "name", ["_metrics", "_logs", "_buffered_inputs", "beta", "ref_model", "_models", "loss_type", "is_fsdp_enabled"]
+)
 def test_a_host_that_sets_no_attribute_of_the_table_fails_at_construction(tiny_model_dir, tmp_path, monkeypatch,
                                                                           name):  # fmt: skip
     """A TRL whose `__init__` no longer sets an attribute of the table (or an Accelerate whose `Accelerator` no

@@ -37,6 +37,7 @@ from ...kl.placement import total_rewards
 from ...trainers.hooks import (
     MULTIMODAL_INPUTS,
     HostHooks,
+    accumulation_steps,
     check_host,
     check_host_attributes,
     completion_loss_mask,
@@ -44,6 +45,8 @@ from ...trainers.hooks import (
     metric_store,
     replace_logged_advantages,
     resolve_args,
+    reward_weights,
+    sampling_temperature,
     unsupported_trl,
 )
 from ...trainers.inputs import check_train_dataset, train_dataset_argument
@@ -56,6 +59,7 @@ from .loss import (
     spo_advantages,
     token_log_probs_from_logits,
 )
+from .statistics import MicroBatchSums
 
 
 class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
@@ -81,7 +85,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
     # --- advantages -----------------------------------------------------------------------------------------------
 
     def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
-        rewards = total_rewards(rewards_per_func, self.reward_weights)  # (N_global,), as TRL logs `reward`
+        rewards = total_rewards(rewards_per_func, reward_weights(self))  # (N_global,), as TRL logs `reward`
         # This process's rows, sliced as TRL slices its advantages.
         local = len(output["completion_ids"])
         start = self.accelerator.process_index * local
@@ -101,42 +105,24 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
         advantages, correct = spo_advantages(inputs["advantages"], mask, args.correct_reward_threshold)
         step_correct_local = self._step_correct_local(inputs, correct, mode)
         mask_f = mask.to(per_token_kl.dtype)
-        # One collective for the normalizer and every metric.
-        with torch.no_grad():
+        with torch.no_grad():  # one collective for the normalizer and every metric
             lengths = mask_f.sum(-1).clamp(min=1.0)
             seq_terms = ((advantages * per_token_kl).detach() * mask_f).sum(-1) / lengths
-            stats = torch.stack(
-                [
-                    step_correct_local.to(mask_f.dtype),
-                    correct.sum().to(mask_f.dtype),
-                    torch.tensor(float(correct.numel()), device=mask.device, dtype=mask_f.dtype),
-                    (mask_f * active * correct.unsqueeze(-1)).sum(),
-                    mask_f.sum(),
-                    (log_probs.log_p.detach().exp() * mask_f).sum(),
-                    (log_probs.log_p_max.detach().exp() * mask_f).sum(),
-                    seq_terms[correct].sum(),
-                ]
-            )
-            stats = self.accelerator.reduce(stats, reduction="sum")
-        num_correct = stats[0]
-        loss = binomial_kl_loss(per_token_kl, advantages, mask, correct, num_correct)
+            sums = MicroBatchSums(
+                step_correct=step_correct_local.to(mask_f.dtype),
+                correct=correct.sum().to(mask_f.dtype),
+                sequences=torch.tensor(float(correct.numel()), device=mask.device, dtype=mask_f.dtype),
+                active_tokens=(mask_f * active * correct.unsqueeze(-1)).sum(),
+                tokens=mask_f.sum(),
+                p_chosen=(log_probs.log_p.detach().exp() * mask_f).sum(),
+                p_max=(log_probs.log_p_max.detach().exp() * mask_f).sum(),
+                objective=seq_terms[correct].sum(),
+            ).reduced(self.accelerator)
+        loss = binomial_kl_loss(per_token_kl, advantages, mask, correct, sums.step_correct)
         # DDP averages gradients over the P processes: scale by P so the step's gradient is the global sum / N_correct.
         loss = loss * self.accelerator.num_processes
-        accumulation = self._accumulation_steps() if mode == "train" else 1
-        metrics = metric_store(self, mode)
-        # × accumulation: TRL averages the appended values over the step's micro-batches, whose sum is the objective.
-        metrics["binomial_kl/loss"].append((stats[7] / num_correct.clamp(min=1.0)).item() * accumulation)
-        metrics["binomial_kl/num_correct"].append(num_correct.item())
-        metrics["binomial_kl/correct_fraction"].append((stats[1] / stats[2].clamp(min=1.0)).item())
-        tokens = stats[4].clamp(min=1.0)
-        metrics["binomial_kl/active_token_fraction"].append((stats[3] / tokens).item())
-        metrics["binomial_kl/p_chosen"].append((stats[5] / tokens).item())
-        metrics["binomial_kl/p_max"].append((stats[6] / tokens).item())
+        sums.write_metrics(metric_store(self, mode), accumulation_steps(self) if mode == "train" else 1)
         return loss
-
-    def _accumulation_steps(self) -> int:
-        # Set by Trainer.train (smaller for a last partial step); the configured value before training starts.
-        return getattr(self, "current_gradient_accumulation_steps", None) or self.args.gradient_accumulation_steps
 
     def _token_log_probs(self, model, inputs, mode: str) -> BinomialLogProbs:
         """The four `(B, T)` log-probabilities of the policy at the sampling temperature, forward in row chunks."""
@@ -153,6 +139,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
         args = self.args
         rows = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         rows = max(1, rows or input_ids.size(0))
+        temperature = sampling_temperature(self)
         parts = []
         for start in range(0, input_ids.size(0), rows):
             end = min(start + rows, input_ids.size(0))
@@ -166,7 +153,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
                 ).logits
             if logits.size(1) != length:  # a model that ignores an index `logits_to_keep` returns every position
                 logits = logits[:, total - length - 1 : total - 1]
-            parts.append(token_log_probs_from_logits(logits, completion_ids[start:end], self.temperature))
+            parts.append(token_log_probs_from_logits(logits, completion_ids[start:end], temperature))
             del logits
         return BinomialLogProbs(*(torch.cat(fields) for fields in zip(*parts, strict=True)))
 
@@ -174,7 +161,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
         """This process's correct sequences in the optimizer step that `inputs` belongs to.
 
         In training, `inputs` is one slot of TRL's generation buffer (`hooks.generation_buffer`), and the step is the
-        `current_gradient_accumulation_steps` consecutive slots that contain it. Anything else (evaluation, or a batch
+        `hooks.accumulation_steps` consecutive slots that contain it. Anything else (evaluation, or a batch
         passed to `compute_loss` directly) is a whole step by itself.
         """
         buffer = generation_buffer(self) if mode == "train" else None
@@ -187,7 +174,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
                     "cannot count the correct sequences of the optimizer step"
                 )
             return correct.sum()
-        accumulation = self._accumulation_steps()
+        accumulation = accumulation_steps(self)
         first = slot - slot % accumulation
         threshold = self.args.correct_reward_threshold
         return sum(

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 from trl.trainer.utils import get_callable_name
 
-from adaptive_kl.demo.task.answers import (
+from adaptive_kl.tasks.answers import (
     answers_match,
     completion_text,
     extract_answer,
     has_answer_format,
     normalize_number,
 )
-from adaptive_kl.demo.task.problems import KINDS, format_prompt, generate_problems
-from adaptive_kl.demo.task.rewards import TASK_REWARDS, accuracy_reward, format_reward
+from adaptive_kl.tasks.problems import KINDS, format_prompt, generate_problems
+from adaptive_kl.tasks.rewards import TASK_REWARDS, accuracy_reward, format_reward
 
 
 @pytest.mark.parametrize(
@@ -272,7 +272,7 @@ def test_generator_rejects_invalid_arguments():
 
 
 def test_task_splits_are_disjoint_and_stable():
-    from adaptive_kl.demo.task.problems import task_splits
+    from adaptive_kl.tasks.problems import task_splits
 
     train, validation = task_splits(3000, 200, seed=0)
     assert len(validation) == len({p.question for p in validation}) == 200
@@ -287,7 +287,7 @@ def test_task_splits_are_disjoint_and_stable():
 
 def test_embedded_validation_never_moves_with_the_seed_nor_meets_training_problems():
     from adaptive_kl.demo.embedded import embedded_datasets
-    from adaptive_kl.demo.task.problems import task_splits
+    from adaptive_kl.tasks.problems import task_splits
 
     _, validation = embedded_datasets(10)
     for seed in (1, 2):

@@ -60,7 +60,7 @@ def general_retention_dataset(model, tokenizer, max_new_tokens: int, n: int | No
     Call it on the policy before training: the answers are the starting policy's own."""
     from datasets import Dataset
 
-    from ...trainers.generation import generate_greedy, prompt_texts
+    from ..trainers.generation import generate_greedy, prompt_texts
 
     conversations = general_chat_prompts(n)
     texts, _ = prompt_texts(tokenizer, conversations)

@@ -7,11 +7,11 @@ import json
 import datasets
 import pytest
 
-from adaptive_kl.demo.task import gsm8k
-from adaptive_kl.demo.task.answers import extract_answer
-from adaptive_kl.demo.task.gsm8k import gsm8k_final_answer, load_gsm8k
-from adaptive_kl.demo.task.problems import format_prompt
-from adaptive_kl.demo.task.rewards import accuracy_reward, format_reward
+from adaptive_kl.tasks import gsm8k
+from adaptive_kl.tasks.answers import extract_answer
+from adaptive_kl.tasks.gsm8k import gsm8k_final_answer, load_gsm8k
+from adaptive_kl.tasks.problems import format_prompt
+from adaptive_kl.tasks.rewards import accuracy_reward, format_reward
 
 
 # Rows in GSM8K's format: multi-line reasoning with `<<...>>` calculator annotations, then `#### <answer>`.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...trainers.generation import generate_greedy
+from ..trainers.generation import generate_greedy
 from .answers import answers_match, extract_answer, final_number, has_answer_format
 
 

@@ -1,13 +1,18 @@
-"""Command-line input checks shared by the `adaptive-kl` subcommands: each bad input is a `UsageError`, which the
-command prints as `adaptive-kl: error: ...` and exits with status 2, before anything is trained."""
+"""What the `adaptive-kl` subcommands share, the training command (`adaptive_kl.cli`) and the demo's
+(`adaptive_kl.demo.command`) alike: the input checks, each bad input a `UsageError`, which the subcommand prints as
+`adaptive-kl: error: ...` and exits with status 2, before anything is trained; and the host libraries' start (Unsloth
+first, then TRL and Transformers, quieted)."""
 
 from __future__ import annotations
 
 import difflib
 import importlib.util
 import os
+import warnings
 
-from ..models.paths import looks_like_local_path
+from .models import MissingModelError
+from .models.paths import looks_like_local_path
+from .tasks.policies import is_named_policy, resolve_policy
 
 
 class UsageError(Exception):
@@ -41,8 +46,6 @@ def check_model(option: str, model: str | None) -> None:
     """Fails before any training when the model's config cannot be loaded."""
     if model is None:
         return
-    from ..demo.policies import MissingModelError, is_named_policy, resolve_policy
-
     if is_named_policy(model):
         try:
             resolve_policy(model)  # converts the packaged model on first use
@@ -58,25 +61,12 @@ def check_model(option: str, model: str | None) -> None:
         raise UsageError(f"{option} {model}: cannot load its config ({str(error).splitlines()[0]})") from None
 
 
-TRUE_WORDS = ("true", "1", "yes", "y", "t")  # what Transformers' argument parser takes as True
+def quiet_host_libraries() -> None:
+    """Deprecation notices between TRL and Transformers versions are not the user's to act on here, and per-model
+    loading bars would interleave with the run's own progress bar."""
+    import datasets
+    from transformers.utils import logging as transformers_logging
 
-
-def grpo_asks_for_unsloth(argv: list[str]) -> bool:
-    """Whether `adaptive-kl grpo` arguments ask for Unsloth, read before TRL is imported: `--unsloth` (bare, or with
-    a value), else `unsloth: true` in the `--config` recipe (an unreadable recipe is left to the parser to report)."""
-    for i, token in enumerate(argv):
-        if token == "--unsloth":
-            has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-            return not has_value or argv[i + 1].lower() in TRUE_WORDS
-        if token.startswith("--unsloth="):
-            return token.partition("=")[2].lower() in TRUE_WORDS
-    if "--config" in argv[:-1]:
-        import yaml
-
-        try:
-            with open(argv[argv.index("--config") + 1]) as file:
-                recipe = yaml.safe_load(file)
-        except (OSError, yaml.YAMLError):
-            return False
-        return isinstance(recipe, dict) and str(recipe.get("unsloth", False)).lower() in TRUE_WORDS
-    return False
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|trl)\b")
+    transformers_logging.disable_progress_bar()
+    datasets.disable_progress_bars()

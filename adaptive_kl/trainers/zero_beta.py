@@ -1,0 +1,159 @@
+"""The reference model while β is 0 for good: its scoring skipped, then its memory released.
+
+With `skip_zero_beta_reference=True`, a generation batch whose first optimizer step has β_t = 0 for good
+(`BetaController.is_zero_from`: a `dynamic` schedule that reached `beta_min=0`) is scored without the reference:
+its KL term is exactly 0, so the reference forward would be wasted. Some batches are measured anyway
+(`kl_monitor_steps`), and when nothing else ever reads the reference (no monitoring, resets or `sync_ref_model`), a
+full-model reference is freed, or not loaded at all on a resume past the switch.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+
+import torch
+from peft import PeftModel
+from transformers.utils import logging
+
+from .hooks import host_beta, reference_model, release_reference_model, sharding_engine
+from .state import resumes_past_the_switch
+
+
+# The trainer's logger, where its users already filter these messages.
+logger = logging.get_logger("adaptive_kl.trainers.grpo")
+
+
+def reference_unread_at_zero_beta(args) -> bool:
+    """Whether nothing but the KL term reads the reference while β is 0 for good: no KL monitoring
+    (`kl_monitor_steps=0`), no reference resets, no `sync_ref_model`."""
+    return (
+        args.kl_monitor_steps == 0 and args.ref_reset_steps == 0 and args.ref_reset_kl == 0 and not args.sync_ref_model
+    )
+
+
+def reference_never_scored(args, model, peft_config, on_unsloth: bool) -> bool:
+    """Before the host's `__init__`: whether a full-model reference would never be scored in this trainer's runs, so
+    the host need not load it: `args.resume_from_checkpoint` starts past the switch (β is 0 for good) and nothing
+    reads the reference there (no monitoring, resets or `sync_ref_model`). `train` then refuses to start anywhere
+    else. A PEFT reference is the base model itself (nothing to save); Unsloth builds its own."""
+    return (
+        args.beta > 0
+        and args.skip_zero_beta_reference
+        and reference_unread_at_zero_beta(args)
+        and peft_config is None
+        and not isinstance(model, PeftModel)
+        and not on_unsloth
+        and resumes_past_the_switch(args, args.resume_from_checkpoint)
+    )
+
+
+@dataclass
+class ZeroBetaReference:
+    """Decides, batch by batch, whether the reference is scored, and frees it once nothing will read it again.
+
+    Args:
+        trainer (`AdaptiveKLGRPOTrainer`): the trainer whose reference this is.
+        released (`bool`): the reference model is gone: freed, or never loaded (`reference_never_scored`).
+        monitored_window (`int` or `None`): the last window of `kl_monitor_steps` optimizer steps measured anyway.
+        eval_monitored (`bool`): whether the evaluation in progress measured its first batch.
+    """
+
+    trainer: object = field(repr=False)
+    released: bool = False
+    monitored_window: int | None = None
+    eval_monitored: bool = False
+
+    def __post_init__(self):
+        args = self.trainer.args
+        if self.released and self.trainer.accelerator.is_main_process:
+            logger.warning(
+                f"Resuming from {args.resume_from_checkpoint}, where β is 0 for good (kl_adaptation_method='dynamic', "
+                f"beta_schedule_steps={args.beta_schedule_steps}, beta_min=0) and kl_monitor_steps=0: the reference "
+                "model is not loaded."
+            )
+
+    def scores_reference(self, mode: str) -> bool:
+        """Whether the generation batch about to be scored needs the reference log-probabilities: not when β_t is 0
+        for every optimizer step it serves (the first one decides: see `BetaController.is_zero_from`), unless the KL
+        is monitored on this batch or a KL-triggered reference reset reads every step's KL."""
+        trainer, args = self.trainer, self.trainer.args
+        step = trainer.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
+        if host_beta(trainer) == 0.0:  # stock TRL: no reference at all
+            return True
+        if (
+            not args.skip_zero_beta_reference
+            or args.ref_reset_kl > 0
+            or not trainer.beta_controller.is_zero_from(step)
+            or self.monitor_due(mode, step)
+        ):
+            if self.released:
+                raise ValueError(
+                    f"Optimizer step {step} needs the reference model (β is not 0 there), but {self.why_none}"
+                )
+            return True
+        self.release_if_unused()
+        return False
+
+    def monitor_due(self, mode: str, step: int) -> bool:
+        """Whether this skippable batch is measured anyway (`kl_monitor_steps`): the first one of each window of that
+        many optimizer steps (windows aligned with the log lines by default), and the first one of each evaluation."""
+        every = self.trainer.args.kl_monitor_steps
+        if every is None:
+            every = max(int(self.trainer.state.logging_steps or 1), 1)
+        if every == 0:
+            return False
+        if mode == "eval":
+            due, self.eval_monitored = not self.eval_monitored, True
+            return due
+        window = (step - 1) // every
+        due, self.monitored_window = window != self.monitored_window, window
+        return due
+
+    @property
+    def why_none(self) -> str:
+        """Why the trainer holds no reference model, and what to do instead."""
+        return (
+            "this trainer holds no reference model: it was freed once β reached 0 for good, or not loaded because "
+            "args.resume_from_checkpoint was past the switch (skip_zero_beta_reference=True, kl_monitor_steps=0). "
+            f"Train from a checkpoint saved at step {self.trainer.args.beta_schedule_steps - 1} or later "
+            "(train(resume_from_checkpoint=...)), build a new trainer to train from elsewhere, or set "
+            "kl_monitor_steps > 0 to keep the reference."
+        )
+
+    def release_if_unused(self) -> None:
+        """Frees a full-model reference once β is 0 for good and nothing else reads it: no monitoring, no reference
+        resets, no `sync_ref_model`, no sharded engine that owns it. A PEFT reference is the base model itself."""
+        trainer, args = self.trainer, self.trainer.args
+        if (
+            self.released
+            or reference_model(trainer) is None
+            or not reference_unread_at_zero_beta(args)
+            or sharding_engine(trainer) is not None
+        ):
+            return
+        release_reference_model(trainer)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.released = True
+        if trainer.accelerator.is_main_process:
+            logger.warning(
+                f"β is 0 from optimizer step {trainer.state.global_step + 1} on (kl_adaptation_method='dynamic', "
+                f"beta_schedule_steps={args.beta_schedule_steps}, beta_min=0) and kl_monitor_steps=0: the reference "
+                "model is no longer scored, and its memory was freed."
+            )
+
+    def start_run(self, resume_from_checkpoint) -> None:
+        """Before `train()`: refuses a start the released reference cannot serve, and measures afresh.
+
+        Raises:
+            ValueError: the reference is gone and the run does not resume past the switch.
+        """
+        if self.released and not resumes_past_the_switch(self.trainer.args, resume_from_checkpoint):
+            raise ValueError(f"Cannot train from resume_from_checkpoint={resume_from_checkpoint!r}: {self.why_none}")
+        self.monitored_window, self.eval_monitored = None, False
+
+    def evaluation_logged(self) -> None:
+        """An evaluation's metrics were logged: the next evaluation measures its first batch again."""
+        self.eval_monitored = False
