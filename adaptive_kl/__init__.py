@@ -20,7 +20,7 @@ The public names are imported on first use, so that `import adaptive_kl` (and th
 import TRL: with Unsloth, `import unsloth` must come before TRL.
 """
 
-import importlib
+from ._exports import lazy_exports
 
 
 __version__ = "0.1.0"
@@ -43,13 +43,4 @@ _EXPORTS = {
 __all__ = sorted(name for name, module in _EXPORTS.items() if not module.startswith("experimental"))
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -18,7 +18,7 @@ on both, and the library never imports either. Names are imported on first use, 
 Unsloth before anything imports TRL.
 """
 
-import importlib
+from .._exports import lazy_exports
 
 
 _EXPORTS = {
@@ -38,13 +38,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

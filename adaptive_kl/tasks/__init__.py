@@ -16,7 +16,7 @@ Above the trainers (evaluation generates with them), below both commands. Names 
 resolving a named policy on the command line loads neither torch nor `datasets`.
 """
 
-import importlib
+from .._exports import lazy_exports
 
 
 # Public name → module that defines it.
@@ -39,13 +39,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -207,17 +207,25 @@ HOST_INTERNALS = (
                  "the progress bar a run interrupted by a bad reward output leaves open: closed before the message "
                  "(`close_progress_bars`)"),
     HostInternal("_ChunkedLogProbFunction", "trl.trainer.utils", "module attribute",
-                 "TRL 1.15's fused LM-head scorer (Triton; absent in 1.16): replaced by a plain-torch stand-in for "
+                 "TRL's fused LM-head scorer (1.15: Triton only, None without it; 1.16: a torch fallback off a GPU): "
+                 "replaced by a plain-torch stand-in where it fails for "
                  "training on a CPU (`host_log_prob_scorer`, `replace_host_log_prob_scorer`; `trainers.scorer`)"),
 )  # fmt: skip
 # Not in the table, because its *absence* is what is checked: `_compute_liger_loss` (see `check_host`).
 
 
-def host_log_prob_scorer():
-    """TRL 1.15's fused LM-head scorer (`trl.trainer.utils._ChunkedLogProbFunction`), or None where TRL has none."""
+def has_host_log_prob_scorer() -> bool:
+    """Whether TRL names a fused LM-head scorer (`trl.trainer.utils._ChunkedLogProbFunction`: TRL 1.15 and 1.16)."""
     import trl.trainer.utils as trl_utils
 
-    return vars(trl_utils).get("_ChunkedLogProbFunction")
+    return "_ChunkedLogProbFunction" in vars(trl_utils)
+
+
+def host_log_prob_scorer():
+    """TRL's fused LM-head scorer: its kernel's autograd function, or `None` where TRL 1.15 found no Triton."""
+    import trl.trainer.utils as trl_utils
+
+    return trl_utils._ChunkedLogProbFunction
 
 
 def replace_host_log_prob_scorer(scorer) -> None:

@@ -5,7 +5,8 @@ needs a GPU: stock TRL 1.15 cannot train GRPO on a CPU. The `adaptive-kl` comman
 benchmarks substitute this function for it when training runs on a CPU and the kernel fails there (for stock TRL and
 for our trainer alike, so comparisons between them stay exact), never when training runs on a GPU. It computes the
 same quantities from full logits, which is fine for small vocabularies (the embedded policy has ~100 tokens) and
-costs a [B, T, V] float32 tensor on large ones. TRL 1.16 has no fused scorer: nothing is replaced.
+costs a [B, T, V] float32 tensor on large ones. TRL 1.16's kernel falls back to torch off a GPU: it runs, and nothing
+is replaced.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import warnings
 
 import torch
 
-from .hooks import host_log_prob_scorer, replace_host_log_prob_scorer
+from .hooks import has_host_log_prob_scorer, host_log_prob_scorer, replace_host_log_prob_scorer
 
 
 OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
@@ -63,9 +64,9 @@ def install_cpu_scorer_if_needed(device: str | torch.device | None = None) -> st
             installed, whatever the probe says: its full logits would cost gigabytes per micro-batch there, and a
             kernel that fails on a GPU is a broken install to fix, so a warning says so.
     """
-    scorer = host_log_prob_scorer()
-    if scorer is None:  # TRL 1.16 and newer: no fused scorer
+    if not has_host_log_prob_scorer():  # a TRL without a fused scorer: nothing to replace
         return None
+    scorer = host_log_prob_scorer()  # None on TRL 1.15 without Triton: the probe below fails, as off a GPU
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         hidden, weight = torch.randn(2, 4, device=device), torch.randn(5, 4, device=device)

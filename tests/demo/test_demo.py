@@ -228,7 +228,7 @@ def test_the_format_free_accuracy_is_reported_beside_the_accuracy():
     s = summarize(run)
     assert (s["start_answer_accuracy"], s["final_answer_accuracy"]) == (0.266, 0.125)
     header, _, row = summary_table([run]).splitlines()
-    cells = dict(zip(header.split(" | "), row.split(" | ")))
+    cells = dict(zip(header.strip("| ").split(" | "), row.strip("| ").split(" | ")))
     assert cells["format-free accuracy (step 0)"] == "0.266" and cells["format-free accuracy (final)"] == "0.125"
 
 
@@ -390,12 +390,17 @@ def test_a_seed_variant_also_draws_its_data_with_that_seed(tmp_path):
 
 
 def test_a_beta_sweep_builds_valid_configs_down_to_zero(tmp_path):
-    """`compare --beta 0,0.001,0.01,0.1`: the dynamic floor beta_min follows β down (it may not exceed it)."""
+    """`compare --beta 0,0.001,0.01,0.1`: the dynamic floor beta_min follows β down (it may not exceed it); without
+    `dynamic` nothing reads it, and the config keeps its default."""
     from adaptive_kl.demo.runner import make_config
 
-    for variant in variant_grid({"beta": ["0", "0.001", "0.01", "0.1"]}):
-        args = make_config(variant, DemoSettings(), str(tmp_path))
-        assert args.beta == variant.overrides["beta"] and args.beta_min == min(0.004, args.beta)
+    for method, floor in (("dynamic", lambda beta: min(0.004, beta)), ("none", lambda beta: 0.0)):
+        grid = variant_grid({"beta": ["0.001", "0.01", "0.1"], "kl_adaptation_method": [method]})
+        if method == "none":
+            grid = variant_grid({"beta": ["0", "0.001", "0.01", "0.1"]})
+        for variant in grid:
+            args = make_config(variant, DemoSettings(), str(tmp_path))
+            assert args.beta == variant.overrides["beta"] and args.beta_min == floor(args.beta)
 
 
 def test_the_trainer_field_picks_the_config_class(tmp_path):

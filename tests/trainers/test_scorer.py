@@ -1,6 +1,6 @@
 """The CPU stand-in for TRL 1.15's fused scorer (`adaptive_kl.trainers.scorer`): installed only where training runs on
 a CPU and TRL's kernel fails there, never on a GPU. TRL's scorer is replaced by a stand-in that fails like the Triton
-kernel does off a GPU, so the test means the same on TRL 1.15 (which has the kernel) and 1.16 (which has none)."""
+kernel does off a GPU, so the test means the same on TRL 1.15 (Triton only) and 1.16 (which falls back to torch)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import trl.trainer.utils as trl_utils
 
 from adaptive_kl.trainers import scorer as scorer_module
-from adaptive_kl.trainers.hooks import host_log_prob_scorer
+from adaptive_kl.trainers.hooks import has_host_log_prob_scorer, host_log_prob_scorer
 from adaptive_kl.trainers.scorer import TorchLogProbFunction, install_cpu_scorer_if_needed
 
 
@@ -59,9 +59,16 @@ def test_a_working_kernel_is_kept(monkeypatch):
     assert install_cpu_scorer_if_needed("cpu") is None and host_log_prob_scorer() is TorchLogProbFunction
 
 
+def test_trl_115_without_triton_gets_the_stand_in_on_a_cpu(monkeypatch):
+    """TRL 1.15 binds its scorer to None when Triton is not installed: on a CPU that is replaced too."""
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert install_cpu_scorer_if_needed() is not None and host_log_prob_scorer() is TorchLogProbFunction
+
+
 def test_no_fused_scorer_nothing_to_do(monkeypatch):
     monkeypatch.delattr(trl_utils, "_ChunkedLogProbFunction", raising=False)
-    assert install_cpu_scorer_if_needed() is None and host_log_prob_scorer() is None
+    assert install_cpu_scorer_if_needed() is None and not has_host_log_prob_scorer()
 
 
 def test_the_stand_in_matches_a_float64_log_softmax():
