@@ -153,7 +153,6 @@ def test_the_gpu_check_runs_dry_on_the_cpu(tmp_path, gpu_check):
     assert report.count("| control: stock with β·(1 + 2^-20) against stock") == len(gpu_check.LOSS_TYPES)
 
 
-@needs_unsloth
 def test_the_default_call_leaves_cost_trl_to_the_second(gpu_check):
     assert gpu_check.parse_args(["--dry-run"]).skip == ["cost-trl"]
     assert gpu_check.parse_args(["--dry-run", "--only", "cost-trl"]).skip == []

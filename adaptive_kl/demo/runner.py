@@ -16,7 +16,6 @@ import importlib
 import os
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import torch
 from datasets import Dataset
@@ -180,20 +179,11 @@ def make_config(variant: Variant, settings: DemoSettings, output_dir: str):
     if foreign:
         raise ValueError(f"{', '.join(foreign)} is not a field of {config_cls.__name__} (trainer={trainer!r})")
     if trainer == "grpo":  # the shared defaults of one method (dynamic's threshold, ...) are left out of the others
-        fields = {name: value for name, value in fields.items() if name in chosen or name not in unread(fields)}
+        from ..trainers.config import unread_field_values  # the trainer's config module: imported once Unsloth is
+
+        unread = set(unread_field_values(fields)) - set(chosen)
+        fields = {name: value for name, value in fields.items() if name not in unread}
     return config_cls(output_dir=output_dir, **fields)
-
-
-def unread(fields: dict) -> set[str]:
-    """The parameters `fields` (a GRPO variant's config fields) set that no setting of theirs reads."""
-    from ..trainers.config import AdaptiveKLGRPOConfig, parse_kl_adaptation_method, unread_parameters
-
-    known = {
-        f.name: f.default for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.default is not dataclasses.MISSING
-    }
-    values = SimpleNamespace(**{**known, **fields})
-    values.kl_methods = parse_kl_adaptation_method(values.kl_adaptation_method)
-    return set(unread_parameters(values))
 
 
 def task_datasets(settings: DemoSettings, n_train: int, seed: int):

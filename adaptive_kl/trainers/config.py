@@ -7,7 +7,8 @@ The parent is whatever `trl.GRPOConfig` is when this module is first imported: T
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from types import SimpleNamespace
 
 from .hooks import check_trl_version
 
@@ -98,6 +99,15 @@ def unread_parameters(config) -> list[str]:
         for name, (is_read, _) in PARAMETER_READERS.items()
         if getattr(config, name) != defaults[name] and not (config.beta > 0 and is_read(config))
     ]
+
+
+def unread_field_values(values: dict) -> list[str]:
+    """`unread_parameters` of the config these field values would build (every other field at its default), without
+    building it (which would warn): for code that assembles a config's fields from several sources."""
+    defaults = {f.name: f.default for f in fields(AdaptiveKLGRPOConfig) if f.default is not MISSING}
+    config = SimpleNamespace(**{**defaults, **values})
+    config.kl_methods = parse_kl_adaptation_method(config.kl_adaptation_method)
+    return unread_parameters(config)
 
 
 @dataclass
