@@ -2,14 +2,15 @@
 # The GPU check in one device call: adaptive-kl on Unsloth's real kernels, a verdict per check as each finishes
 # (parity of the KL contribution for every loss type, every KL method training, steps_per_generation, evaluation,
 # reference resets, 4-bit, the β formula, then step time and peak VRAM against Unsloth's and TRL's stock trainers).
-# See gpu_check.py for the checks, and docs/unsloth.md for the predicted time.
+# See gpu_check.py for the checks, and docs/unsloth.md for each check's time on an H100.
 #
 # On a GPU machine (the `device` tool), from the project root, after `bash ../shared/gpu/wheelhouse.sh` here:
 #     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"])
 #   The wheels in .whl/ (Unsloth, unsloth_zoo, TRL 1.15, bitsandbytes, ...) are installed into /tmp/site first. The
 #   report goes to $OUT/gpu-check.md (it comes back with the call, even one cut short) unless --output is given; each
-#   check appends to it as it ends. No check starts after --budget seconds (default 480, inside the call's 600): a
-#   second call runs the skipped ones, e.g. `bash benchmarks/gpu_check.sh --only cost,cost-trl,4bit`.
+#   check appends to it as it ends. No check starts once --budget seconds have passed since the script started (default
+#   480, inside the call's 600): a second call runs the skipped ones and cost-trl, on an H100
+#   `bash benchmarks/gpu_check.sh --only train,beta,steps,evaluation,reference,4bit,cost-trl`.
 #   Exit status: 0 no check failed, 1 one failed, 2 the preflight failed (the reason is the last line).
 # On a CPU, the same path on the tiny model (the test suite runs it, in the environment that has Unsloth):
 #     bash benchmarks/gpu_check.sh --dry-run --output /tmp/gpu-check.md

@@ -88,6 +88,17 @@ def test_checks_stream_fail_soft_and_stop_starting_at_the_budget(gpu_check, tmp_
     assert "run them with `--only fourth,fifth`" in text
 
 
+def test_the_budget_counts_from_the_script_start_not_from_the_first_check(gpu_check, tmp_path):
+    """Setup before the first check (imports, preflight, the model's save: ~50 s on the H100) is spent budget: with
+    25 s of it before a 30 s budget, only the first check (10 s) starts."""
+    clock, report = Clock(), tmp_path / "report.md"
+    opts = SimpleNamespace(budget=30.0, only=[], skip=[])
+    clock.now = 25.0
+    outcomes = gpu_check.run_checks(stand_in_checks(gpu_check, clock, report), opts, None, clock=clock, started=0.0)
+    assert [name for name, o in outcomes.items() if o.status != "SKIP"] == ["first"]
+    assert "budget: 35 s of --budget 30 s spent" in outcomes["second"].summary
+
+
 def test_only_and_skip_select_by_name_or_prefix(gpu_check, tmp_path):
     clock = Clock()
     checks = {"parity-grpo": None, "parity-dapo": None, "train-none": None, "cost": None}
