@@ -200,16 +200,13 @@ def summary_table(runs: list[VariantRun], columns: tuple[str, ...] | None = None
     (first_name, first), *others = groups.items()
     for name, group in groups.items():
         cells = [
-            format_interval(*mean_interval(summaries[id(run)][key] for run in group)[:2], spec)
+            _interval_cell([summaries[id(run)][key] for run in group], spec)
             for key, spec in zip(keys, formats, strict=True)
         ]
         rows.append([name, str(len(group)), *cells])
     for name, group in others:
         deltas = {key: paired_differences(group, first, lambda run, key=key: summaries[id(run)][key]) for key in keys}
-        cells = [
-            format_interval(*mean_interval(deltas[key])[:2], "+" + spec.lstrip("+"))
-            for key, spec in zip(keys, formats, strict=True)
-        ]
+        cells = [_interval_cell(deltas[key], "+" + spec.lstrip("+")) for key, spec in zip(keys, formats, strict=True)]
         differences.append([name, str(len(deltas[keys[0]])), *cells])
     paired = (
         f"\nPaired differences from {first_name} (the mean over the seeds both ran of variant − {first_name}, "
@@ -219,6 +216,14 @@ def summary_table(runs: list[VariantRun], columns: tuple[str, ...] | None = None
     )
     intro = "Means over seeds ± the half-width of the 95% t-interval over seeds.\n\n"
     return intro + _markdown_table(header, rows) + paired
+
+
+def _interval_cell(values: list[float], spec: str) -> str:
+    """`mean ± half-width` of the finite `values`, followed by `(n=k)` when only k of them are finite (a metric some
+    runs did not measure, e.g. one added after they ran): the row's `seeds` column is then not this cell's n."""
+    mean, half_width, count = mean_interval(values)
+    cell = format_interval(mean, half_width, spec)
+    return cell if count in (0, len(values)) else f"{cell} (n={count})"
 
 
 def terminal_table(runs: list[VariantRun]) -> str:

@@ -103,6 +103,23 @@ def test_the_table_gives_means_intervals_seeds_and_paired_differences():
     assert "Paired differences from kl_scaling=none" in text
 
 
+def test_a_cell_measured_on_fewer_seeds_than_its_row_says_its_own_n():
+    """A metric one run did not measure (NaN: e.g. a column added after it ran) is averaged over the others, and the
+    cell says so: `(n=2)` under a row whose `seeds` is 3, in the means and in the paired differences."""
+    runs = [dataclasses.replace(r) for r in RUNS]
+    runs[0] = dataclasses.replace(
+        runs[0], evaluations=[{"step": 0, "val_accuracy": 0.3}, {"step": 2, "val_accuracy": math.nan}]
+    )
+    text = summary_table(runs)
+    blocks = [[cells(line) for line in block.splitlines() if line.startswith("| ")] for block in text.split("\n\n")]
+    means, differences = [t for t in blocks if t]
+    none, log = means[1], means[2]
+    half = 12.706205 * statistics.stdev([0.50, 0.45]) / math.sqrt(2)  # t_{0.975,1}: two seeds, one degree of freedom
+    assert none[1] == "3" and none[2] == f"0.475 ± {half:.3f} (n=2)"
+    assert "(n=" not in log[2]  # every seed measured it
+    assert differences[1][1] == "3" and differences[1][2].endswith("(n=2)")  # seed 0's difference is NaN
+
+
 def test_the_printed_table_over_seeds_keeps_its_intervals_and_paired_differences():
     """The table the command prints has the seed means and the paired differences of the full table, for the columns
     a reader compares alone."""
