@@ -30,6 +30,8 @@ _EXPORTS = {
     "AdaptiveKLGRPOConfig": "trainers.config",
     "parse_kl_adaptation_method": "trainers.config",
     "AdaptiveKLGRPOTrainer": "trainers.grpo",
+    "AdaptiveKLRLOOConfig": "trainers.rloo_config",
+    "AdaptiveKLRLOOTrainer": "trainers.rloo",
     "AdaptiveKLStateCallback": "trainers.state",
     "KLHealthCallback": "trainers.callbacks",
     "RetentionCallback": "trainers.callbacks",

@@ -210,12 +210,11 @@ def config_fields() -> set[str]:
 
     from trl import GRPOConfig
 
-    from adaptive_kl import AdaptiveKLGRPOConfig
+    from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLRLOOConfig
     from adaptive_kl.experimental.binomial import BinomialKLConfig
 
-    return {
-        f.name for config in (GRPOConfig, AdaptiveKLGRPOConfig, BinomialKLConfig) for f in dataclasses.fields(config)
-    }
+    configs = (GRPOConfig, AdaptiveKLGRPOConfig, AdaptiveKLRLOOConfig, BinomialKLConfig)
+    return {f.name for config in configs for f in dataclasses.fields(config)}
 
 
 def unknown_fields(text: str, fields: set[str]) -> set[str]:
@@ -225,8 +224,8 @@ def unknown_fields(text: str, fields: set[str]) -> set[str]:
 
 def test_every_config_field_named_in_the_docs_exists():
     """A field written in the README or docs/ (`kl_clip_threshold`, `--kl_scaling`, `reward_threshold=0.7`) is a
-    field of `AdaptiveKLGRPOConfig`, `GRPOConfig` or `BinomialKLConfig`: a renamed field is not cited by its old
-    name."""
+    field of `AdaptiveKLGRPOConfig`, `AdaptiveKLRLOOConfig` (with `RLOOConfig`'s), `GRPOConfig` or
+    `BinomialKLConfig`: a renamed field is not cited by its old name."""
     fields = config_fields()
     found = {}
     for page in PAGES:

@@ -128,6 +128,9 @@ CASES = {
         "demo", "--n-validation", "100000", "--out", str(c.tmp)
     ),
     "demo-unknown-field": lambda c, m: c.command("compare", "--kl_estimater", "k1,k3", "--out", str(c.tmp)),
+    "compare-rloo-grpo-only-field": lambda c, m: c.command(
+        "compare", "--trainer", "rloo", "--kl_placement", "loss,reward", "--out", str(c.tmp)
+    ),
     "compare-variant-with-field-lists": lambda c, m: c.command(
         "compare", "--variant", "beta=0", "--kl_scaling", "none,log", "--out", str(c.tmp)
     ),
@@ -142,6 +145,9 @@ CASES = {
     "grpo-recipe-not-a-mapping": lambda c, m: c.command("grpo", "--config", c.write("list.yaml", "- a\n- b\n")),
     "grpo-bad-kl-field": lambda c, m: c.grpo("--kl_estimator", "k9"),
     "grpo-straight-through-in-reward": lambda c, m: c.grpo("--kl_placement", "reward", "--kl_estimator", "k3+"),
+    "grpo-unknown-dynamic-trigger": lambda c, m: c.grpo(
+        "--kl_adaptation_method", "dynamic", "--dynamic_trigger", "entropy"
+    ),
     "grpo-zero-learning-rate": lambda c, m: c.grpo("--learning_rate", "0"),
     "grpo-missing-model": lambda c, m: (m.chdir(c.tmp), c.grpo("--model_name_or_path", "./no-such-model"))[1],
     "grpo-no-reward": lambda c, m: c.grpo(reward_funcs=None),
@@ -188,8 +194,19 @@ CASES = {
     "api-negative-learning-rate": lambda c, m: raised(
         lambda: AdaptiveKLGRPOConfig(str(c.tmp), learning_rate=-1, use_cpu=True, bf16=False)
     ),
+    "api-kl-mask-without-beta": lambda c, m: raised(
+        lambda: AdaptiveKLGRPOConfig(str(c.tmp), kl_mask_zero_std_groups=True, use_cpu=True, bf16=False)
+    ),
     "api-reset-optimizer-alone": lambda c, m: raised(
         lambda: AdaptiveKLGRPOConfig(str(c.tmp), beta=0.04, ref_reset_optimizer=True, use_cpu=True, bf16=False)
+    ),
+    "api-kl-scaling-rate-above-one": lambda c, m: raised(
+        lambda: AdaptiveKLGRPOConfig(
+            str(c.tmp), beta=0.04, kl_scaling="exp", kl_scaling_rate=1.5, use_cpu=True, bf16=False
+        )
+    ),
+    "api-saturation-threshold-zero": lambda c, m: raised(
+        lambda: AdaptiveKLGRPOConfig(str(c.tmp), beta=0.04, saturation_threshold=0.0, use_cpu=True, bf16=False)
     ),
     "api-empty-prompt": lambda c, m: api_trainer_error(
         c, forgot_return, Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1?"}], []]})

@@ -172,11 +172,13 @@ def test_the_package_and_the_command_do_not_import_trl():
 
 
 def test_public_names():
-    """The top level exports the config, the trainer, the controller and the callbacks; the experimental classes
+    """The top level exports the configs, the trainers, the controller and the callbacks; the experimental classes
     live under their own path and stay importable from the top level."""
     assert adaptive_kl.__all__ == [
         "AdaptiveKLGRPOConfig",
         "AdaptiveKLGRPOTrainer",
+        "AdaptiveKLRLOOConfig",
+        "AdaptiveKLRLOOTrainer",
         "AdaptiveKLStateCallback",
         "BetaController",
         "HashedNgramEmbedder",
@@ -196,7 +198,9 @@ def test_public_names():
 def test_the_kl_package_holds_only_kl_math():
     """`kl/` is the formula sheet: no diversity metric and no path helper live there any more."""
     names = {m.rpartition(".")[2] for m in package_modules("kl")}
-    assert names == {"kl", "aggregation", "controller", "estimators", "metrics", "placement", "term", "validation"}
+    assert names == {
+        "kl", "aggregation", "controller", "estimators", "groups", "metrics", "placement", "term", "validation"
+    }  # fmt: skip
     import adaptive_kl.kl.validation as validation
 
     assert not hasattr(validation, "looks_like_local_path")
@@ -215,7 +219,7 @@ def test_the_console_entry_point_is_the_dispatcher():
         [sys.executable, "-m", "adaptive_kl", "--help"], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith("usage: adaptive-kl [-h] {demo,grpo,compare} ...")
+    assert result.stdout.startswith("usage: adaptive-kl [-h] {demo,grpo,rloo,compare} ...")
 
 
 def test_the_tests_are_laid_out_like_the_package():

@@ -176,6 +176,12 @@ def check_config():
         assert "kl_placement='reward' is not supported on Unsloth" in str(error), error
     else:
         raise AssertionError("kl_placement='reward' accepted on Unsloth's trainer")
+    try:  # the KL mask is not implemented through Unsloth's own loss: refused when the trainer is built
+        make(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, beta=0.1, kl_mask_zero_std_groups=True)
+    except ValueError as error:
+        assert "kl_mask_zero_std_groups=True is not supported on Unsloth" in str(error), error
+    else:
+        raise AssertionError("kl_mask_zero_std_groups=True accepted on Unsloth's trainer")
     try:
         BinomialKLConfig(output_dir="out")
     except NotImplementedError as error:

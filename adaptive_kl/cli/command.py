@@ -1,5 +1,5 @@
-"""`adaptive-kl grpo`: its line in the command's parser, and its start: Unsloth first when the arguments ask for it,
-then TRL's script with our config (`grpo`), which imports TRL.
+"""`adaptive-kl grpo` and `adaptive-kl rloo`: their lines in the command's parser, and their start: Unsloth first when
+`grpo`'s arguments ask for it, then TRL's script with our config (`grpo`, `rloo`), which imports TRL.
 
 Importing this module imports no TRL, so that Unsloth can come before it.
 """
@@ -19,6 +19,16 @@ def add_grpo_parser(commands: argparse._SubParsersAction) -> None:
         add_help=False,
         help="train a model from a TRL GRPO recipe with adaptive KL: adaptive-kl grpo --config recipe.yaml "
         "(see adaptive-kl grpo --help)",
+    )
+
+
+def add_rloo_parser(commands: argparse._SubParsersAction) -> None:
+    """Lists `rloo` among the command's subcommands; its arguments are TRL's RLOO parser's (`rloo.RLOO_SCRIPT`)."""
+    commands.add_parser(
+        "rloo",
+        add_help=False,
+        help="train a model from a TRL RLOO recipe with an adaptive KL penalty: adaptive-kl rloo --config "
+        "recipe.yaml (see adaptive-kl rloo --help)",
     )
 
 
@@ -56,10 +66,19 @@ def run_grpo(argv: list[str]) -> int:
     return grpo_main(argv)
 
 
-def main(argv: list[str]) -> int:
-    """Runs `adaptive-kl grpo` (the `argv` after `grpo`): a bad input is `adaptive-kl: error: ...`, exit status 2."""
+def run_rloo(argv: list[str]) -> int:
+    """`adaptive-kl rloo ...`: TRL's RLOO script with our config (no Unsloth)."""
+    quiet_host_libraries()
+    from .rloo import main as rloo_main
+
+    return rloo_main(argv)
+
+
+def main(argv: list[str], command: str = "grpo") -> int:
+    """Runs `adaptive-kl grpo` or `adaptive-kl rloo` (`command`; the `argv` after it): a bad input is
+    `adaptive-kl: error: ...`, exit status 2."""
     try:
-        return run_grpo(argv)
+        return run_rloo(argv) if command == "rloo" else run_grpo(argv)
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2

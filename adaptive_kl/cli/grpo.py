@@ -67,8 +67,22 @@ class AdaptiveKLScriptArguments(GRPOScriptArguments):
 DATACLASSES = (AdaptiveKLScriptArguments, AdaptiveKLGRPOConfig, ModelConfig, DatasetMixtureConfig)
 
 
-def make_parser() -> TrlParser:
-    return TrlParser(DATACLASSES, prog=PROG)
+@dataclass(frozen=True)
+class TrainingScript:
+    """A training command built on TRL's script: its name, `TrlParser`'s dataclasses (script arguments, the trainer's
+    config, `ModelConfig`, `DatasetMixtureConfig`) and its trainer. `adaptive-kl rloo` (`adaptive_kl.cli.rloo`) is
+    this script with RLOO's."""
+
+    prog: str
+    dataclass_types: tuple
+    trainer_cls: type
+
+
+GRPO_SCRIPT = TrainingScript(PROG, DATACLASSES, AdaptiveKLGRPOTrainer)
+
+
+def make_parser(script: TrainingScript = GRPO_SCRIPT) -> TrlParser:
+    return TrlParser(script.dataclass_types, prog=script.prog)
 
 
 # --- reward functions ------------------------------------------------------------------------------------------------
@@ -197,10 +211,10 @@ def split_of(dataset_dict, split: str, option: str, name: str):
 # --- the run ---------------------------------------------------------------------------------------------------------
 
 
-def parse(argv: list[str]):
+def parse(argv: list[str], script: TrainingScript = GRPO_SCRIPT):
     """`(script_args, training_args, model_args, dataset_args)`; every bad input raises `UsageError`."""
-    parser = make_parser()
-    known = {f.name for cls in DATACLASSES for f in dataclasses.fields(cls)}
+    parser = make_parser(script)
+    known = {f.name for cls in script.dataclass_types for f in dataclasses.fields(cls)}
     try:
         *parsed, from_recipe, from_flags = parser.parse_args_and_config(
             argv, return_remaining_strings=True, separate_remaining_strings=True
@@ -215,7 +229,7 @@ def parse(argv: list[str]):
         for token in remaining:
             if token.startswith("--"):
                 key = token[2:].split("=")[0].replace("-", "_")
-                raise UsageError(f"unknown {source} {key!r}: not a field of {PROG}{closest(key, known)}")
+                raise UsageError(f"unknown {source} {key!r}: not a field of {script.prog}{closest(key, known)}")
         if remaining:
             raise UsageError(f"unexpected {source}s {remaining}")
     return parsed
@@ -245,8 +259,8 @@ def load_unsloth_model(script_args, training_args, model_args):
     return model, tokenizer
 
 
-def build_trainer(script_args, training_args, model_args, dataset_args) -> AdaptiveKLGRPOTrainer:
-    """Checks the inputs (`UsageError`), then builds the trainer as TRL's script does."""
+def build_trainer(script_args, training_args, model_args, dataset_args, script: TrainingScript = GRPO_SCRIPT):
+    """Checks the inputs (`UsageError`), then builds `script`'s trainer as TRL's script does."""
     if model_args.model_name_or_path is None:
         raise UsageError("no model: give model_name_or_path (a local directory or a hub id)")
     check_model("model_name_or_path", model_args.model_name_or_path)
@@ -259,7 +273,7 @@ def build_trainer(script_args, training_args, model_args, dataset_args) -> Adapt
     eval_dataset = split_of(data, script_args.dataset_test_split, "dataset_test_split", source) if evaluate else None
     if getattr(train, "num_rows", None) == 0:
         raise UsageError(f"the {script_args.dataset_train_split!r} split of {source} has no rows")
-    if script_args.unsloth:  # Unsloth applies the PEFT and quantization flags itself
+    if isinstance(script_args, AdaptiveKLScriptArguments) and script_args.unsloth:  # Unsloth applies the PEFT flags
         (model, processing_class), peft_config, quantization_config = (
             load_unsloth_model(script_args, training_args, model_args),
             None,
@@ -276,7 +290,7 @@ def build_trainer(script_args, training_args, model_args, dataset_args) -> Adapt
         )  # the recipe's own model_init_kwargs win, as in TRL's script
         training_args.model_init_kwargs = {**from_model_args, **(training_args.model_init_kwargs or {})}
     try:
-        return AdaptiveKLGRPOTrainer(
+        return script.trainer_cls(
             model=model,
             reward_funcs=reward_funcs,
             args=training_args,
@@ -307,12 +321,13 @@ def close_processes(trainer) -> None:
         torch.distributed.destroy_process_group()
 
 
-def main(argv: list[str]) -> int:
-    """Runs `adaptive-kl grpo` (the `argv` after `grpo`); a bad input raises `UsageError` before any training."""
-    script_args, training_args, model_args, dataset_args = parse(argv)
+def main(argv: list[str], script: TrainingScript = GRPO_SCRIPT) -> int:
+    """Runs `adaptive-kl grpo` (the `argv` after `grpo`), or another `script`; a bad input raises `UsageError` before
+    any training."""
+    script_args, training_args, model_args, dataset_args = parse(argv, script)
     # TRL 1.15's fused scorer needs a GPU: a stand-in when training runs on a CPU, never on a GPU
     install_cpu_scorer_if_needed("cpu" if training_args.use_cpu else None)
-    trainer = build_trainer(script_args, training_args, model_args, dataset_args)
+    trainer = build_trainer(script_args, training_args, model_args, dataset_args, script)
     try:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     except RewardOutputError as error:  # found on the first batch a reward function scores

@@ -4,6 +4,7 @@ the settings and variants of a comparison; every bad input is a `UsageError`, ra
     adaptive-kl compare --kl_scaling none,linear,sqrt,log             # a varied config field: --<field> v1,v2,...
     adaptive-kl compare --beta 0,0.1 --set kl_estimator=k1            # several give their product; --set fixes one
     adaptive-kl compare --variant beta=0 --variant 'kl_placement=reward kl_estimator=k1'    # or whole variants
+    adaptive-kl compare --trainer rloo --kl_adaptation_method none,clip      # RLOO's trainer instead of GRPO's
 
 Importing this module imports no TRL (`build` does), so that `--unsloth` can import Unsloth first.
 """
@@ -43,12 +44,34 @@ def _shared_options() -> argparse.ArgumentParser:
     return shared
 
 
+# The trainers a comparison can run: the names of `variants.TRAINER_CLASSES` (a test checks), written out here since
+# this module imports no TRL. The demo's five methods need a config with the KL adaptation: GRPO's or RLOO's.
+TRAINERS = ("grpo", "rloo", "binomial_kl")
+DEMO_TRAINERS = ("grpo", "rloo")
+
+
+def _trainer_list(text: str) -> list[str]:
+    """compare's `--trainer`: one trainer, or several comma-separated (then a varied field)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in TRAINERS for name in names):
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {', '.join(TRAINERS)}, or several comma-separated)"
+        )
+    return names
+
+
 def add_demo_parser(commands: argparse._SubParsersAction) -> None:
-    commands.add_parser(
+    demo = commands.add_parser(
         "demo",
         parents=[_shared_options()],
         allow_abbrev=False,
         help="the five KL methods (none, clip, sigmoid, length_normalized, dynamic)",
+    )
+    demo.add_argument(
+        "--trainer",
+        choices=DEMO_TRAINERS,
+        help="AdaptiveKLGRPOTrainer (grpo, the default) or AdaptiveKLRLOOTrainer (rloo: the KL as a penalty in the "
+        "reward)",
     )
 
 
@@ -58,6 +81,13 @@ def add_compare_parser(commands: argparse._SubParsersAction) -> None:
         parents=[_shared_options()],
         allow_abbrev=False,
         help="any variants: --<config_field> v1,v2,... (e.g. --kl_scaling none,linear,sqrt,log)",
+    )
+    compare.add_argument(
+        "--trainer",
+        type=_trainer_list,
+        metavar="{" + ",".join(TRAINERS) + "}",
+        help="the trainer of every variant: grpo (the default), rloo (the KL as a penalty in the reward) or "
+        "binomial_kl; several, comma-separated, are a varied field (e.g. grpo,rloo)",
     )
     compare.add_argument(
         "--variant",
@@ -172,9 +202,16 @@ def _check_output(out: str) -> None:
 def build(argv: list[str] | None = None):
     """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
     run."""
-    from .runner import DemoSettings, check_variants, for_model, quick
+    from .runner import DemoSettings, check_variants, for_model, quick, variant_trainer
     from .seeds import group_name
-    from .variants import DEMO_METHODS, listed_variants, method_variants, parse_field_value, variant_grid
+    from .variants import (
+        DEMO_METHODS,
+        TRAINER_LABELS,
+        listed_variants,
+        method_variants,
+        parse_field_value,
+        variant_grid,
+    )
 
     parser = make_parser()
     opts, extra = parser.parse_known_args(argv)
@@ -183,9 +220,15 @@ def build(argv: list[str] | None = None):
     seeds = [v.strip() for v in opts.seed.split(",") if v.strip()]
     if not seeds or not all(v.lstrip("-").isdigit() for v in seeds):
         raise UsageError(f"--seed expects an integer (compare: a comma-separated list), got {opts.seed!r}")
+    # The trainer: one runs every variant (as `--set trainer=...` does); compare's several are a varied field.
+    trainers = [] if opts.trainer is None else [opts.trainer] if opts.command == "demo" else opts.trainer
     try:
         fixed = {name: parse_field_value(name, value) for name, value in map(_split_assignment, opts.set)}
         _refuse_runner_fields(fixed)
+        if trainers and "trainer" in fixed:
+            raise UsageError("--trainer and --set trainer=... both pick the trainer; keep --trainer")
+        if len(trainers) == 1:
+            fixed["trainer"] = trainers[0]
         if opts.command == "demo":
             if len(seeds) > 1:
                 raise UsageError("demo runs one seed; vary it with compare --seed 0,1,2 ...")
@@ -194,6 +237,8 @@ def build(argv: list[str] | None = None):
             variants, title = method_variants(DEMO_METHODS), "adaptive-kl demo: the five KL methods"
         else:
             varied = _varied_fields(extra)
+            if len(trainers) > 1:
+                varied = {"trainer": trainers, **varied}
             if opts.variant:
                 if varied:
                     raise UsageError(
@@ -215,6 +260,8 @@ def build(argv: list[str] | None = None):
                 raise UsageError(f"{', '.join(both)} is both varied and fixed with --set; keep one")
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if fixed.get("trainer", "grpo") != "grpo":
+        title += f" on {TRAINER_LABELS[fixed['trainer']]}"
     settings = for_model(DemoSettings(
         out=opts.out, model=opts.model, unsloth=opts.unsloth, gsm8k_path=opts.gsm8k_path, seed=int(seeds[0]),
         fixed=fixed,
@@ -229,6 +276,8 @@ def build(argv: list[str] | None = None):
             if value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
             setattr(settings, name, value)
+    if settings.unsloth and any(variant_trainer(variant, settings) == "rloo" for variant in variants):
+        raise UsageError("--unsloth is for GRPO: AdaptiveKLRLOOTrainer does not support Unsloth; drop one of them")
     check_model("--model", settings.model)
     _check_task(settings)
     _check_output(settings.out)

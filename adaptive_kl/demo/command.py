@@ -8,12 +8,14 @@ and prints its summary.
     adaptive-kl compare --beta 0,0.001,0.01,0.1                                    # the tutorial's β ablation
     adaptive-kl compare --kl_placement loss,reward --kl_estimator k1,k3 --set diversity_metrics=true
     adaptive-kl compare --trainer grpo,binomial_kl                                 # GRPO vs the binomial-KL (SPO) loss
+    adaptive-kl demo --trainer rloo                                                # the five methods on RLOO
     adaptive-kl demo --model Qwen/Qwen2.5-0.5B-Instruct --unsloth --task gsm8k     # a real model on a GPU
 
-Every `AdaptiveKLGRPOConfig` (or, with `--trainer binomial_kl`, `BinomialKLConfig`) field can be varied in `compare`
-as `--<field> v1,v2,...` (several give their product) or fixed for all variants with `--set field=value`
-(`arguments` reads them). Results go to `--out`: summary.md, metrics.csv and PNG plots (the plots need the `demo`
-extra: matplotlib); the terminal gets the summary's main columns (`report.terminal_table`).
+Every `AdaptiveKLGRPOConfig` (with `--trainer rloo`, `AdaptiveKLRLOOConfig`; with `--trainer binomial_kl`,
+`BinomialKLConfig`) field can be varied in `compare` as `--<field> v1,v2,...` (several give their product) or fixed
+for all variants with `--set field=value` (`arguments` reads them). Results go to `--out`: summary.md, metrics.csv
+and PNG plots (the plots need the `demo` extra: matplotlib); the terminal gets the summary's main columns
+(`report.terminal_table`).
 
 Importing this module imports no TRL, so that `--unsloth` can import Unsloth first.
 """
@@ -48,14 +50,19 @@ def main(argv: list[str]) -> int:
     from .report import terminal_table, write_completions, write_report
     from .run_files import save_runs
     from .runner import run_comparison
+    from .variants import TRAINER_CLASSES, TRAINER_LABELS
 
     start = time.perf_counter()
     runs = run_comparison(variants, settings, progress=progress)
     wall_time = time.perf_counter() - start
     seeds = ", ".join(map(str, sorted({run.config.get("seed", settings.seed) for run in runs})))
+    trainers = ", ".join(
+        f"{TRAINER_LABELS[name]} ({TRAINER_CLASSES[name][2]})"
+        for name in dict.fromkeys(run.config["trainer"] for run in runs)
+    )
     notes = "\n".join(
         [
-            f"Model: {settings.model or 'embedded reference policy'}; task: {settings.task}; "
+            f"Model: {settings.model or 'embedded reference policy'}; trainer: {trainers}; task: {settings.task}; "
             f"{settings.steps} steps per variant; seed(s) {seeds}; validation accuracy by greedy decoding on "
             f"{settings.n_validation} problems.",
             "",

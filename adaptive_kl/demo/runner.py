@@ -4,9 +4,10 @@ Each run logs every step (TRL's metrics and `adaptive_kl/*`), evaluates greedy v
 every `eval_every` steps, and, where the task has reference solutions, their log-likelihood (`retention/*`) on the
 same schedule (on the chat task also the starting policy's own answers to general chat prompts, `general/*`:
 `tasks.general`); a `KLHealthCallback` warns when the mean KL leaves the 0.01–0.2 band. A variant's `trainer` override
-picks the trainer: `"grpo"` (`AdaptiveKLGRPOTrainer`, the default) or `"binomial_kl"` (`BinomialKLTrainer`). On the
-embedded default everything runs on a CPU in minutes; with `model` set to a hub id
-or local path (and optionally `unsloth`), the same code trains a real model on a GPU.
+picks the trainer: `"grpo"` (`AdaptiveKLGRPOTrainer`, the default), `"rloo"` (`AdaptiveKLRLOOTrainer`, the KL as a
+penalty in the reward) or `"binomial_kl"` (`BinomialKLTrainer`). On the embedded default everything runs on a CPU in
+minutes; with `model` set to a hub id or local path (and optionally `unsloth`, GRPO only), the same code trains a real
+model on a GPU.
 """
 
 from __future__ import annotations
@@ -142,6 +143,10 @@ TRAINER_DEFAULTS = {
         reward_threshold=1.4,
         dynamic_beta_decay=0.95,
     ),
+    # RLOO: GRPO's β and `dynamic` settings, so that a GRPO–RLOO comparison differs in where the KL goes (RLOO: k1
+    # summed over the completion, in the reward) and not in β. `dynamic` reads the same task reward there (TRL's
+    # `reward`, before the penalty), so its threshold keeps its meaning.
+    "rloo": dict(beta=0.1, reward_threshold=1.4, dynamic_beta_decay=0.95),
     # The study trains on correct completions only: the task reward is 2 exactly when the answer is right.
     "binomial_kl": dict(correct_reward_threshold=1.5),
 }
@@ -149,7 +154,8 @@ DYNAMIC_BETA_MIN = 0.004
 
 
 def variant_trainer(variant: Variant, settings: DemoSettings) -> str:
-    """The trainer a variant runs: its `trainer` override, else `--set trainer=...`, else `"grpo"`."""
+    """The trainer a variant runs: its `trainer` override, else the command's (`--trainer`, or `--set trainer=...`),
+    else `"grpo"`."""
     return variant.overrides.get("trainer", settings.fixed.get("trainer", "grpo"))
 
 
@@ -167,23 +173,50 @@ def make_config(variant: Variant, settings: DemoSettings, output_dir: str):
     A variant that sets `seed` also draws its data with it, unless it sets `data_seed` too."""
     trainer = variant_trainer(variant, settings)
     config_cls, _ = trainer_classes(trainer)
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    # GRPO's and RLOO's configs share the KL adaptation's fields: the policy budget, β floor and unread-field
+    # filtering below are theirs (the binomial-KL config has none of those fields).
+    adaptive = "kl_adaptation_method" in known
     chosen = {k: v for k, v in {**settings.fixed, **variant.overrides}.items() if k != "trainer"}
-    policy = settings.policy_demo["config"] if settings.policy_demo is not None and trainer == "grpo" else {}
+    policy = settings.policy_demo["config"] if settings.policy_demo is not None and adaptive else {}
     fields = {**base_config(settings), **TRAINER_DEFAULTS[trainer], **policy, **chosen}
     if "seed" in variant.overrides and "data_seed" not in variant.overrides:
         fields["data_seed"] = variant.overrides["seed"]
-    if trainer == "grpo" and "beta_min" not in chosen:
+    if adaptive and "beta_min" not in chosen:
         fields["beta_min"] = min(DYNAMIC_BETA_MIN, fields["beta"])  # a floor for `dynamic`, never above β
-    known = {f.name for f in dataclasses.fields(config_cls)}
     foreign = sorted(set(chosen) - known)
     if foreign:
-        raise ValueError(f"{', '.join(foreign)} is not a field of {config_cls.__name__} (trainer={trainer!r})")
-    if trainer == "grpo":  # the shared defaults of one method (dynamic's threshold, ...) are left out of the others
+        raise ValueError(foreign_fields_message(foreign, trainer, config_cls))
+    if adaptive:  # the shared defaults of one method (dynamic's threshold, ...) are left out of the others
         from ..trainers.config import unread_field_values  # the trainer's config module: imported once Unsloth is
 
         unread = set(unread_field_values(fields)) - set(chosen)
         fields = {name: value for name, value in fields.items() if name not in unread}
     return config_cls(output_dir=output_dir, **fields)
+
+
+def foreign_fields_message(names: list[str], trainer: str, config_cls: type) -> str:
+    """Why the config of `trainer` refuses the fields `names`: for RLOO, the fields of GRPO's config that it lacks
+    are said to be GRPO-only, with the reason (`rloo_config.GRPO_ONLY_FIELDS`, else TRL's RLOOConfig lacks them)."""
+    if trainer == "rloo":
+        from ..trainers.config import AdaptiveKLGRPOConfig
+        from ..trainers.rloo_config import GRPO_ONLY_FIELDS
+
+        grpo_fields = {f.name for f in dataclasses.fields(AdaptiveKLGRPOConfig)}
+        grpo_only = [name for name in names if name in grpo_fields]
+        if grpo_only:
+            reasons = {name: GRPO_ONLY_FIELDS.get(name, "TRL's RLOOConfig has no such field") for name in grpo_only}
+            if len(grpo_only) == 1:
+                return (
+                    f"{grpo_only[0]} is GRPO-only ({reasons[grpo_only[0]]}): {config_cls.__name__} does not take it; "
+                    "drop it, or use --trainer grpo"
+                )
+            why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+            return (
+                f"{', '.join(grpo_only)} are GRPO-only ({why}): {config_cls.__name__} does not take them; drop "
+                "them, or use --trainer grpo"
+            )
+    return f"{', '.join(names)} is not a field of {config_cls.__name__} (trainer={trainer!r})"
 
 
 def task_datasets(settings: DemoSettings, n_train: int, seed: int):
@@ -359,7 +392,7 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     history = [entry for entry in trainer.state.log_history if "reward" in entry and "step" in entry]
     return VariantRun(
         variant.name,
-        {"beta": args.beta, **variant.overrides},
+        {"beta": args.beta, "trainer": variant_trainer(variant, settings), **variant.overrides},
         history,
         validation_callback.evaluations,
         time.perf_counter() - start,

@@ -2,6 +2,7 @@
 
 `adaptive-kl compare --kl_scaling none,linear,sqrt,log --set beta=0.1` becomes four variants, each
 `AdaptiveKLGRPOConfig` field given as text converted to the field's type. Several varied fields give their product.
+`trainer` picks each variant's config and trainer classes (`TRAINER_CLASSES`): GRPO's by default.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..experimental.binomial.config import BinomialKLConfig
 from ..trainers.config import AdaptiveKLGRPOConfig
+from ..trainers.rloo_config import AdaptiveKLRLOOConfig
 
 
 # The five methods of the demo, in the order the tables and plots list them.
@@ -24,8 +26,11 @@ DEMO_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
 # `trainer` (a variant field that is not a config field) → (module, config class, trainer class).
 TRAINER_CLASSES = {
     "grpo": ("..trainers.grpo", "AdaptiveKLGRPOConfig", "AdaptiveKLGRPOTrainer"),
+    "rloo": ("..trainers.rloo", "AdaptiveKLRLOOConfig", "AdaptiveKLRLOOTrainer"),
     "binomial_kl": ("..experimental.binomial", "BinomialKLConfig", "BinomialKLTrainer"),
 }
+# How the report names each trainer.
+TRAINER_LABELS = {"grpo": "GRPO", "rloo": "RLOO", "binomial_kl": "binomial KL (SPO)"}
 
 
 @dataclass(frozen=True)
@@ -37,9 +42,9 @@ class Variant:
 
 
 def _config_field_types() -> dict[str, object]:
-    """Every field a variant can set: those of both trainers' configs, and `trainer` itself."""
+    """Every field a variant can set: those of the trainers' configs, and `trainer` itself."""
     types_ = {"trainer": typing.Literal[tuple(TRAINER_CLASSES)]}
-    for config_cls in (AdaptiveKLGRPOConfig, BinomialKLConfig):
+    for config_cls in (AdaptiveKLGRPOConfig, AdaptiveKLRLOOConfig, BinomialKLConfig):
         hints = typing.get_type_hints(config_cls)
         types_.update({f.name: hints.get(f.name, str) for f in dataclasses.fields(config_cls) if f.init})
     return types_

@@ -7,13 +7,19 @@ peft or accelerate; `docs/design.md` gives the semantics).
 | `aggregation` | Agg(·): the host's loss-type aggregation and the length-normalized mean |
 | `term` | the whole KL term of one micro-batch, estimate → transform → aggregate, and its statistics |
 | `metrics` | the additive statistics behind the `adaptive_kl/*` metrics |
-| `controller` | β_t: step scaling, reward-triggered decay, target-KL controllers (`BetaController`) |
-| `placement` | KL in the reward: the sequence penalty, total rewards and GRPO group advantages |
+| `controller` | β_t: step scaling, reward- or saturation-triggered decay, target-KL controllers (`BetaController`) |
+| `placement` | KL in the reward: the sequence penalty, total rewards and GRPO group advantages; zero-std groups |
 | `validation` | checks of user-given numbers |
 """
 
 from .aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, token_sum_normalizer
-from .controller import KL_CONTROLLERS, KL_SCALINGS, BetaController, step_scale
+from .controller import (
+    DYNAMIC_TRIGGERS,
+    KL_CONTROLLERS,
+    KL_SCALINGS,
+    BetaController,
+    step_scale,
+)
 from .estimators import (
     ESTIMATORS,
     STRAIGHT_THROUGH_ESTIMATORS,
@@ -26,12 +32,14 @@ from .estimators import (
     kl_estimate,
     transform_kl,
 )
+from .groups import group_reward_std, zero_std_group_fraction, zero_std_groups
 from .metrics import METRIC_NAMES, kl_metrics, kl_statistics
 from .placement import KL_PLACEMENTS, group_advantages, sequence_kl_penalty, total_rewards
 from .term import adapted_kl_term
 
 
 __all__ = [
+    "DYNAMIC_TRIGGERS",
     "ESTIMATORS",
     "KL_CONTROLLERS",
     "KL_PLACEMENTS",
@@ -49,6 +57,7 @@ __all__ = [
     "k2",
     "k3",
     "k3_plus",
+    "group_reward_std",
     "kl_estimate",
     "kl_metrics",
     "kl_statistics",
@@ -58,4 +67,6 @@ __all__ = [
     "token_sum_normalizer",
     "total_rewards",
     "transform_kl",
+    "zero_std_groups",
+    "zero_std_group_fraction",
 ]

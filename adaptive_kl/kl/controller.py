@@ -1,4 +1,4 @@
-"""The coefficient β_t: step scaling, reward-triggered decay and target-KL controllers.
+"""The coefficient β_t: step scaling, reward- or saturation-triggered decay and target-KL controllers.
 
 β_t = β_base(t) · α(t) for optimizer step t = 1, 2, …; β_t is constant within a step. The pure update rules are
 module-level functions; `BetaController` composes them and carries the state that checkpoints save and restore.
@@ -12,8 +12,10 @@ from typing import Any
 from .validation import is_finite_number
 
 
-KL_SCALINGS = ("none", "linear", "sqrt", "log")
+KL_SCALINGS = ("none", "linear", "sqrt", "log", "exp")
 KL_CONTROLLERS = ("fixed", "adaptive", "stepwise")
+DYNAMIC_TRIGGERS = ("reward", "saturation")
+DEFAULT_KL_SCALING_RATE = 0.99  # γ of kl_scaling="exp": α halves in about 69 steps
 
 # Ziegler et al. (2019) clip the proportional error to ±0.2 so one noisy step cannot move β by more than 0.2·n/H.
 ADAPTIVE_ERROR_CLIP = 0.2
@@ -25,16 +27,22 @@ STEPWISE_UP, STEPWISE_DOWN = 1.5, 0.75
 
 # The step scalings and `dynamic` come from the seeds "EasyR1 with Dynamic KL Scaling" and "Adaptive KL Divergence for
 # GRPO Training", which cite no published source: docs/design.md defines them.
-def step_scale(step: int, scaling: str) -> float:
-    """α(t): 1 for t ≤ 1; otherwise 1, 1/t, 1/√t or 1/ln(t+1) for "none", "linear", "sqrt", "log"."""
+def step_scale(step: int, scaling: str, rate: float = DEFAULT_KL_SCALING_RATE) -> float:
+    """α(t): 1 for t ≤ 1; otherwise 1, 1/t, 1/√t, 1/ln(t+1) or γ^(t−1) (γ = `rate`, `kl_scaling_rate`) for "none",
+    "linear", "sqrt", "log", "exp"."""
     if scaling not in KL_SCALINGS:
         raise ValueError(f"kl_scaling must be one of {KL_SCALINGS}, got {scaling!r}.")
+    if scaling == "exp" and not (is_finite_number(rate) and 0 < rate <= 1):
+        raise ValueError(f"kl_scaling_rate must be a number in (0, 1], got {rate!r}.")
     if scaling == "none" or step <= 1:
         return 1.0
     if scaling == "linear":
         return 1.0 / step
     if scaling == "sqrt":
         return 1.0 / math.sqrt(step)
+    if scaling == "exp":
+        # Underflows to 0.0 only past t ≈ 70000 at γ = 0.99; β_t = 0 then, which every consumer of β takes.
+        return rate ** (step - 1)
     return 1.0 / math.log(step + 1)
 
 
@@ -68,9 +76,12 @@ class BetaController:
 
     Args:
         beta (`float`): the initial β_base (`args.beta`).
-        dynamic (`bool`): reward-triggered decay of β_base (`"dynamic"` in `kl_adaptation_method`).
-        dynamic_beta_decay, reward_threshold, beta_min, beta_schedule_steps: see `AdaptiveKLGRPOConfig`.
-        kl_scaling (`str`): the step scaling α(t).
+        dynamic (`bool`): triggered decay of β_base (`"dynamic"` in `kl_adaptation_method`).
+        dynamic_trigger (`str`): what triggers it: `"reward"` (the step's mean reward ≥ `reward_threshold`) or
+            `"saturation"` (its fraction of zero-std groups ≥ `saturation_threshold`).
+        dynamic_beta_decay, reward_threshold, saturation_threshold, beta_min, beta_schedule_steps: see
+            `AdaptiveKLGRPOConfig`.
+        kl_scaling (`str`), kl_scaling_rate (`float`): the step scaling α(t), and γ of `"exp"`.
         kl_controller (`str`): `"fixed"`, `"adaptive"` or `"stepwise"`.
         target_kl (`float`), kl_horizon (`int`): target-KL controller parameters.
 
@@ -84,24 +95,32 @@ class BetaController:
         *,
         dynamic: bool = False,
         dynamic_beta_decay: float = 0.9,
+        dynamic_trigger: str = "reward",
         reward_threshold: float = 0.8,
+        saturation_threshold: float = 0.5,
         beta_min: float = 0.0,
         beta_schedule_steps: int = 1000,
         kl_scaling: str = "none",
+        kl_scaling_rate: float = DEFAULT_KL_SCALING_RATE,
         kl_controller: str = "fixed",
         target_kl: float = 0.05,
         kl_horizon: int = 10000,
     ):
         if kl_controller not in KL_CONTROLLERS:
             raise ValueError(f"kl_controller must be one of {KL_CONTROLLERS}, got {kl_controller!r}.")
-        step_scale(1, kl_scaling)  # validates the name
+        if dynamic_trigger not in DYNAMIC_TRIGGERS:
+            raise ValueError(f"dynamic_trigger must be one of {DYNAMIC_TRIGGERS}, got {dynamic_trigger!r}.")
+        step_scale(1, kl_scaling, kl_scaling_rate)  # validates the name and the rate
         self.initial_beta = float(beta)
         self.dynamic = dynamic
         self.dynamic_beta_decay = dynamic_beta_decay
+        self.dynamic_trigger = dynamic_trigger
         self.reward_threshold = reward_threshold
+        self.saturation_threshold = saturation_threshold
         self.beta_min = beta_min
         self.beta_schedule_steps = beta_schedule_steps
         self.kl_scaling = kl_scaling
+        self.kl_scaling_rate = kl_scaling_rate
         self.kl_controller = kl_controller
         self.target_kl = target_kl
         self.kl_horizon = kl_horizon
@@ -114,10 +133,13 @@ class BetaController:
             args.beta,
             dynamic="dynamic" in args.kl_methods,
             dynamic_beta_decay=args.dynamic_beta_decay,
+            dynamic_trigger=args.dynamic_trigger,
             reward_threshold=args.reward_threshold,
+            saturation_threshold=args.saturation_threshold,
             beta_min=args.beta_min,
             beta_schedule_steps=args.beta_schedule_steps,
             kl_scaling=args.kl_scaling,
+            kl_scaling_rate=args.kl_scaling_rate,
             kl_controller=args.kl_controller,
             target_kl=args.target_kl,
             kl_horizon=args.kl_horizon,
@@ -131,7 +153,7 @@ class BetaController:
 
     def scale(self, step: int) -> float:
         """α(t)."""
-        return step_scale(step, self.kl_scaling)
+        return step_scale(step, self.kl_scaling, self.kl_scaling_rate)
 
     def beta(self, step: int) -> float:
         """β_t = β_base(t)·α(t) for optimizer step `step` (1-based)."""
@@ -151,10 +173,13 @@ class BetaController:
         step: int,
         *,
         mean_reward: float | None = None,
+        zero_std_fraction: float | None = None,
         mean_kl: float | None = None,
         num_sequences: int | None = None,
     ) -> None:
-        """Applies the statistics of finished optimizer step `step` (global over processes) to β_base.
+        """Applies the statistics of finished optimizer step `step` (global over processes) to β_base: `dynamic` reads
+        `mean_reward` or `zero_std_fraction` (`adaptive_kl.kl.groups.zero_std_group_fraction`), as `dynamic_trigger`
+        says; the target-KL controllers read `mean_kl` and `num_sequences`.
 
         Steps already applied (e.g. replayed after a resume) are ignored, so the update is idempotent.
         """
@@ -164,13 +189,14 @@ class BetaController:
         if self.beta_base == 0.0 and self.beta_min == 0.0:  # every rule keeps 0: nothing to measure, nothing skipped
             return
         if self.dynamic:
-            if mean_reward is None or not math.isfinite(mean_reward):
+            statistic = self.trigger_statistic(mean_reward, zero_std_fraction)
+            if statistic is None or not math.isfinite(statistic):
                 self.num_skipped_updates += 1
                 return
             new_beta = dynamic_decay(
                 self.beta_base,
-                mean_reward,
-                reward_threshold=self.reward_threshold,
+                statistic,
+                reward_threshold=self.trigger_threshold,
                 decay=self.dynamic_beta_decay,
                 beta_min=self.beta_min,
             )
@@ -196,6 +222,15 @@ class BetaController:
             self.beta_base = new_beta
         else:
             self.num_skipped_updates += 1
+
+    @property
+    def trigger_threshold(self) -> float:
+        """The threshold the `dynamic` trigger's statistic must reach for β_base to decay."""
+        return self.saturation_threshold if self.dynamic_trigger == "saturation" else self.reward_threshold
+
+    def trigger_statistic(self, mean_reward: float | None, zero_std_fraction: float | None) -> float | None:
+        """Of a step's statistics, the one the `dynamic` trigger reads."""
+        return zero_std_fraction if self.dynamic_trigger == "saturation" else mean_reward
 
     def reset(self) -> None:
         """Back to the initial state: β_base = `beta`, no step applied."""

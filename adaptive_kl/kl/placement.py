@@ -1,4 +1,5 @@
-"""KL in the reward (`kl_placement="reward"`): the sequence penalty and the group advantages it enters.
+"""KL in the reward (`kl_placement="reward"`, and RLOO's): the sequence penalty and the advantages it enters (GRPO's
+group advantages, RLOO's leave-one-out ones).
 
 The detached penalty P_i = β_t · Σ_t m_it f(k_it) (or β_t · K̄_i with `length_normalized`) is subtracted from
 completion i's total reward before the group normalization, the PPO/REINFORCE convention; the loss then carries no
@@ -13,6 +14,7 @@ import torch
 
 from .aggregation import sequence_means, sequence_sums
 from .estimators import kl_estimate, transform_kl
+from .metrics import kl_statistics
 
 
 KL_PLACEMENTS = ("loss", "reward")
@@ -110,3 +112,61 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards:
             std = std.expand_as(grouped).reshape(-1)
         advantages = advantages / (std + STD_EPSILON)
     return torch.nan_to_num(advantages, nan=0.0)
+
+
+# RLOO's leave-one-out advantages: Ahmadian et al. 2024 (arXiv:2402.14740) Eq. 4 (Kool et al. 2019's baseline), with
+# TRL's `RLOOTrainer` handling of unscored completions and its optional normalization (`normalize_advantages`).
+def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int, normalize: bool = False) -> torch.Tensor:
+    """RLOO advantages: each reward minus the mean of the other scored rewards of its group.
+
+    A_i = r_i − (Σ_{j≠i} r_j) / (n − 1) over the n scored (non-NaN) completions of the group. NaN rewards are left out
+    of every baseline and get advantage 0, as does a group with a single scored completion; with one completion per
+    group every advantage is 0. `normalize` then standardizes the advantages over the scored ones of the whole batch:
+    (A − mean) / (std + 1e-4).
+
+    Args:
+        rewards (`torch.Tensor` of shape `(N,)`): total rewards (minus any KL penalty) of the generation batch over all
+            processes, groups of `num_generations` consecutive completions.
+        num_generations (`int`): the group size.
+        normalize (`bool`): standardize over the batch (TRL's `normalize_advantages`).
+
+    Returns:
+        `torch.Tensor` of shape `(N,)`.
+    """
+    if num_generations < 2:
+        return torch.zeros_like(rewards)
+    grouped = rewards.view(-1, num_generations)
+    scored = (~grouped.isnan()).sum(dim=1, keepdim=True)
+    others = grouped.nansum(dim=1, keepdim=True) - grouped  # NaN for an unscored completion: it stays NaN
+    advantages = (grouped - others / (scored - 1)).view(-1)  # 0/0 = NaN for a lone scored completion
+    if normalize:
+        advantages = (advantages - advantages.nanmean()) / (_nan_std(advantages) + STD_EPSILON)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def penalty_statistics(
+    per_token_logps: torch.Tensor,
+    ref_per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    estimator: str = "k1",
+    transform: str | None = None,
+    clip_threshold: float = 1.0,
+    target: float = 0.1,
+) -> torch.Tensor:
+    """The `adaptive_kl/*` statistics (`adaptive_kl.kl.metrics.kl_statistics`) of the tokens a penalty in the reward
+    was computed from, with k1 as the host's `kl` (what RLOO logs): for the metrics and the β controllers.
+
+    Args:
+        per_token_logps, ref_per_token_logps, mask (`torch.Tensor` of shape `(B, T)`): as for `sequence_kl_penalty`.
+        estimator, transform, clip_threshold, target: the per-token estimate k and transform f.
+
+    Returns:
+        `torch.Tensor` of shape `(len(STAT_NAMES),)`, for these sequences only (the caller reduces it).
+    """
+    with torch.no_grad():
+        log_ratio = per_token_logps - ref_per_token_logps
+        kl = kl_estimate(log_ratio, estimator)
+        adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
+        clipped_at = clip_threshold if transform == "clip" else None
+        return kl_statistics(kl, adapted, mask, clip_threshold=clipped_at, host_kl=log_ratio)

@@ -32,6 +32,7 @@ def adapted_kl_term(
     old_per_token_logps: torch.Tensor | None = None,
     importance_sampling_level: str = "token",
     kl_bound: float | None = None,
+    sequence_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Agg(f(k)) for one micro-batch, and the statistics of `adaptive_kl.kl.metrics.kl_statistics`.
 
@@ -49,6 +50,11 @@ def adapted_kl_term(
             detached current log-probabilities).
         importance_sampling_level (`str`): `"token"` or `"sequence"` ratio for the bias correction.
         kl_bound (`float`, *optional*): bound |k| ≤ kl_bound on the (bias-corrected) estimate, as Unsloth's loss has.
+        sequence_mask (`torch.Tensor` of shape `(B,)`, *optional*): bool, False for the sequences whose f(k) is left
+            out of the term (`kl_mask_zero_std_groups`). Their f(k) is set to 0 before the aggregation, whose
+            normalizers still count every token of `mask` (the host's policy loss keeps them): the term is exactly the
+            unmasked one with those rows zeroed, not a mean over the kept rows, which would raise the effective β of
+            the kept ones by however many rows a batch masks. The statistics still cover every sequence.
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: the scalar term (differentiable through `per_token_logps`) and the
@@ -66,11 +72,14 @@ def adapted_kl_term(
         kl = kl.clamp(-kl_bound, kl_bound)
         host_kl = None if host_kl is None else host_kl.clamp(-kl_bound, kl_bound)
     adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
+    kept = adapted
+    if sequence_mask is not None:  # `where`, not a product: exactly 0, even for a non-finite f(k)
+        kept = torch.where(sequence_mask.to(torch.bool).unsqueeze(-1), adapted, adapted.new_zeros(()))
     if length_normalized:
-        term = length_normalized_mean(adapted, mask, accumulation_steps=accumulation_steps)
+        term = length_normalized_mean(kept, mask, accumulation_steps=accumulation_steps)
     else:
         term = aggregate_like_host(
-            adapted,
+            kept,
             mask,
             loss_type,
             accumulation_steps=accumulation_steps,

@@ -4,6 +4,7 @@
 |---|---|
 | `config` | `AdaptiveKLGRPOConfig`: `GRPOConfig` plus the KL fields, validated at construction |
 | `grpo` | `AdaptiveKLGRPOTrainer`: adds β_t·Agg(f(k)) to the host's own loss; the wiring of the collaborators below |
+| `rloo_config`, `rloo` | `AdaptiveKLRLOOConfig`, `AdaptiveKLRLOOTrainer`: RLOO's KL penalty in the reward, adapted |
 | `hooks` | the seam with TRL: the table of its undocumented names and their accessors, host checks, capture |
 | `zero_beta` | the reference skipped, then released, while β is 0 for good |
 | `resetter` | reference resets applied to the trainer's models and checkpoints (`reference`: when, and the weights) |

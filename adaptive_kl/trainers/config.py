@@ -19,7 +19,13 @@ import trl  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from ..kl.aggregation import LOSS_TYPES  # noqa: E402
-from ..kl.controller import ADAPTIVE_ERROR_CLIP, KL_CONTROLLERS, KL_SCALINGS  # noqa: E402
+from ..kl.controller import (  # noqa: E402
+    ADAPTIVE_ERROR_CLIP,
+    DEFAULT_KL_SCALING_RATE,
+    DYNAMIC_TRIGGERS,
+    KL_CONTROLLERS,
+    KL_SCALINGS,
+)
 from ..kl.estimators import ESTIMATORS, STRAIGHT_THROUGH_ESTIMATORS  # noqa: E402
 from ..kl.placement import KL_PLACEMENTS  # noqa: E402
 from ..kl.validation import is_finite_number, is_int, require  # noqa: E402
@@ -35,6 +41,10 @@ def _dynamic(config) -> bool:
     return "dynamic" in config.kl_methods
 
 
+def _dynamic_trigger(trigger: str):
+    return lambda config: _dynamic(config) and config.dynamic_trigger == trigger
+
+
 def _beta_adapts(config) -> bool:
     return _dynamic(config) or config.kl_controller != "fixed"
 
@@ -47,8 +57,17 @@ PARAMETER_READERS = {
         lambda c: "sigmoid" in c.kl_methods,
         "kl_adaptation_method with 'sigmoid' (it is the gate's centre; the controllers' target is target_kl)",
     ),
+    "kl_scaling_rate": (lambda c: c.kl_scaling == "exp", "kl_scaling='exp'"),
     "dynamic_beta_decay": (_dynamic, "kl_adaptation_method with 'dynamic'"),
-    "reward_threshold": (_dynamic, "kl_adaptation_method with 'dynamic'"),
+    "dynamic_trigger": (_dynamic, "kl_adaptation_method with 'dynamic'"),
+    "reward_threshold": (
+        _dynamic_trigger("reward"),
+        "kl_adaptation_method with 'dynamic' and dynamic_trigger='reward'",
+    ),
+    "saturation_threshold": (
+        _dynamic_trigger("saturation"),
+        "kl_adaptation_method with 'dynamic' and dynamic_trigger='saturation'",
+    ),
     "beta_schedule_steps": (_dynamic, "kl_adaptation_method with 'dynamic'"),
     "target_kl": (
         lambda c: c.kl_controller != "fixed",
@@ -142,15 +161,30 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             `"loss"`: β_t·Agg(f(k)) is added to the loss. `"reward"`: the detached sequence penalty β_t·Σ_t f(k) is
             subtracted from each completion's reward before the group advantages, and the loss has no KL term (use
             `kl_estimator="k1"` there).
+        kl_mask_zero_std_groups (`bool`, *optional*, defaults to `False`):
+            Leave out the KL of the completions of a group whose total rewards all agree (zero group std, decided per
+            group of each generation batch as TRL decides `frac_reward_zero_std`): their advantages are 0, so the KL
+            would be their only gradient (TRL issue #5588). In the loss only the KL's numerator loses them (the host's
+            normalizers are unchanged); in the reward they carry no penalty. The KL statistics still cover them.
 
         > Parameters that control the coefficient β_t = β_base(t)·α(t)
 
         kl_scaling (`str`, *optional*, defaults to `"none"`):
-            Step scaling α(t) of β: `"none"` (1), `"linear"` (1/t), `"sqrt"` (1/√t) or `"log"` (1/ln(t+1)).
+            Step scaling α(t) of β: `"none"` (1), `"linear"` (1/t), `"sqrt"` (1/√t), `"log"` (1/ln(t+1)) or `"exp"`
+            (γ^(t−1), γ = `kl_scaling_rate`).
+        kl_scaling_rate (`float`, *optional*, defaults to `0.99`):
+            `kl_scaling="exp"` only: the factor γ in (0, 1] by which α shrinks at each optimizer step.
         dynamic_beta_decay (`float`, *optional*, defaults to `0.9`):
-            `dynamic`: β is multiplied by this factor after each step whose mean reward reaches `reward_threshold`.
+            `dynamic`: β is multiplied by this factor after each step that triggers a decay (`dynamic_trigger`).
+        dynamic_trigger (`str`, *optional*, defaults to `"reward"`):
+            `dynamic`: what triggers a decay: `"reward"` (the step's mean reward reaches `reward_threshold`) or
+            `"saturation"` (its fraction of zero-std groups, whose completions all got the same reward, reaches
+            `saturation_threshold`).
         reward_threshold (`float`, *optional*, defaults to `0.8`):
-            `dynamic`: the mean reward that triggers a decay.
+            `dynamic` with `dynamic_trigger="reward"`: the mean reward that triggers a decay.
+        saturation_threshold (`float`, *optional*, defaults to `0.5`):
+            `dynamic` with `dynamic_trigger="saturation"`: the fraction of zero-std groups, in (0, 1], that triggers a
+            decay.
         beta_schedule_steps (`int`, *optional*, defaults to `1000`):
             `dynamic`: from this optimizer step on, β = `beta_min`.
         kl_controller (`str`, *optional*, defaults to `"fixed"`):
@@ -236,23 +270,52 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             "kl_estimator='k1' there)."
         },
     )
+    kl_mask_zero_std_groups: bool = field(
+        default=False,
+        metadata={
+            "help": "Leave out the KL of completions whose group's total rewards all agree (zero std, decided per "
+            "group): their advantages are 0 and the KL would be their only gradient. The loss's normalizers are "
+            "unchanged (only those completions' KL is zeroed); with kl_placement='reward' they carry no penalty."
+        },
+    )
     kl_scaling: str = field(
         default="none",
         metadata={
             "help": "Step-based scaling of beta at optimizer step t (1 for t <= 1): 'none' (1), 'linear' (1/t), "
-            "'sqrt' (1/sqrt(t)) or 'log' (1/ln(t+1))."
+            "'sqrt' (1/sqrt(t)), 'log' (1/ln(t+1)) or 'exp' (kl_scaling_rate^(t-1))."
         },
+    )
+    kl_scaling_rate: float = field(
+        default=DEFAULT_KL_SCALING_RATE,
+        metadata={"help": "kl_scaling='exp' only: the factor by which the scaling shrinks at each step. In (0, 1]."},
     )
     dynamic_beta_decay: float = field(
         default=0.9,
         metadata={
-            "help": "dynamic: beta is multiplied by this factor after each optimizer step whose mean reward reaches "
-            "reward_threshold. In (0, 1]."
+            "help": "dynamic: beta is multiplied by this factor after each optimizer step that triggers a decay "
+            "(dynamic_trigger). In (0, 1]."
+        },
+    )
+    dynamic_trigger: str = field(
+        default="reward",
+        metadata={
+            "help": "dynamic: what triggers a decay: 'reward' (the step's mean reward reaches reward_threshold) or "
+            "'saturation' (its fraction of zero-std groups, whose completions all got the same reward, reaches "
+            "saturation_threshold)."
         },
     )
     reward_threshold: float = field(
         default=0.8,
-        metadata={"help": "dynamic: mean reward of a step at or above which beta decays."},
+        metadata={
+            "help": "dynamic with dynamic_trigger='reward': mean reward of a step at or above which beta decays."
+        },
+    )
+    saturation_threshold: float = field(
+        default=0.5,
+        metadata={
+            "help": "dynamic with dynamic_trigger='saturation': fraction of zero-std groups of a step at or above "
+            "which beta decays. In (0, 1]."
+        },
     )
     beta_schedule_steps: int = field(
         default=1000,
@@ -341,13 +404,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         check_import_order(GRPOConfig, trl.GRPOConfig, "GRPOConfig")
         self._validate_adaptive_kl()
         super().__post_init__()
-        # Needs the process count, known once TrainingArguments has set up the distributed state.
-        sequences_per_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
-        require(
-            self.kl_controller != "adaptive" or ADAPTIVE_ERROR_CLIP * sequences_per_step < self.kl_horizon,
-            f"kl_horizon must exceed {ADAPTIVE_ERROR_CLIP} x the sequences per optimizer step ({sequences_per_step}) "
-            f"with kl_controller='adaptive', got {self.kl_horizon}: a larger step would make beta negative.",
-        )
+        check_adaptive_horizon(self)
 
     @property
     def kl_methods(self) -> tuple[str, ...]:
@@ -363,12 +420,12 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
     def uses_adaptive_kl(self) -> bool:
         """Whether any KL field differs from stock TRL's behaviour."""
         chosen = (self.kl_scaling, self.kl_estimator, self.kl_controller, self.kl_placement)
-        return bool(self.kl_methods) or chosen != ("none", "k3", "fixed", "loss")
+        return bool(self.kl_methods) or chosen != ("none", "k3", "fixed", "loss") or self.kl_mask_zero_std_groups
 
     def _validate_adaptive_kl(self) -> None:
         check_training_arguments(self)
-        methods = parse_kl_adaptation_method(self.kl_adaptation_method)
-        require(self.kl_scaling in KL_SCALINGS, f"kl_scaling must be one of {KL_SCALINGS}, got {self.kl_scaling!r}.")
+        parse_kl_adaptation_method(self.kl_adaptation_method)  # its ValueError first, as before the other fields
+        check_kl_scaling(self)
         require(
             self.kl_estimator in ESTIMATORS, f"kl_estimator must be one of {ESTIMATORS}, got {self.kl_estimator!r}."
         )
@@ -376,7 +433,7 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
             self.kl_placement in KL_PLACEMENTS,
             f"kl_placement must be one of {KL_PLACEMENTS}, got {self.kl_placement!r}.",
         )
-        flags = ("diversity_metrics", "resume_without_kl_state", "ref_reset_optimizer", "skip_zero_beta_reference")
+        flags = ("diversity_metrics", "resume_without_kl_state", "kl_mask_zero_std_groups")
         for name in flags:
             value = getattr(self, name)
             require(isinstance(value, bool), f"{name} must be True or False, got {value!r}.")
@@ -392,63 +449,16 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
                 "diversity_metrics=True too.",
             )
             check_embedder(self.diversity_embedder)
-        require(
-            self.kl_monitor_steps is None or (is_int(self.kl_monitor_steps) and self.kl_monitor_steps >= 0),
-            "kl_monitor_steps must be None (every logging_steps) or an integer >= 0 (0: never), got "
-            f"{self.kl_monitor_steps!r}.",
-        )
-        require(
-            self.kl_controller in KL_CONTROLLERS,
-            f"kl_controller must be one of {KL_CONTROLLERS}, got {self.kl_controller!r}.",
-        )
-        require(
-            is_finite_number(self.kl_clip_threshold) and self.kl_clip_threshold > 0,
-            f"kl_clip_threshold must be a finite number > 0, got {self.kl_clip_threshold!r}.",
-        )
-        require(
-            is_finite_number(self.kl_target) and self.kl_target >= 0,
-            f"kl_target must be a finite number >= 0, got {self.kl_target!r}.",
-        )
-        require(
-            is_finite_number(self.dynamic_beta_decay) and 0 < self.dynamic_beta_decay <= 1,
-            f"dynamic_beta_decay must be in (0, 1], got {self.dynamic_beta_decay!r}.",
-        )
-        require(
-            is_finite_number(self.reward_threshold),
-            f"reward_threshold must be a finite number, got {self.reward_threshold!r}.",
-        )
-        require(
-            is_finite_number(self.beta) and self.beta >= 0, f"beta must be a finite number >= 0, got {self.beta!r}."
-        )
-        require(
-            is_finite_number(self.beta_min) and 0 <= self.beta_min <= self.beta,
-            f"beta_min must be a finite number in [0, beta={self.beta}], got {self.beta_min!r}.",
-        )
-        require(
-            is_int(self.beta_schedule_steps) and self.beta_schedule_steps >= 1,
-            f"beta_schedule_steps must be an integer >= 1, got {self.beta_schedule_steps!r}.",
-        )
-        require(
-            is_finite_number(self.target_kl) and self.target_kl > 0,
-            f"target_kl must be a finite number > 0, got {self.target_kl!r}.",
-        )
-        require(
-            is_int(self.kl_horizon) and self.kl_horizon > 0,
-            f"kl_horizon must be an integer > 0, got {self.kl_horizon!r}.",
-        )
-        require(
-            not ("dynamic" in methods and self.kl_controller != "fixed"),
-            f"kl_adaptation_method='dynamic' and kl_controller={self.kl_controller!r} both steer beta; use one of "
-            "them (kl_controller='fixed' with 'dynamic').",
-        )
+        check_zero_beta_reference(self)
+        check_kl_coefficient(self)
         require(
             self.beta > 0 or not self.uses_adaptive_kl,
             f"beta must be > 0 when any KL adaptation is set (kl_adaptation_method={self.kl_adaptation_method!r}, "
             f"kl_scaling={self.kl_scaling!r}, kl_estimator={self.kl_estimator!r}, "
-            f"kl_controller={self.kl_controller!r}, kl_placement={self.kl_placement!r}): TRL loads no reference "
-            "model at beta=0.",
+            f"kl_controller={self.kl_controller!r}, kl_placement={self.kl_placement!r}, "
+            f"kl_mask_zero_std_groups={self.kl_mask_zero_std_groups!r}): TRL loads no reference model at beta=0.",
         )
-        self._validate_reference_resets()
+        check_reference_resets(self)
         if self.kl_placement == "reward":
             require(
                 self.kl_estimator not in STRAIGHT_THROUGH_ESTIMATORS,
@@ -493,33 +503,131 @@ class AdaptiveKLGRPOConfig(GRPOConfig):
         """Whether reference resets are on (`ref_reset_steps` or `ref_reset_kl`)."""
         return self.ref_reset_steps > 0 or self.ref_reset_kl > 0
 
-    def _validate_reference_resets(self) -> None:
+
+def check_reference_resets(config) -> None:
+    """Checks of the reference resets' fields (`ref_reset_steps`, `ref_reset_kl`, `ref_reset_optimizer`) against
+    `beta` and `sync_ref_model`: shared by the GRPO and RLOO configs."""
+    require(
+        isinstance(config.ref_reset_optimizer, bool),
+        f"ref_reset_optimizer must be True or False, got {config.ref_reset_optimizer!r}.",
+    )
+    require(
+        is_int(config.ref_reset_steps) and config.ref_reset_steps >= 0,
+        f"ref_reset_steps must be an integer >= 0 (0: no resets), got {config.ref_reset_steps!r}.",
+    )
+    require(
+        is_finite_number(config.ref_reset_kl) and config.ref_reset_kl >= 0,
+        f"ref_reset_kl must be a finite number >= 0 (0: no resets), got {config.ref_reset_kl!r}.",
+    )
+    if not (config.ref_reset_steps > 0 or config.ref_reset_kl > 0):
         require(
-            is_int(self.ref_reset_steps) and self.ref_reset_steps >= 0,
-            f"ref_reset_steps must be an integer >= 0 (0: no resets), got {self.ref_reset_steps!r}.",
+            not config.ref_reset_optimizer,
+            "ref_reset_optimizer=True clears the optimizer at each reference reset, but no reset is set: set "
+            "ref_reset_steps or ref_reset_kl too.",
         )
-        require(
-            is_finite_number(self.ref_reset_kl) and self.ref_reset_kl >= 0,
-            f"ref_reset_kl must be a finite number >= 0 (0: no resets), got {self.ref_reset_kl!r}.",
-        )
-        if not self.resets_reference:
-            require(
-                not self.ref_reset_optimizer,
-                "ref_reset_optimizer=True clears the optimizer at each reference reset, but no reset is set: set "
-                "ref_reset_steps or ref_reset_kl too.",
-            )
-            return
-        settings = f"ref_reset_steps={self.ref_reset_steps}, ref_reset_kl={self.ref_reset_kl}"
-        require(
-            self.beta > 0,
-            f"Reference resets ({settings}) need beta > 0: at beta=0 TRL loads no reference model to reset.",
-        )
-        require(
-            not self.sync_ref_model,
-            f"Reference resets ({settings}) and sync_ref_model=True both move the reference: use one of them "
-            "(ref_reset_steps=N is sync_ref_model with ref_model_mixup_alpha=1 and ref_model_sync_steps=N, and also "
-            "works for PEFT models).",
-        )
+        return
+    settings = f"ref_reset_steps={config.ref_reset_steps}, ref_reset_kl={config.ref_reset_kl}"
+    require(
+        config.beta > 0,
+        f"Reference resets ({settings}) need beta > 0: at beta=0 TRL loads no reference model to reset.",
+    )
+    require(
+        not config.sync_ref_model,
+        f"Reference resets ({settings}) and sync_ref_model=True both move the reference: use one of them "
+        "(ref_reset_steps=N is sync_ref_model with ref_model_mixup_alpha=1 and ref_model_sync_steps=N, and also "
+        "works for PEFT models).",
+    )
+
+
+def check_zero_beta_reference(config) -> None:
+    """Checks of the zero-β reference skip's fields (`skip_zero_beta_reference`, `kl_monitor_steps`): shared by the
+    GRPO and RLOO configs."""
+    require(
+        isinstance(config.skip_zero_beta_reference, bool),
+        f"skip_zero_beta_reference must be True or False, got {config.skip_zero_beta_reference!r}.",
+    )
+    require(
+        config.kl_monitor_steps is None or (is_int(config.kl_monitor_steps) and config.kl_monitor_steps >= 0),
+        "kl_monitor_steps must be None (every logging_steps) or an integer >= 0 (0: never), got "
+        f"{config.kl_monitor_steps!r}.",
+    )
+
+
+def check_kl_scaling(config) -> None:
+    """Checks of the step scaling α(t) and the `dynamic` trigger's fields: shared by the GRPO and RLOO configs."""
+    require(config.kl_scaling in KL_SCALINGS, f"kl_scaling must be one of {KL_SCALINGS}, got {config.kl_scaling!r}.")
+    require(
+        is_finite_number(config.kl_scaling_rate) and 0 < config.kl_scaling_rate <= 1,
+        f"kl_scaling_rate must be a number in (0, 1], got {config.kl_scaling_rate!r}.",
+    )
+    require(
+        config.dynamic_trigger in DYNAMIC_TRIGGERS,
+        f"dynamic_trigger must be one of {DYNAMIC_TRIGGERS}, got {config.dynamic_trigger!r}.",
+    )
+    require(
+        is_finite_number(config.saturation_threshold) and 0 < config.saturation_threshold <= 1,
+        f"saturation_threshold must be a fraction in (0, 1], got {config.saturation_threshold!r}.",
+    )
+
+
+def check_kl_coefficient(config) -> None:
+    """Checks of the fields of β_t (`beta`, the controllers, `dynamic`) and of the transforms' parameters: shared by
+    the GRPO and RLOO configs."""
+    require(
+        config.kl_controller in KL_CONTROLLERS,
+        f"kl_controller must be one of {KL_CONTROLLERS}, got {config.kl_controller!r}.",
+    )
+    require(
+        is_finite_number(config.kl_clip_threshold) and config.kl_clip_threshold > 0,
+        f"kl_clip_threshold must be a finite number > 0, got {config.kl_clip_threshold!r}.",
+    )
+    require(
+        is_finite_number(config.kl_target) and config.kl_target >= 0,
+        f"kl_target must be a finite number >= 0, got {config.kl_target!r}.",
+    )
+    require(
+        is_finite_number(config.dynamic_beta_decay) and 0 < config.dynamic_beta_decay <= 1,
+        f"dynamic_beta_decay must be in (0, 1], got {config.dynamic_beta_decay!r}.",
+    )
+    require(
+        is_finite_number(config.reward_threshold),
+        f"reward_threshold must be a finite number, got {config.reward_threshold!r}.",
+    )
+    require(
+        is_finite_number(config.beta) and config.beta >= 0, f"beta must be a finite number >= 0, got {config.beta!r}."
+    )
+    require(
+        is_finite_number(config.beta_min) and 0 <= config.beta_min <= config.beta,
+        f"beta_min must be a finite number in [0, beta={config.beta}], got {config.beta_min!r}.",
+    )
+    require(
+        is_int(config.beta_schedule_steps) and config.beta_schedule_steps >= 1,
+        f"beta_schedule_steps must be an integer >= 1, got {config.beta_schedule_steps!r}.",
+    )
+    require(
+        is_finite_number(config.target_kl) and config.target_kl > 0,
+        f"target_kl must be a finite number > 0, got {config.target_kl!r}.",
+    )
+    require(
+        is_int(config.kl_horizon) and config.kl_horizon > 0,
+        f"kl_horizon must be an integer > 0, got {config.kl_horizon!r}.",
+    )
+    require(
+        not ("dynamic" in parse_kl_adaptation_method(config.kl_adaptation_method) and config.kl_controller != "fixed"),
+        f"kl_adaptation_method='dynamic' and kl_controller={config.kl_controller!r} both steer beta; use one of "
+        "them (kl_controller='fixed' with 'dynamic').",
+    )
+
+
+def check_adaptive_horizon(config) -> None:
+    """The 'adaptive' controller's horizon against the sequences of one optimizer step, after
+    `TrainingArguments.__post_init__`: it needs the process count, known once the distributed state is set up."""
+    sequences_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.world_size
+    require(
+        config.kl_controller != "adaptive" or ADAPTIVE_ERROR_CLIP * sequences_per_step < config.kl_horizon,
+        f"kl_horizon must exceed {ADAPTIVE_ERROR_CLIP} x the sequences per optimizer step ({sequences_per_step}) "
+        f"with kl_controller='adaptive', got {config.kl_horizon}: a larger step would make beta negative.",
+    )
 
 
 def check_training_arguments(config) -> None:

@@ -8,9 +8,9 @@ pass. The KL term's path: `compute_loss` → `hooks.HostHooks.host_loss_without_
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
 Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`. Everything taken from the
 host goes through `adaptive_kl.trainers.hooks` (its table `HOST_INTERNALS`). The other concerns are collaborators with
-their own state: `zero_beta` (the reference skipped and released while β is 0 for good), `resetter` (reference
-resets), `rollouts` (each scored generation batch: KL in the reward, diversity), `monitoring` (the statistics the
-controller and the `adaptive_kl/*` metrics read) and `state` (checkpoints and resume).
+their own state, built and driven through a run by `lifecycle.AdaptiveKLRun` (shared with the RLOO trainer): `zero_beta` (the reference skipped and released while β is 0 for good), `resetter` (reference
+resets), `rollouts` (each scored generation batch: KL in the reward, the zero-std KL mask, diversity), `monitoring`
+(the statistics the controller and the `adaptive_kl/*` metrics read) and `state` (checkpoints and resume).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch
 from trl import GRPOTrainer
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
-from ..kl.controller import BetaController
 from ..kl.placement import sequence_kl_penalty
 from ..kl.term import adapted_kl_term
 from .config import AdaptiveKLGRPOConfig
@@ -40,17 +39,12 @@ from .hooks import (
     resolve_args,
 )
 from .inputs import check_train_dataset, train_dataset_argument
-from .monitoring import KLMonitor
-from .reference import warn_if_reference_is_base
-from .resetter import ReferenceResetter
-from .rollouts import RolloutScoring
-from .run_warnings import RunWarnings
-from .state import AdaptiveKLStateCallback, check_resumed_kl_state
+from .lifecycle import AdaptiveKLRun
 from .unsloth import prepare_unsloth_host, unsloth_kl_term_inputs, unsupported_unsloth, with_keyword_only
-from .zero_beta import ZeroBetaReference, reference_never_scored
+from .zero_beta import reference_never_scored
 
 
-class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
+class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
     """Drop-in replacement for [`~trl.GRPOTrainer`] that takes an [`AdaptiveKLGRPOConfig`].
 
     Every argument is passed to `GRPOTrainer` unchanged, with the same signature (`reward_funcs` may be omitted when
@@ -74,27 +68,16 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
         check_train_dataset(
             train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
         )
-        self._unsloth_module = prepare_unsloth_host(GRPOTrainer, args.kl_placement)
+        self._unsloth_module = prepare_unsloth_host(GRPOTrainer, args.kl_placement, args.kl_mask_zero_std_groups)
         on_unsloth = self._unsloth_module is not None
         loads_no_reference = reference_never_scored(args, model, kwargs.get("peft_config"), on_unsloth)
         with host_built_without_reference(self, args) if loads_no_reference else nullcontext():
             super().__init__(model, reward_funcs, args, *more, **kwargs)
         check_host_attributes(self)
-        if args.beta > 0:
-            warn_if_reference_is_base(self.model)
-        self.beta_controller = BetaController.from_args(args)
-        self.resetter = ReferenceResetter.from_args(self, args)
-        self.reference_resets = self.resetter.resets
-        # Parsed once: `kl_adaptation_method` is read at every micro-batch.
-        self._kl_shape = {"transform": args.kl_transform, "length_normalized": "length_normalized" in args.kl_methods}
         if diversity_embedder is None and args.diversity_metrics:
             diversity_embedder = build_embedder(args.diversity_embedder)
         self.diversity_embedder = diversity_embedder
-        self.run_warnings = RunWarnings(is_main_process=self.accelerator.is_main_process)
-        self.zero_beta = ZeroBetaReference(self, released=loads_no_reference)
-        self.rollouts = RolloutScoring(self)
-        self.kl_monitor = KLMonitor(self)
-        self.add_callback(AdaptiveKLStateCallback(self.beta_controller, resets=self.reference_resets))
+        self._build_kl_state(args, loads_no_reference)
 
     __init__.__signature__ = with_keyword_only(
         inspect.signature(GRPOTrainer.__init__),
@@ -103,46 +86,18 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
 
     # --- the host's extension points (`hooks.HostHooks`) -------------------------------------------------------------
 
-    def _on_generation_batch(self) -> None:
-        self.resetter.before_generation()
-
-    def _scores_reference(self, mode: str) -> bool:
-        return self.zero_beta.scores_reference(mode)
-
     def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
         rewards = self.rollouts.total_rewards(rewards_per_func, mode)
+        keep = self.rollouts.kl_group_mask(output, rewards, mode) if self.args.kl_mask_zero_std_groups else None
         if self.args.kl_placement == "reward":
             penalty = self._kl_penalty(output, mode) if "ref_per_token_logps" in output else None
+            if penalty is not None and keep is not None:  # decided on the task rewards: those groups keep 0 advantages
+                penalty = torch.where(keep, penalty, torch.zeros_like(penalty))
             self.rollouts.penalize(output, rewards, penalty, mode)
         if self.args.diversity_metrics:
             self.rollouts.log_diversity(output, mode)
 
-    def _on_checkpoint_saved(self, checkpoint: str) -> None:
-        self.resetter.checkpoint_saved(checkpoint)
-
-    def _on_checkpoint_loaded(self, checkpoint: str) -> None:
-        self.resetter.checkpoint_loaded(checkpoint)
-
-    def _on_callback_state_loaded(self) -> None:
-        # With `restore_callback_states_from_checkpoint=True` Transformers re-instantiates callbacks from their
-        # saved args; give the new instance our controller and resets (its `on_train_begin` then loads their state).
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, AdaptiveKLStateCallback) and callback.controller is None:
-                callback.controller, callback.resets = self.beta_controller, self.reference_resets
-
-    # --- a run -------------------------------------------------------------------------------------------------------
-
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        # A run that does not resume starts from step 1 with a new optimizer, so β starts afresh too; a resumed run
-        # gets the checkpoint's state. Nothing measured by an earlier (perhaps interrupted) run carries over.
-        self.zero_beta.start_run(resume_from_checkpoint)
-        self.kl_monitor.start_run()
-        self.run_warnings.start_run()
-        if resume_from_checkpoint:
-            check_resumed_kl_state(self, resume_from_checkpoint)
-        else:
-            self.beta_controller.reset()
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+    # --- a run (`lifecycle.AdaptiveKLRun` starts each `train()`) -----------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
@@ -209,6 +164,8 @@ class AdaptiveKLGRPOTrainer(HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
             token_normalizer=token_normalizer,
             use_bias_correction=self.args.use_bias_correction_kl,
             importance_sampling_level=settings.importance_sampling_level,
+            # `_on_scored` put it in every scored batch: numerator rows only, the normalizers are the host's
+            sequence_mask=inputs["kl_group_mask"] if self.args.kl_mask_zero_std_groups else None,
         )
 
     def _kl_options(self) -> dict:

@@ -1,14 +1,17 @@
-"""The seam between this package's trainers and TRL's `GRPOTrainer`: everything they take from the host, in one place.
+"""The seam between this package's trainers and TRL's `GRPOTrainer` and `RLOOTrainer`: everything they take from the
+host, in one place.
 
-Both trainers (`AdaptiveKLGRPOTrainer` and the experimental `BinomialKLTrainer`) subclass whatever `trl.GRPOTrainer`
-is (TRL's own, or Unsloth's generated trainer) and reach into it only through this module:
+The GRPO trainers (`AdaptiveKLGRPOTrainer` and the experimental `BinomialKLTrainer`) subclass whatever
+`trl.GRPOTrainer` is (TRL's own, or Unsloth's generated trainer), `AdaptiveKLRLOOTrainer` subclasses TRL's
+`RLOOTrainer`, and they reach into their host only through this module:
 
 - `HOST_INTERNALS`: every name of the host (`trl.GRPOTrainer`, its base `transformers.Trainer`, their
   `ProgressCallback` and `Accelerator`) that the package overrides, calls, reads or writes and that they do not
   document as public API: private names and undocumented attributes alike (`loss_type`, `scale_rewards`,
   `current_gradient_accumulation_steps`, ...), each with what the package does with it and its accessor here. No other
   module names one (`tests/trainers/test_seam.py` checks the whole package's source); Unsloth's own internals have
-  their table in `adaptive_kl.trainers.unsloth`;
+  their table in `adaptive_kl.trainers.unsloth`. `host_internals` selects the entries a host class must have: those
+  owned by `trl.RLOOTrainer`, and `RLOO_SHARED_INTERNALS`, for RLOO; every other entry for GRPO;
 - `check_trl_version`: the supported TRL range, read from the package metadata before TRL is imported;
 - `resolve_args`: the trainer's config (a default one for `args=None`, a `TypeError` for a plain `GRPOConfig`), after
   refusing a host that Unsloth replaced once our classes were built on TRL's own;
@@ -17,14 +20,16 @@ is (TRL's own, or Unsloth's generated trainer) and reach into it only through th
   Liger's fused loss (which never calls ours);
 - `HostHooks`, the mixin that overrides the host's private methods and hands the trainers named extension points
   (`_on_generation_batch`, `_on_scored`, `_micro_batch_loss`, `_on_checkpoint_saved`, `_on_checkpoint_loaded`,
-  `_on_callback_state_loaded`); it captures each generation batch's rewards and, while the host's loss runs with
-  β = 0, the policy log-probabilities it computes: exactly one scoring per loss, carrying a gradient in training;
+  `_on_callback_state_loaded`); it captures each generation batch's rewards and the log-probabilities the host scored
+  it with (`generation_logps`) and, while the host's loss runs with β = 0, the policy log-probabilities it computes:
+  exactly one scoring per loss, carrying a gradient in training;
 - accessors, the only way the package reaches an entry of the table: the host's loss settings (`host_loss_settings`,
   `accumulation_steps`), its rollouts (`group_size`, `scale_rewards`, `reward_weights`, `reward_func_names`,
-  `sampling_temperature`, `checking_reward_outputs`), its state (`host_beta`, `host_built_without_reference`,
-  `reference_model`, `release_reference_model`, `sharding_engine`, `host_optimizer`, `metric_store`,
-  `generation_buffer`, `score_policy`, `replace_logged_advantages`), what the command touches (`set_wrapped_model`,
-  `close_progress_bars`), and the layout of TRL's batches (`completion_loss_mask`, `MULTIMODAL_INPUTS`).
+  `sampling_temperature`, `checking_reward_outputs`; RLOO's `normalizes_advantages`, `reward_clip_range`), its state
+  (`host_beta`, `host_built_without_reference`, `reference_model`, `release_reference_model`, `sharding_engine`,
+  `host_optimizer`, `metric_store`, `generation_buffer`, `score_policy`, `replace_logged_advantages`), what the
+  command touches (`set_wrapped_model`, `close_progress_bars`), and the layout of TRL's batches
+  (`completion_loss_mask`, `MULTIMODAL_INPUTS`).
 
 No module reads a host attribute with a default (`getattr(trainer, name, None)`): a host that lacks an entry fails at
 construction, naming it, rather than falling back silently.
@@ -210,8 +215,37 @@ HOST_INTERNALS = (
                  "TRL's fused LM-head scorer (1.15: Triton only, None without it; 1.16: a torch fallback off a GPU): "
                  "replaced by a plain-torch stand-in where it fails for "
                  "training on a CPU (`host_log_prob_scorer`, `replace_host_log_prob_scorer`; `trainers.scorer`)"),
+    HostInternal("normalize_advantages", "trl.RLOOTrainer", "attribute",
+                 "whether RLOO standardizes its leave-one-out advantages over the batch, as the penalized ones are "
+                 "(`normalizes_advantages`)"),
+    HostInternal("reward_clip_range", "trl.RLOOTrainer", "attribute",
+                 "the range RLOO clamps total rewards to before its KL penalty, as the penalized ones are "
+                 "(`reward_clip_range`)"),
 )  # fmt: skip
 # Not in the table, because its *absence* is what is checked: `_compute_liger_loss` (see `check_host`).
+
+# The entries owned by `trl.GRPOTrainer` (or Transformers) that `trl.RLOOTrainer` has too and that
+# `AdaptiveKLRLOOTrainer` (through `HostHooks`) uses; the entries owned by `trl.RLOOTrainer` are RLOO's alone.
+RLOO_SHARED_INTERNALS = frozenset({
+    "_generate_and_score_completions", "_calculate_rewards", "_get_per_token_logps_and_entropies", "_compute_loss",
+    "_save_checkpoint", "_get_output_dir", "_load_from_checkpoint", "_load_callback_state", "_tag_names", "_metrics",
+    "_logs", "beta", "num_generations", "num_generations_eval", "reward_weights", "reward_funcs", "reward_func_names",
+    # the reference resets and the zero-β skip (`resetter`, `zero_beta`)
+    "ref_model", "_models", "is_deepspeed_enabled", "is_fsdp_enabled", "optimizer",
+})  # fmt: skip
+
+
+def is_rloo_host(host: type) -> bool:
+    """Whether `host` is (a subclass of) TRL's `RLOOTrainer` rather than its `GRPOTrainer`."""
+    return any(cls.__name__ == "RLOOTrainer" for cls in host.__mro__)
+
+
+def host_internals(host: type) -> tuple[HostInternal, ...]:
+    """The entries of `HOST_INTERNALS` that the host trainer class `host` must have: RLOO's (its own and those it
+    shares with GRPO, `RLOO_SHARED_INTERNALS`) or GRPO's (every entry not owned by `trl.RLOOTrainer`)."""
+    if is_rloo_host(host):
+        return tuple(i for i in HOST_INTERNALS if i.owner == "trl.RLOOTrainer" or i.name in RLOO_SHARED_INTERNALS)
+    return tuple(i for i in HOST_INTERNALS if i.owner != "trl.RLOOTrainer")
 
 
 def has_host_log_prob_scorer() -> bool:
@@ -259,7 +293,7 @@ def check_host(host: type, args, trainer_name: str, own_loss: bool) -> None:
     """
     missing = [
         internal.name
-        for internal in HOST_INTERNALS
+        for internal in host_internals(host)
         if (
             internal.kind == "method" and not (hasattr(host, internal.name) and callable(getattr(host, internal.name)))
         )
@@ -305,7 +339,7 @@ def check_host_attributes(trainer) -> None:
     owners = {"attribute": [trainer], "accelerator attribute": [trainer.accelerator], "callback attribute": bars}
     missing = [
         internal.name
-        for internal in HOST_INTERNALS
+        for internal in host_internals(type(trainer))
         if any(not hasattr(owner, internal.name) for owner in owners.get(internal.kind, ()))
     ]
     if missing:
@@ -322,14 +356,15 @@ def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, r
     """
     import trl  # already imported by the trainer's module; not at this module's import (see `check_trl_version`)
 
-    check_import_order(host, trl.GRPOTrainer, "GRPOTrainer")
+    family = "RLOO" if is_rloo_host(host) else "GRPO"
+    check_import_order(host, getattr(trl, f"{family}Trainer"), f"{family}Trainer")
     if args is None:
         name = model if isinstance(model, str) else model.config.name_or_path
         return config_cls(f"{name.split('/')[-1]}-{run_suffix}")
     if not isinstance(args, config_cls):
         raise TypeError(
-            f"{trainer_name} needs a {config_cls.__name__}, got {type(args).__name__}. It accepts every GRPOConfig "
-            f"argument: replace GRPOConfig(...) by {config_cls.__name__}(...)."
+            f"{trainer_name} needs a {config_cls.__name__}, got {type(args).__name__}. It accepts every "
+            f"{family}Config argument: replace {family}Config(...) by {config_cls.__name__}(...)."
         )
     return args
 
@@ -338,7 +373,8 @@ def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, r
 
 
 class HostHooks:
-    """Mixin for the subclasses of `GRPOTrainer` (listed before it): the host hooks every trainer here shares.
+    """Mixin for the subclasses of `GRPOTrainer` and `RLOOTrainer` (listed before it): the host hooks every trainer
+    here shares.
 
     It overrides the host's private methods of `HOST_INTERNALS`, so that the trainers extend only these named points
     (each a no-op or the host's own behaviour unless overridden):
@@ -354,6 +390,9 @@ class HostHooks:
     - `_on_checkpoint_saved(checkpoint)`, `_on_checkpoint_loaded(checkpoint)` and `_on_callback_state_loaded()`:
       after the host saved a checkpoint directory, loaded the model from one, and restored its callbacks' state.
 
+    Generation scoring: inside `_on_scored`, `generation_logps` holds the log-probabilities of every
+    `_get_per_token_logps_and_entropies` call the host made while scoring the batch (none are computed for it).
+
     Policy scoring: inside `host_loss_without_kl()`, the host's loss runs with β = 0 and every
     `_get_per_token_logps_and_entropies` result is recorded; `captured_policy_logps` checks that there was exactly one
     and that it carries a gradient in training.
@@ -363,6 +402,10 @@ class HostHooks:
 
     _rewards_per_func: torch.Tensor | None = None  # set while a generation batch is scored
     _policy_scorings: list[torch.Tensor] | None = None  # open while the host's loss runs inside ours
+    _generation_scorings: list[torch.Tensor] | None = None  # open while the host scores a generation batch
+    # Inside `_on_scored`: the `(B, T)` log-probabilities the host computed while scoring the batch, in its order
+    # (RLOO: the sampling policy's, then the reference's when its β is not 0).
+    generation_logps: tuple[torch.Tensor, ...] = ()
 
     def __init_subclass__(cls, hub_tag: str | None = None, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -426,22 +469,31 @@ class HostHooks:
         self._on_generation_batch()
         mode = "train" if self.model.training else "eval"
         self._rewards_per_func = None
-        # TRL scores the reference only when its β is not 0, and reads β nowhere else while scoring a batch
-        with nullcontext() if self._scores_reference(mode) else self._host_beta_zero():
-            output = super()._generate_and_score_completions(inputs)
+        self._generation_scorings = []
+        try:
+            # TRL scores the reference only when its β is not 0, and reads β nowhere else while scoring a batch
+            with nullcontext() if self._scores_reference(mode) else self._host_beta_zero():
+                output = super()._generate_and_score_completions(inputs)
+        finally:
+            self.generation_logps, self._generation_scorings = tuple(self._generation_scorings), None
         rewards_per_func, self._rewards_per_func = self._rewards_per_func, None
         if rewards_per_func is None:
             raise unsupported_trl(
                 f"{type(self).__name__} could not capture the rewards of a generation batch: the host's "
                 "_generate_and_score_completions no longer calls _calculate_rewards"
             )
-        self._on_scored(output, rewards_per_func, mode)
+        try:
+            self._on_scored(output, rewards_per_func, mode)
+        finally:
+            self.generation_logps = ()  # the batch's tensors are not kept beyond it
         return output
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         outputs = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
         if self._policy_scorings is not None:
             self._policy_scorings.append(outputs[0])
+        if self._generation_scorings is not None:
+            self._generation_scorings.append(outputs[0])
         return outputs
 
     @contextmanager
@@ -629,6 +681,16 @@ def checking_reward_outputs(trainer):
         yield
     finally:
         trainer.reward_funcs = funcs
+
+
+def normalizes_advantages(trainer) -> bool:
+    """Whether the RLOO host standardizes its leave-one-out advantages over the batch (`normalize_advantages`)."""
+    return trainer.normalize_advantages
+
+
+def reward_clip_range(trainer) -> tuple[float, float] | None:
+    """The `(low, high)` range the RLOO host clamps each total reward to before its KL penalty, `None` for none."""
+    return trainer.reward_clip_range
 
 
 def host_beta(trainer) -> float:

@@ -9,6 +9,7 @@ the micro-batches since the previous log are written to TRL's metric store, whic
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -47,6 +48,8 @@ class KLMonitor:
             micro-batches scored with the reference only).
         counts (`dict[str, MicroBatchCounts]`): per mode, the micro-batches recorded since the last log.
         last_beta (`dict[str, BetaInUse]`): per mode, the β of the last micro-batch recorded.
+        zero_std_fractions (`list[float]`): the fraction of zero-std groups a saturation-triggered β read at each
+            optimizer step since the last log.
     """
 
     trainer: object = field(repr=False)
@@ -54,6 +57,7 @@ class KLMonitor:
     log_stats: dict[str, torch.Tensor | None] = field(default_factory=lambda: _modes(lambda: None))
     counts: dict[str, MicroBatchCounts] = field(default_factory=lambda: _modes(MicroBatchCounts))
     last_beta: dict[str, BetaInUse] = field(default_factory=dict)
+    zero_std_fractions: list[float] = field(default_factory=list)
 
     def start_run(self) -> None:
         """A new `train()` call: an exception (e.g. from a reward function) can interrupt an optimizer step after some
@@ -61,6 +65,7 @@ class KLMonitor:
         self.step_stats = None
         self.log_stats = _modes(lambda: None)
         self.counts = _modes(MicroBatchCounts)
+        self.zero_std_fractions = []
 
     def record(self, stats: torch.Tensor | None, mode: str, step: int, beta: float, scale: float) -> None:
         """Accumulates one micro-batch's statistics (None: scored without the reference) and, at the end of an
@@ -84,21 +89,29 @@ class KLMonitor:
         step_stats = self.step_stats if self.step_stats is not None else torch.zeros(len(STAT_INDEX))
         tokens = step_stats[STAT_INDEX["tokens"]].item()
         mean_kl = step_stats[STAT_INDEX["raw_kl"]].item() / tokens if tokens > 0 else float("nan")
-        mean_reward = trainer.rollouts.mean_reward
+        mean_reward, zero_std_fraction = trainer.rollouts.mean_reward, trainer.rollouts.zero_std_fraction
         controller = trainer.beta_controller
         skipped = controller.num_skipped_updates
+        saturation = controller.dynamic and controller.dynamic_trigger == "saturation"
+        if saturation:
+            self.zero_std_fractions.append(zero_std_fraction)
         controller.update(
             step,
             mean_reward=mean_reward,
+            zero_std_fraction=zero_std_fraction,
             mean_kl=mean_kl,
             num_sequences=int(step_stats[STAT_INDEX["sequences"]].item()),
         )
         if controller.num_skipped_updates > skipped:
             statistic = f"mean reward {mean_reward}" if controller.dynamic else f"mean KL {mean_kl}"
+            why = "a reward function returned ±inf, no completion was scored or had a token, or the log-probabilities "
+            why += "overflowed"
+            if saturation:
+                statistic = f"fraction of zero-std groups {zero_std_fraction}"
+                why = "no group of its generation batch had two completions scored"
             trainer.run_warnings.warn(
                 "skipped_update",
-                f"β was not updated after optimizer step {step}: its {statistic} is not finite (a reward function "
-                "returned ±inf, no completion was scored or had a token, or the log-probabilities overflowed). β "
+                f"β was not updated after optimizer step {step}: its {statistic} is not finite ({why}). β "
                 f"stays at {controller.beta_base:g} until a step gives a finite value; "
                 "adaptive_kl/skipped_updates counts such steps. Warned once per run.",
             )
@@ -122,6 +135,10 @@ class KLMonitor:
         controller, resets = self.trainer.beta_controller, self.trainer.reference_resets
         if mode == "train" and controller.has_training_state:
             metrics["adaptive_kl/skipped_updates"] = [float(controller.num_skipped_updates)]
+        if mode == "train" and self.zero_std_fractions:  # what the saturation trigger read, averaged like TRL's
+            finite = [value for value in self.zero_std_fractions if not math.isnan(value)]  # NaN: nothing measured
+            metrics["adaptive_kl/zero_std_fraction"] = [sum(finite) / len(finite) if finite else float("nan")]
+            self.zero_std_fractions = []
         if mode == "train" and resets.enabled:
             metrics["adaptive_kl/ref_resets"] = [float(resets.num_resets)]
             metrics["adaptive_kl/ref_reset_step"] = [float(resets.last_reset_step)]

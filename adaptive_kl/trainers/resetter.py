@@ -30,7 +30,7 @@ class ReferenceResetter:
     """The reference resets of one trainer.
 
     Args:
-        trainer (`AdaptiveKLGRPOTrainer`): the trainer whose reference is reset.
+        trainer (`AdaptiveKLGRPOTrainer` or `AdaptiveKLRLOOTrainer`): the trainer whose reference is reset.
         resets (`ReferenceResets`): when, and how often so far (every checkpoint saves it: `AdaptiveKLStateCallback`).
     """
 

@@ -1,8 +1,9 @@
 """`RolloutScoring`: what the trainer does with each generation batch the host scored.
 
 The host hands over its output and the gathered `(N, K)` rewards (`HostHooks._on_scored`); from them come the mean
-reward a reward-triggered β reads, a warning for infinite rewards, the advantages of KL in the reward (rewards minus
-the detached penalty β_t·Σ_t f(k)), and the `diversity/*` metrics.
+reward and the fraction of zero-std groups that a reward- or saturation-triggered β reads, a warning for infinite
+rewards, the advantages of KL in the reward (rewards minus the detached penalty β_t·Σ_t f(k)), the KL mask of the
+zero-std groups (`kl_mask_zero_std_groups`), and the `diversity/*` metrics.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from accelerate.utils import gather_object
 
+from ..kl.groups import zero_std_group_fraction, zero_std_groups
 from ..kl.placement import group_advantages, total_rewards
 from ..metrics.diversity import diversity_metrics
 from .hooks import (
@@ -34,10 +36,13 @@ class RolloutScoring:
         trainer (`AdaptiveKLGRPOTrainer`): the trainer whose batches these are.
         mean_reward (`float`): the mean total reward of the last training generation batch (NaN before the first):
             what a reward-triggered β (`dynamic`) reads at the end of each optimizer step.
+        zero_std_fraction (`float`): the fraction of groups of that batch whose total rewards all agree (NaN before
+            the first): what a saturation-triggered β (`dynamic_trigger="saturation"`) reads.
     """
 
     trainer: object = field(repr=False)
     mean_reward: float = float("nan")
+    zero_std_fraction: float = float("nan")
 
     def total_rewards(self, rewards_per_func: torch.Tensor, mode: str) -> torch.Tensor:
         """The `(N,)` total rewards of a scored batch's `(N, K)` rewards (gathered over processes), as TRL logs them;
@@ -46,6 +51,7 @@ class RolloutScoring:
         rewards = total_rewards(rewards_per_func, reward_weights(self.trainer))
         if mode == "train":
             self.mean_reward = torch.nanmean(rewards).item()
+            self.zero_std_fraction = zero_std_group_fraction(rewards, group_size(self.trainer, mode))
         return rewards
 
     def _warn_infinite_rewards(self, rewards_per_func: torch.Tensor) -> None:
@@ -97,6 +103,20 @@ class RolloutScoring:
         output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
         replace_logged_advantages(trainer, advantages)
         metric_store(trainer, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
+
+    def kl_group_mask(self, output: dict, rewards: torch.Tensor, mode: str) -> torch.Tensor:
+        """`kl_mask_zero_std_groups`: the `(B,)` bool mask of this process's completions whose KL counts, False for
+        those of a group whose total `rewards` (`(N,)`, every process's) all agree. It is decided here, per group of
+        the whole generation batch, and put in `output["kl_group_mask"]`: a tensor of first dimension B, it follows
+        each completion through TRL's shuffle and split into micro-batches. Logs the fraction of completions masked."""
+        trainer = self.trainer
+        masked = zero_std_groups(rewards, group_size(trainer, mode))  # (N,): groups may span processes
+        local = len(output["completion_ids"])
+        start = trainer.accelerator.process_index * local
+        keep = ~masked[start : start + local].to(output["completion_ids"].device)
+        output["kl_group_mask"] = keep
+        metric_store(trainer, mode)["adaptive_kl/kl_masked_fraction"].append(masked.double().mean().item())
+        return keep
 
     def log_diversity(self, output: dict, mode: str) -> None:
         """`diversity/*` of the generation batch, over every process's completions (groups may span processes)."""

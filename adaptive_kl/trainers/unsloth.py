@@ -106,12 +106,15 @@ def unsloth_host_module(trainer_cls: type) -> ModuleType | None:
     return None
 
 
-def prepare_unsloth_host(trainer_cls: type, kl_placement: str) -> ModuleType | None:
+def prepare_unsloth_host(
+    trainer_cls: type, kl_placement: str, kl_mask_zero_std_groups: bool = False
+) -> ModuleType | None:
     """For a trainer built on Unsloth's GRPO trainer: its generated module, with the capture shim installed; `None` on
     plain TRL.
 
     Raises:
-        ValueError: `kl_placement="reward"`, whose rollout scoring is Unsloth's own code, which is not hooked.
+        ValueError: `kl_placement="reward"`, whose rollout scoring is Unsloth's own code, which is not hooked; or
+            `kl_mask_zero_std_groups=True`, not implemented on this backend (not tested against Unsloth's own loss).
         UnsupportedUnslothError: the generated module does not have the code the shim relies on.
     """
     module = unsloth_host_module(trainer_cls)
@@ -121,6 +124,12 @@ def prepare_unsloth_host(trainer_cls: type, kl_placement: str) -> ModuleType | N
         raise ValueError(
             "kl_placement='reward' is not supported on Unsloth's GRPOTrainer: its rollout scoring is its own "
             "code, which this package does not hook. Use kl_placement='loss', or plain TRL."
+        )
+    if kl_mask_zero_std_groups:
+        raise ValueError(
+            "kl_mask_zero_std_groups=True is not supported on Unsloth's GRPOTrainer: the KL term is added there "
+            "through Unsloth's own loss (with its own per-completion weights), where the mask is not implemented. "
+            "Set kl_mask_zero_std_groups=False, or use plain TRL."
         )
     install_capture_shim(module)
     return module

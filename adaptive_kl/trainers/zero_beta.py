@@ -53,7 +53,7 @@ class ZeroBetaReference:
     """Decides, batch by batch, whether the reference is scored, and frees it once nothing will read it again.
 
     Args:
-        trainer (`AdaptiveKLGRPOTrainer`): the trainer whose reference this is.
+        trainer (`AdaptiveKLGRPOTrainer` or `AdaptiveKLRLOOTrainer`): the trainer whose reference this is.
         released (`bool`): the reference model is gone: freed, or never loaded (`reference_never_scored`).
         monitored_window (`int` or `None`): the last window of `kl_monitor_steps` optimizer steps measured anyway.
         eval_monitored (`bool`): whether the evaluation in progress measured its first batch.

@@ -1,4 +1,5 @@
-"""The coefficient β_t (docs/design.md §5): step scaling, dynamic decay, target-KL controllers, state."""
+"""The coefficient β_t (docs/design.md §5): step scaling, dynamic decay (reward or saturation trigger), target-KL
+controllers, state."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_kl.kl.controller import (
+    DYNAMIC_TRIGGERS,
     KL_CONTROLLERS,
     KL_SCALINGS,
     BetaController,
@@ -29,7 +31,9 @@ EXPECTED_SCALE = {
     "linear": lambda t: 1.0 / t,
     "sqrt": lambda t: t**-0.5,
     "log": lambda t: 1.0 / math.log1p(t),
+    "exp": lambda t: math.exp((t - 1) * math.log(0.99)),  # γ^(t−1) at the default γ
 }
+SCALINGS = list(EXPECTED_SCALE)
 
 positive = st.floats(min_value=1e-6, max_value=1e3)
 statistic = st.one_of(
@@ -42,8 +46,9 @@ statistic = st.one_of(
 
 
 def test_names_are_those_of_the_design():
-    assert set(KL_SCALINGS) == {"none", "linear", "sqrt", "log"}
+    assert set(KL_SCALINGS) == {"none", "linear", "sqrt", "log", "exp"} == set(SCALINGS)
     assert set(KL_CONTROLLERS) == {"fixed", "adaptive", "stepwise"}
+    assert DYNAMIC_TRIGGERS == ("reward", "saturation")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -51,13 +56,13 @@ def test_names_are_those_of_the_design():
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scaling", ["none", "linear", "sqrt", "log"])
+@pytest.mark.parametrize("scaling", SCALINGS)
 def test_step_scale_matches_closed_form(scaling):
     for t in range(2, 200):
         assert step_scale(t, scaling) == pytest.approx(EXPECTED_SCALE[scaling](t), rel=1e-14)
 
 
-@pytest.mark.parametrize("scaling", ["none", "linear", "sqrt", "log"])
+@pytest.mark.parametrize("scaling", SCALINGS)
 def test_step_scale_is_one_up_to_first_step(scaling):
     for t in (-5, 0, 1):
         assert step_scale(t, scaling) == 1.0
@@ -68,6 +73,19 @@ def test_step_scale_known_values():
     assert step_scale(4, "sqrt") == 0.5
     assert step_scale(math.e**2 - 1, "log") == pytest.approx(0.5, rel=1e-14)
     assert step_scale(10**6, "none") == 1.0
+    assert step_scale(3, "exp", 0.5) == 0.25
+    assert step_scale(11, "exp", 0.9) == pytest.approx(0.3486784401, rel=1e-12)
+    assert step_scale(10**6, "exp", 1.0) == 1.0  # γ = 1 is "none"
+    assert step_scale(2000, "exp", 0.5) == 0.0  # underflows: β_t = 0
+
+
+@pytest.mark.parametrize("rate", [0.0, -0.5, 1.01, math.nan, math.inf, "0.9", None])
+def test_exp_scaling_refuses_a_rate_outside_the_unit_interval(rate):
+    with pytest.raises(ValueError, match=r"kl_scaling_rate must be a number in \(0, 1\]"):
+        step_scale(3, "exp", rate)
+    with pytest.raises(ValueError, match="kl_scaling_rate"):
+        BetaController(0.1, kl_scaling="exp", kl_scaling_rate=rate)
+    assert step_scale(3, "sqrt", rate) == 1 / math.sqrt(3)  # read by "exp" only
 
 
 def test_unknown_scaling_raises_naming_the_field():
@@ -138,7 +156,7 @@ def test_stepwise_update(kl, factor):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scaling", ["none", "linear", "sqrt", "log"])
+@pytest.mark.parametrize("scaling", SCALINGS)
 def test_fixed_controller_beta_is_initial_beta_times_step_scale(scaling):
     ctrl = BetaController(0.3, kl_scaling=scaling)
     for t in range(1, 60):
@@ -382,7 +400,12 @@ def test_load_state_dict_defaults_missing_counters():
 
 
 @pytest.mark.parametrize(
-    ("field", "kwargs"), [("kl_controller", dict(kl_controller="pid")), ("kl_scaling", dict(kl_scaling="exp"))]
+    ("field", "kwargs"),
+    [
+        ("kl_controller", dict(kl_controller="pid")),
+        ("kl_scaling", dict(kl_scaling="cosine")),
+        ("dynamic_trigger", dict(dynamic=True, dynamic_trigger="entropy")),
+    ],
 )
 def test_constructor_rejects_unknown_names(field, kwargs):
     with pytest.raises(ValueError, match=field):
@@ -394,10 +417,13 @@ def _args(**overrides):
         beta=0.3,
         kl_methods=("dynamic", "length_normalized"),
         dynamic_beta_decay=0.85,
+        dynamic_trigger="saturation",
         reward_threshold=0.6,
+        saturation_threshold=0.3,
         beta_min=0.02,
         beta_schedule_steps=77,
-        kl_scaling="log",
+        kl_scaling="exp",
+        kl_scaling_rate=0.97,
         kl_controller="fixed",
         target_kl=0.07,
         kl_horizon=5000,
@@ -416,7 +442,9 @@ def test_from_args_copies_every_field():
         0.02,
         77,
     )
-    assert (ctrl.kl_scaling, ctrl.kl_controller, ctrl.target_kl, ctrl.kl_horizon) == ("log", "fixed", 0.07, 5000)
+    assert (ctrl.kl_scaling, ctrl.kl_controller, ctrl.target_kl, ctrl.kl_horizon) == ("exp", "fixed", 0.07, 5000)
+    assert (ctrl.dynamic_trigger, ctrl.saturation_threshold, ctrl.kl_scaling_rate) == ("saturation", 0.3, 0.97)
+    assert ctrl.trigger_threshold == 0.3 and ctrl.scale(3) == pytest.approx(0.97**2, rel=1e-15)
     assert ctrl.state_dict() == {"beta_base": 0.3, "last_step": 0, "num_decays": 0, "num_skipped_updates": 0}
 
 
@@ -475,3 +503,77 @@ def test_beta_is_zero_from_a_step_exactly_when_no_later_update_can_move_it():
     pinned.beta_base = 0.0
     pinned.update(1, mean_kl=float("nan"), num_sequences=0)  # β cannot move: nothing to measure, nothing skipped
     assert pinned.num_skipped_updates == 0 and pinned.last_step == 1
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The saturation trigger: the fraction of zero-std groups, and `dynamic` reading it
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_saturation_trigger_decays_at_or_above_threshold_only():
+    """β_base ← max(β·decay, β_min) after a step whose fraction reaches the threshold (equality counts); the mean
+    reward, however high, is not read."""
+    fractions = [0.25, 0.5, 0.75, 0.4999, 1.0, 0.0, 0.5]
+    ctrl = BetaController(
+        0.4, dynamic=True, dynamic_trigger="saturation", saturation_threshold=0.5, dynamic_beta_decay=0.5,
+        beta_min=0.03,
+    )  # fmt: skip
+    assert ctrl.trigger_threshold == 0.5
+    expected, decays = 0.4, 0
+    for step, fraction in enumerate(fractions, start=1):
+        assert ctrl.beta(step) == expected
+        ctrl.update(step, mean_reward=100.0, zero_std_fraction=fraction)
+        if fraction >= 0.5:
+            new = max(expected * 0.5, 0.03)
+            decays += new != expected
+            expected = new
+        assert ctrl.beta_base == expected
+    assert (expected, ctrl.num_decays) == (0.03, 4)  # 0.4 → 0.2 → 0.1 → 0.05 → 0.03 (floored)
+
+
+def test_reward_trigger_does_not_read_the_fraction():
+    ctrl = BetaController(0.4, dynamic=True, reward_threshold=0.8, dynamic_beta_decay=0.5)
+    ctrl.update(1, mean_reward=0.0, zero_std_fraction=1.0)
+    assert ctrl.beta_base == 0.4
+    ctrl.update(2, mean_reward=0.8, zero_std_fraction=0.0)
+    assert ctrl.beta_base == 0.2
+
+
+@pytest.mark.parametrize("bad", [None, math.nan, math.inf, -math.inf])
+def test_saturation_trigger_skips_a_missing_or_non_finite_fraction(bad):
+    ctrl = BetaController(0.5, dynamic=True, dynamic_trigger="saturation", saturation_threshold=0.1)
+    ctrl.update(1, mean_reward=1.0, zero_std_fraction=bad)  # a finite reward does not stand in for it
+    assert (ctrl.beta_base, ctrl.num_skipped_updates, ctrl.num_decays) == (0.5, 1, 0)
+    ctrl.update(2, mean_reward=math.nan, zero_std_fraction=0.1)  # nor does a NaN reward skip it
+    assert (ctrl.beta_base, ctrl.num_skipped_updates, ctrl.num_decays) == (0.45, 1, 1)
+
+
+def test_saturation_state_round_trip_resumes_the_same_trajectory():
+    """The trigger keeps no state of its own: β_base, the last step and the counters resume it."""
+    kwargs = dict(dynamic=True, dynamic_trigger="saturation", saturation_threshold=0.5, dynamic_beta_decay=0.8)
+    fractions = [0.5, 0.2, 1.0, math.nan, 0.75, 0.1, 0.6, 0.5]
+    uninterrupted, first_half = BetaController(0.4, **kwargs), BetaController(0.4, **kwargs)
+    for step, fraction in enumerate(fractions, start=1):
+        uninterrupted.update(step, zero_std_fraction=fraction)
+        if step <= 4:
+            first_half.update(step, zero_std_fraction=fraction)
+    resumed = BetaController(0.4, **kwargs)
+    resumed.load_state_dict(json.loads(json.dumps(first_half.state_dict())))
+    for step, fraction in enumerate(fractions, start=1):
+        resumed.update(step, zero_std_fraction=fraction)  # steps 1-4 replayed: ignored
+    assert resumed.state_dict() == uninterrupted.state_dict()
+    assert uninterrupted.beta_base == pytest.approx(0.4 * 0.8**5, rel=1e-15)
+    assert uninterrupted.num_skipped_updates == 1
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("trigger", DYNAMIC_TRIGGERS)
+def test_exp_scaling_and_saturation_compose_with_the_schedule(scaling, trigger):
+    ctrl = BetaController(
+        0.5, dynamic=True, dynamic_trigger=trigger, reward_threshold=0.0, saturation_threshold=1.0,
+        dynamic_beta_decay=0.5, beta_min=0.02, beta_schedule_steps=4, kl_scaling=scaling, kl_scaling_rate=0.9,
+    )  # fmt: skip
+    alpha = (lambda t: 0.9 ** (t - 1)) if scaling == "exp" else EXPECTED_SCALE[scaling]
+    for step, expected_base in enumerate([0.5, 0.25, 0.125, 0.02, 0.02], start=1):
+        assert ctrl.beta(step) == pytest.approx(expected_base * (alpha(step) if step > 1 else 1.0), rel=1e-14)
+        ctrl.update(step, mean_reward=1.0, zero_std_fraction=1.0)

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from adaptive_kl.kl.aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, sequence_means
 from adaptive_kl.kl.controller import (
+    DYNAMIC_TRIGGERS,
     KL_SCALINGS,
     BetaController,
     adaptive_kl_update,
@@ -421,9 +422,11 @@ def test_half_precision_mask_gives_the_integer_mask_term_for_long_completions(dt
     st.sampled_from(KL_SCALINGS),
 )
 def test_step_scale_is_in_unit_interval_and_nonincreasing(t, dt, scaling):
-    """α(t) ∈ (0, 1], α(t) = 1 for t ≤ 1, and α(t + dt) ≤ α(t) for each scaling."""
+    """α(t) ∈ (0, 1], α(t) = 1 for t ≤ 1, and α(t + dt) ≤ α(t) for each scaling; `exp`'s γ^(t−1) underflows to 0
+    (at t ≈ 74000 for γ = 0.99), and is positive before."""
     now, later = step_scale(t, scaling), step_scale(t + dt, scaling)
-    assert 0.0 < later <= now <= 1.0
+    assert 0.0 <= later <= now <= 1.0
+    assert later > 0.0 or (scaling == "exp" and t + dt > 70000)
     if t <= 1:
         assert now == 1.0
 
@@ -433,7 +436,13 @@ def test_step_scale_at_first_step_is_one_and_has_no_upward_jump(scaling):
     """α(1) = 1 for all scalings; where the closed form is defined at t = 1 (linear, sqrt) it agrees with it, so the
     t ≤ 1 rule adds no jump; log's 1/ln 2 > 1 is never used: α drops from 1 at t = 2."""
     assert step_scale(1, scaling) == 1.0
-    closed_form_at_1 = {"none": 1.0, "linear": 1.0 / 1, "sqrt": 1.0 / math.sqrt(1), "log": 1.0 / math.log(2)}
+    closed_form_at_1 = {
+        "none": 1.0,
+        "linear": 1.0 / 1,
+        "sqrt": 1.0 / math.sqrt(1),
+        "log": 1.0 / math.log(2),
+        "exp": 0.99**0,
+    }
     if scaling != "log":
         assert step_scale(1, scaling) == closed_form_at_1[scaling]
     assert step_scale(2, scaling) <= step_scale(1, scaling) < closed_form_at_1["log"]
@@ -533,7 +542,10 @@ hostile_statistic = st.one_of(
 controller_settings = st.fixed_dictionaries(
     {
         "mode": st.sampled_from(["fixed", "dynamic", "adaptive", "stepwise"]),
+        "dynamic_trigger": st.sampled_from(DYNAMIC_TRIGGERS),
+        "saturation_threshold": st.floats(min_value=1e-3, max_value=1.0),
         "kl_scaling": st.sampled_from(KL_SCALINGS),
+        "kl_scaling_rate": st.floats(min_value=0.5, max_value=1.0),
         "beta": st.one_of(st.floats(min_value=1e-4, max_value=10.0), st.just(1.7e308)),  # growth overflows
         "min_fraction": st.floats(min_value=0.0, max_value=1.0),
         "dynamic_beta_decay": st.floats(min_value=1e-3, max_value=1.0),
@@ -562,6 +574,7 @@ _EXPECTED_SCALE = {
     "linear": lambda t: 1.0 / t,
     "sqrt": lambda t: t**-0.5,
     "log": lambda t: 1.0 / math.log1p(t),
+    "exp": lambda t, rate: rate ** (t - 1),
 }
 
 
@@ -571,10 +584,13 @@ def _controller(p) -> BetaController:
         p["beta"],
         dynamic=mode == "dynamic",
         dynamic_beta_decay=p["dynamic_beta_decay"],
+        dynamic_trigger=p["dynamic_trigger"],
         reward_threshold=p["reward_threshold"],
+        saturation_threshold=p["saturation_threshold"],
         beta_min=p["beta"] * p["min_fraction"],
         beta_schedule_steps=p["beta_schedule_steps"],
         kl_scaling=p["kl_scaling"],
+        kl_scaling_rate=p["kl_scaling_rate"],
         kl_controller=mode if mode in ("adaptive", "stepwise") else "fixed",
         target_kl=p["target_kl"],
         kl_horizon=p["kl_horizon"],
@@ -582,12 +598,15 @@ def _controller(p) -> BetaController:
 
 
 def _reference_update(p, beta, reward, kl, n):
-    """docs/design.md §5 in plain Python: (new β_base, skipped?) for one step's statistics."""
+    """docs/design.md §5 in plain Python: (new β_base, skipped?) for one step's statistics; the saturation trigger
+    reads the fraction of zero-std groups, which the test passes in the KL's slot."""
     mode, beta_min = p["mode"], p["beta"] * p["min_fraction"]
     if mode == "dynamic":
-        if reward is None or not math.isfinite(reward):
+        saturation = p["dynamic_trigger"] == "saturation"
+        statistic, threshold = (kl, p["saturation_threshold"]) if saturation else (reward, p["reward_threshold"])
+        if statistic is None or not math.isfinite(statistic):
             return beta, True
-        return (max(beta * p["dynamic_beta_decay"], beta_min) if reward >= p["reward_threshold"] else beta), False
+        return (max(beta * p["dynamic_beta_decay"], beta_min) if statistic >= threshold else beta), False
     if mode == "fixed":
         return beta, False
     if kl is None or not math.isfinite(kl) or not n:
@@ -623,7 +642,7 @@ def test_beta_controller_survives_any_sequence_of_hostile_updates(p, updates, da
     for i, (step, reward, kl, n) in enumerate(updates):
         if i == split:
             saved = json.dumps(ctrl.state_dict())
-        ctrl.update(step, mean_reward=reward, mean_kl=kl, num_sequences=n)
+        ctrl.update(step, mean_reward=reward, zero_std_fraction=kl, mean_kl=kl, num_sequences=n)
         if step > expected_last:
             expected_last = step
             new, skipped = _reference_update(p, expected_beta, reward, kl, n)
@@ -642,7 +661,8 @@ def test_beta_controller_survives_any_sequence_of_hostile_updates(p, updates, da
         for t in (-1, 1, 2, step, step + 1, p["beta_schedule_steps"] - 1, p["beta_schedule_steps"], 10**9):
             schedule_over = p["mode"] == "dynamic" and t >= p["beta_schedule_steps"]
             assert ctrl.base_beta(t) == (beta_min if schedule_over else ctrl.beta_base)
-            alpha = 1.0 if t <= 1 else _EXPECTED_SCALE[p["kl_scaling"]](t)
+            scale = _EXPECTED_SCALE[p["kl_scaling"]]
+            alpha = 1.0 if t <= 1 else scale(t, p["kl_scaling_rate"]) if p["kl_scaling"] == "exp" else scale(t)
             assert ctrl.beta(t) == pytest.approx(ctrl.base_beta(t) * alpha, rel=1e-14, abs=0.0)
             assert math.isfinite(ctrl.beta(t)) and 0.0 <= ctrl.beta(t) <= ctrl.base_beta(t)
     if saved is None:
@@ -650,7 +670,7 @@ def test_beta_controller_survives_any_sequence_of_hostile_updates(p, updates, da
     resumed = _controller(p)
     resumed.load_state_dict(json.loads(saved))
     for step, reward, kl, n in updates[split:]:
-        resumed.update(step, mean_reward=reward, mean_kl=kl, num_sequences=n)
+        resumed.update(step, mean_reward=reward, zero_std_fraction=kl, mean_kl=kl, num_sequences=n)
     assert resumed.state_dict() == ctrl.state_dict()
     assert [resumed.beta(t) for t in range(-1, 90)] == [ctrl.beta(t) for t in range(-1, 90)]
 

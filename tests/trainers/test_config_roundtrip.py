@@ -7,7 +7,8 @@ with the field's name, instead of being accepted.
 
 The KL fields are read off the dataclass (its fields that `GRPOConfig` lacks), so a new field cannot be forgotten.
 Two field sets give every one of them (and `beta`) a non-default value between them: `dynamic` refuses a non-fixed
-`kl_controller`, so the `dynamic` set keeps `kl_controller="fixed"` and the other uses `"adaptive"`.
+`kl_controller`, so the `dynamic` set keeps `kl_controller="fixed"` and the other uses `"adaptive"`; the `dynamic` set
+keeps the reward trigger, which its checkpoint test reads, and the other sets `dynamic_trigger="saturation"`.
 """
 
 from __future__ import annotations
@@ -40,9 +41,13 @@ DOCUMENTED_KL_FIELDS = (
     "kl_clip_threshold",
     "kl_target",
     "kl_placement",
+    "kl_mask_zero_std_groups",
     "kl_scaling",
+    "kl_scaling_rate",
     "dynamic_beta_decay",
+    "dynamic_trigger",
     "reward_threshold",
+    "saturation_threshold",
     "beta_schedule_steps",
     "kl_controller",
     "target_kl",
@@ -66,15 +71,19 @@ DYNAMIC_SET = dict(
     kl_clip_threshold=0.5,
     kl_target=0.25,
     dynamic_beta_decay=0.5,
+    dynamic_trigger="reward",  # the default: its reward_threshold makes β decay in the first step
     reward_threshold=-1.0,  # every step's mean reward reaches it: β decays in the first step
+    saturation_threshold=0.25,
     beta_min=0.01,
     beta_schedule_steps=7,
     kl_scaling="sqrt",
+    kl_scaling_rate=0.9,
     kl_estimator="k2",
     kl_controller="fixed",  # the only controller 'dynamic' accepts
     target_kl=0.02,
     kl_horizon=5000,
     kl_placement="reward",
+    kl_mask_zero_std_groups=True,
     ref_reset_steps=25,
     ref_reset_kl=0.5,
     ref_reset_optimizer=True,
@@ -90,15 +99,19 @@ CONTROLLER_SET = dict(
     kl_clip_threshold=2.5,
     kl_target=0.3,
     dynamic_beta_decay=0.75,
+    dynamic_trigger="saturation",
     reward_threshold=0.5,
+    saturation_threshold=0.75,
     beta_min=0.02,
     beta_schedule_steps=50,
-    kl_scaling="log",
+    kl_scaling="exp",
+    kl_scaling_rate=0.95,
     kl_estimator="k1",
     kl_controller="adaptive",
     target_kl=0.03,
     kl_horizon=20000,
     kl_placement="reward",
+    kl_mask_zero_std_groups=True,
     ref_reset_steps=3,
     ref_reset_kl=0.2,
     ref_reset_optimizer=True,
@@ -121,7 +134,10 @@ BAD = [
     ("reward_threshold", float("nan")),
     ("beta_min", 0.5),
     ("beta_schedule_steps", 0),
-    ("kl_scaling", "exp"),
+    ("kl_scaling", "cosine"),
+    ("kl_scaling_rate", 1.5),
+    ("dynamic_trigger", "entropy"),
+    ("saturation_threshold", 0.0),
     ("kl_estimator", "k4"),
     ("kl_controller", "pid"),
     ("target_kl", 0.0),
@@ -184,15 +200,17 @@ def test_kl_fields_are_read_off_the_dataclass_and_documented():
         "resume_without_kl_state",
         "ref_reset_optimizer",
         "skip_zero_beta_reference",
+        "kl_mask_zero_std_groups",
     }  # bools
 
 
 def test_field_sets_give_every_field_a_non_default_value(tmp_path):
-    """Each set names every KL field and beta, all non-default but the dynamic set's kl_controller, and is valid."""
+    """Each set names every KL field and beta, all non-default but the dynamic set's kl_controller and
+    dynamic_trigger, and is valid."""
     for values in (DYNAMIC_SET, CONTROLLER_SET):
         assert set(values) == set(CHECKED)
         assert_fields(make_config(tmp_path, values), values)
-    assert [n for n in CHECKED if DYNAMIC_SET[n] == DEFAULTS[n]] == ["kl_controller"]
+    assert [n for n in CHECKED if DYNAMIC_SET[n] == DEFAULTS[n]] == ["dynamic_trigger", "kl_controller"]
     assert [n for n in CHECKED if CONTROLLER_SET[n] == DEFAULTS[n]] == []
 
 

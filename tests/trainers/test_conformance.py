@@ -9,8 +9,9 @@ same tiny model, data and seed train for 2 steps three times, and must agree:
   `kl`) at every step (to float32 rounding: ours adds the KL term after TRL aggregates its loss, stock inside);
   ours with adaptation on (`clip+dynamic`, `kl_scaling="log"`) finishes with finite `adaptive_kl/*` metrics.
 
-Adding a TRL feature is one row. Left out, with the reason (`LEFT_OUT`): what needs a GPU, a download or a model this
-suite cannot build offline. Fields were enumerated from TRL's `GRPOConfig` and `GRPOTrainer.__init__` (1.15, 1.16).
+`RLOO_FEATURES` does the same for `RLOOTrainer` and `AdaptiveKLRLOOTrainer`. Adding a TRL feature is one row. Left
+out, with the reason (`LEFT_OUT`): what needs a GPU, a download or a model this suite cannot build offline. Fields
+were enumerated from TRL's `GRPOConfig` and `GRPOTrainer.__init__` (1.15, 1.16), and `RLOOConfig`, `RLOOTrainer`.
 """
 
 from __future__ import annotations
@@ -226,3 +227,52 @@ def test_environment_owned_data_without_prompts_is_accepted():
         check_train_dataset(routing)
     with pytest.raises(ValueError, match="empty prompt"):  # prompts it does have are still checked
         check_train_dataset(Dataset.from_dict({"prompt": ["", "1+1="]}), environment=True)
+
+
+# --- RLOO ------------------------------------------------------------------------------------------------------------
+
+# The rows of `FEATURES` that `RLOOTrainer` has (it has no loss_type, scale_rewards, importance sampling level,
+# top_entropy_quantile or delta), and RLOO's own options. Ours, every new field at its default, replaces TRL's penalty
+# with an equal one; adapted, it trains with finite `adaptive_kl/*` metrics.
+RLOO_FEATURES = {
+    **{name: FEATURES[name] for name in (
+        "map-style dataset", "iterable dataset", "iterable dataset without max_steps (refused)",
+        "conversational prompts", "chat_template_kwargs", "eval dataset, eval_strategy=steps",
+        "several reward functions with reward_weights", "reward model with its own tokenizer", "async reward function",
+        "num_iterations=2", "steps_per_generation=2", "gradient_accumulation_steps=2", "mask_truncated_completions",
+        "epsilon_high", "sync_ref_model", "PEFT (reference: adapter disabled)", "generation_kwargs",
+        "temperature 0.7, top_p 0.9", "num_generations=1 (refused)",
+        "batch not divisible by num_generations (refused)",
+    )},
+    "normalize_advantages": {"config": {"normalize_advantages": True}},
+    "reward_clip_range": {"config": {"reward_clip_range": (0.0, 0.1)}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(RLOO_FEATURES))
+def test_rloo_feature_behaves_as_in_stock_trl(name, tiny_model_dir, tmp_path):
+    from trl import RLOOConfig, RLOOTrainer
+
+    from adaptive_kl import AdaptiveKLRLOOConfig, AdaptiveKLRLOOTrainer
+
+    feature = RLOO_FEATURES[name]
+    stock = outcome(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path / "stock", feature)
+    ours = outcome(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path / "ours", feature)
+    adapted = outcome(
+        AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path / "adapted", feature, **ADAPTATION
+    )
+    if isinstance(stock, Exception):
+        assert "(refused)" in name, f"stock TRL failed on a feature expected to train: {stock!r}"
+        assert type(ours) is type(stock), f"stock raised {stock!r}, ours gave {ours!r}"
+        assert type(adapted) is type(stock), f"stock raised {stock!r}, ours (adapted) gave {adapted!r}"
+        return
+    assert "(refused)" not in name, "stock TRL trained on an input this row expects it to refuse"
+    assert not isinstance(ours, Exception), f"stock trained, ours raised {ours!r}"
+    assert not isinstance(adapted, Exception), f"stock trained, ours (adapted) raised {adapted!r}"
+    assert len(ours) == len(stock) >= 1
+    for step, (mine, theirs) in enumerate(zip(ours, stock, strict=True), 1):
+        for key in COMPARED:
+            if key in theirs:
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), (key, step)
+    metrics = {k: v for k, v in adapted[-1].items() if k.startswith("adaptive_kl/")}
+    assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics

@@ -1,0 +1,501 @@
+"""`AdaptiveKLRLOOConfig` / `AdaptiveKLRLOOTrainer`: RLOO's KL penalty in the reward, replaced by the adapted one.
+
+At the config's defaults (method "none", `kl_estimator="k1"`) the replaced penalty is TRL's, so a training step equals
+stock `RLOOTrainer`'s: logs and gradients, for each `normalize_advantages` and each option of RLOO's loss. As in
+`test_parity.py` both trainers run in float64 (the model, its reference, and a float64 stand-in for TRL's fused
+log-probability scorer), so the comparison is of the penalty and advantages alone, to 1e-9 on any CPU. Each method's
+penalty is checked against a formula written here, β's trajectory against the rules, and a resume against the run
+it continues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+import trl.trainer.utils as trl_utils
+from tiny import length_reward, make_trainer, perturb, prompt_dataset
+from transformers import TrainerCallback
+from trl import RLOOConfig, RLOOTrainer
+
+import adaptive_kl
+import adaptive_kl.trainers.rloo as rloo_module
+from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLRLOOConfig, AdaptiveKLRLOOTrainer
+from adaptive_kl.kl.placement import leave_one_out_advantages
+from adaptive_kl.trainers.hooks import HOST_INTERNALS, host_internals
+from adaptive_kl.trainers.rloo import REFERENCE_LOGPS, SAMPLING_LOGPS
+from adaptive_kl.trainers.rloo_config import GRPO_ONLY_FIELDS, RLOO_ESTIMATORS
+from adaptive_kl.trainers.scorer import Float64LogProbFunction
+
+
+BETA = 0.2
+# Two groups of four per generation batch, one optimizer step each: the normalization spans groups.
+RUN = dict(per_device_train_batch_size=8, num_generations=4, beta=BETA, max_steps=2)
+RTOL = 1e-9  # float64 end to end: the summation orders differ by rounding only (~1e-15)
+# With `normalize_advantages`, TRL's `nanstd` computes Bessel's correction n/(n-1) from integer counts in the default
+# float32, so its std carries a float32 rounding (4e-9 of 0.18 measured) even in float64: the advantages agree to
+# float32 precision there (3.5e-8), and the gradients, sums of advantage-weighted terms that largely cancel, to 2e-6
+# of their norm (measured). Still far below what the KL penalty changes (`test_the_penalty_is_ours_and_matters`).
+RTOL_NORMALIZED = 1e-5
+# Logged values that are not a function of the step's numbers.
+UNTIMED = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+# --- the config ------------------------------------------------------------------------------------------------------
+
+
+def config(tmp_path, **fields) -> AdaptiveKLRLOOConfig:
+    return AdaptiveKLRLOOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **fields)
+
+
+def test_defaults_are_stock_rloo(tmp_path):
+    args = config(tmp_path)
+    assert (args.beta, args.kl_estimator, args.kl_adaptation_method, args.kl_scaling, args.kl_controller) == (
+        0.05,
+        "k1",
+        "none",
+        "none",
+        "fixed",
+    )
+    assert not args.uses_adaptive_kl and isinstance(args, RLOOConfig)
+    assert "kl_placement" not in {f.name for f in dataclasses.fields(args)}
+
+
+def test_fields_are_the_grpo_configs_less_the_grpo_only_ones():
+    """Every KL field of the GRPO config is offered here with its default and help, or listed as GRPO-only (a field
+    added there must be decided on here); `kl_estimator` alone is RLOO's own (its default is RLOO's k1)."""
+    ours = {f.name: f for f in dataclasses.fields(AdaptiveKLRLOOConfig)}
+    host = {f.name for f in dataclasses.fields(trl_grpo_config())}
+    grpo_kl = {f.name: f for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.name not in host}
+    assert set(GRPO_ONLY_FIELDS) <= set(grpo_kl)
+    assert set(grpo_kl) - set(GRPO_ONLY_FIELDS) == {n for n in ours if n in grpo_kl}
+    for name in set(grpo_kl) - set(GRPO_ONLY_FIELDS) - {"kl_estimator"}:
+        assert (ours[name].default, ours[name].metadata) == (grpo_kl[name].default, grpo_kl[name].metadata), name
+    assert ours["kl_estimator"].default == "k1" and ours["kl_estimator"].metadata["help"]
+
+
+def trl_grpo_config():
+    from trl import GRPOConfig
+
+    return GRPOConfig
+
+
+@pytest.mark.parametrize(
+    "fields,field",
+    [
+        ({"kl_estimator": "k3+"}, "kl_estimator"),
+        ({"kl_estimator": "k4"}, "kl_estimator"),
+        ({"kl_adaptation_method": "clip+sigmoid"}, "kl_adaptation_method"),
+        ({"kl_scaling": "cubic"}, "kl_scaling"),
+        ({"kl_controller": "pid"}, "kl_controller"),
+        ({"kl_clip_threshold": 0.0}, "kl_clip_threshold"),
+        ({"beta_min": 1.0}, "beta_min"),
+        ({"beta": 0.0, "kl_adaptation_method": "clip"}, "beta"),
+        ({"kl_adaptation_method": "dynamic", "kl_controller": "stepwise"}, "kl_adaptation_method='dynamic'"),
+        ({"resume_without_kl_state": "yes"}, "resume_without_kl_state"),
+        ({"kl_controller": "adaptive", "kl_horizon": 1}, "kl_horizon"),
+    ],
+)
+def test_bad_values_raise_naming_the_field(tmp_path, fields, field):
+    with pytest.raises(ValueError, match=field):
+        config(tmp_path, **fields)
+
+
+def test_the_placement_is_not_offered(tmp_path):
+    with pytest.raises(TypeError, match="kl_placement"):
+        config(tmp_path, kl_placement="reward")
+
+
+def test_an_unread_parameter_warns(tmp_path):
+    with pytest.warns(UserWarning, match="kl_clip_threshold=0.5 has no effect"):
+        config(tmp_path, kl_clip_threshold=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        config(tmp_path, kl_clip_threshold=0.5, kl_adaptation_method="clip")
+
+
+def test_unsloth_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "unsloth", types.ModuleType("unsloth"))
+    with pytest.raises(ImportError, match="does not support Unsloth"):
+        config(tmp_path)
+
+
+# --- the leave-one-out advantages ------------------------------------------------------------------------------------
+
+
+def independent_rloo(rewards: list[float], group: int, normalize: bool) -> list[float]:
+    """RLOO's advantages written with plain floats: the reward minus the mean of the group's other scored rewards (NaN
+    rewards left out, advantage 0; a lone scored completion: 0), then optionally standardized over the scored ones."""
+    out = []
+    for start in range(0, len(rewards), group):
+        block = rewards[start : start + group]
+        scored = [w for w in block if not math.isnan(w)]
+        for v in block:
+            lone = math.isnan(v) or len(scored) < 2
+            out.append(math.nan if lone else v - (sum(scored) - v) / (len(scored) - 1))
+    if normalize:
+        scored = [a for a in out if not math.isnan(a)]
+        mean = sum(scored) / len(scored)
+        std = math.sqrt(sum((a - mean) ** 2 for a in scored) / (len(scored) - 1))
+        out = [(a - mean) / (std + 1e-4) for a in out]
+    return [0.0 if math.isnan(a) else a for a in out]
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_leave_one_out_advantages_against_an_independent_formula(normalize):
+    rewards = [0.5, 1.0, 2.0, math.nan, 3.0, 3.0, 3.0, 3.0, math.nan, math.nan, math.nan, 1.0, -1.0, 0.0, 4.0, 2.5]
+    got = leave_one_out_advantages(torch.tensor(rewards, dtype=torch.float64), 4, normalize)
+    assert got.tolist() == pytest.approx(independent_rloo(rewards, 4, normalize), rel=1e-12, abs=1e-12)
+
+
+def test_one_completion_per_group_has_no_advantage():
+    assert leave_one_out_advantages(torch.tensor([1.0, 2.0]), 1, True).tolist() == [0.0, 0.0]
+
+
+# --- parity with stock RLOO ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def float64_scorer(monkeypatch):
+    """Every trainer here runs in float64 (`build`): TRL's fused scorer too."""
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Float64LogProbFunction)
+
+
+class GradientRecorder(TrainerCallback):
+    """The parameter gradients of each optimizer step, just before the optimizer applies them."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+
+
+def build(cls, config_cls, model_dir, tmp_path, **fields):
+    """A float64 trainer on the tiny model whose policy was moved away from its reference (so the KL is not 0)."""
+    fields = {**RUN, **fields}
+    trainer = make_trainer(cls, config_cls, model_dir, output_dir=str(tmp_path / cls.__name__), **fields)
+    perturb(trainer.model)
+    trainer.model.double()
+    if trainer.ref_model is not None:
+        trainer.ref_model.double()
+    return trainer
+
+
+def run(trainer):
+    """Trains `trainer`; its log history and the gradients of each step."""
+    recorder = GradientRecorder()
+    trainer.add_callback(recorder)
+    torch.manual_seed(0)  # the same completions for every trainer
+    trainer.train()
+    return trainer.state.log_history, recorder.steps
+
+
+def assert_same_run(ours, stock, rtol=RTOL):
+    (our_logs, our_grads), (stock_logs, stock_grads) = ours, stock
+    assert len(our_logs) == len(stock_logs) and len(our_grads) == len(stock_grads) > 0
+    for mine, theirs in zip(our_logs, stock_logs):
+        assert set(theirs) <= set(mine)
+        for key in set(theirs) - UNTIMED:
+            assert mine[key] == pytest.approx(theirs[key], rel=rtol, abs=1e-12), key
+    for mine, theirs in zip(our_grads, stock_grads):
+        assert mine.keys() == theirs.keys() and mine
+        # Against the step's whole gradient: some entries (the key biases, which softmax ignores) are zero in exact
+        # arithmetic, and only rounding is left in them.
+        scale = sum(g.norm() ** 2 for g in theirs.values()).sqrt().item()
+        for name in theirs:
+            assert (mine[name] - theirs[name]).norm().item() <= rtol * scale, name
+            assert mine[name].dtype == torch.float64
+
+
+def gradient_difference(a, b) -> float:
+    """Relative norm of the difference between two runs' gradients."""
+    diff = sum((a[s][n] - b[s][n]).norm() ** 2 for s in range(len(a)) for n in a[s]) ** 0.5
+    return (diff / sum(g.norm() ** 2 for step in b for g in step.values()) ** 0.5).item()
+
+
+# RLOO's options: the batch normalization, and each option of its loss (clipping range, several iterations per
+# generation batch, reward clipping before the penalty).
+LOSS_OPTIONS = {
+    "default": {},
+    "epsilon": {"epsilon": 0.05, "epsilon_high": 0.1},
+    "iterations": {"num_iterations": 2},
+    "reward_clip": {"reward_clip_range": (0.0, 0.105)},
+}
+PARITY_CASES = [(normalize, option) for normalize in (False, True) for option in LOSS_OPTIONS]
+
+
+@pytest.mark.parametrize("normalize,option", PARITY_CASES, ids=[f"{n}-{o}" for n, o in PARITY_CASES])
+def test_defaults_match_stock_rloo(tiny_model_dir, tmp_path, normalize, option):
+    """Method "none" with k1 (the defaults): our penalty replaces TRL's and the advantages are recomputed, yet the
+    logs and gradients are stock RLOO's with the same β."""
+    fields = {"normalize_advantages": normalize, **LOSS_OPTIONS[option]}
+    stock = run(build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path, **fields))
+    ours = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, **fields)
+    explicit = ours.args.kl_adaptation_method == "none" and ours.args.kl_estimator == "k1"
+    ours_run = run(ours)
+    assert explicit and "adaptive_kl/reward_penalty" in ours_run[0][0]  # our penalty ran
+    assert_same_run(ours_run, stock, RTOL_NORMALIZED if normalize else RTOL)
+
+
+def test_the_penalty_is_ours_and_matters(tiny_model_dir, tmp_path):
+    """The parity above is not vacuous: stock RLOO without its penalty trains differently, and so does ours with
+    another estimator (the host's penalty is replaced, not added to)."""
+    stock = run(build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path))
+    no_penalty = run(build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path / "zero", beta=0.0))
+    k3 = run(build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path / "k3", kl_estimator="k3"))
+    assert gradient_difference(no_penalty[1], stock[1]) > 1e-3
+    assert gradient_difference(k3[1], stock[1]) > 1e-3
+
+
+def test_beta_zero_is_stock_rloo(tiny_model_dir, tmp_path):
+    stock = run(build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path, beta=0.0))
+    ours = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, beta=0.0)
+    assert ours.ref_model is None
+    ours_run = run(ours)
+    assert not any(key.startswith("adaptive_kl/") for log in ours_run[0] for key in log)
+    assert_same_run(ours_run, stock)
+
+
+# --- each method's penalty -------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """Records each generation batch's output and the rewards the host computed for it."""
+
+    def __init__(self, trainer):
+        self.batches, self.rewards = [], []
+        original, calculate = trainer._generate_and_score_completions, trainer._calculate_rewards
+
+        def recorded_rewards(*args):
+            self.rewards.append(calculate(*args).clone())
+            return self.rewards[-1]
+
+        def recorded(inputs):
+            output = original(inputs)
+            self.batches.append({key: value for key, value in output.items() if torch.is_tensor(value)})
+            return output
+
+        trainer._calculate_rewards, trainer._generate_and_score_completions = recorded_rewards, recorded
+
+
+def independent_penalty(sampling, reference, mask, beta, fields) -> list[float]:
+    """β·Σ_t f(k) (or its mean over the completion with length_normalized), with plain floats."""
+    methods = fields.get("kl_adaptation_method", "none").split("+")
+    estimator = fields.get("kl_estimator", "k1")
+    out = []
+    for s_row, r_row, m_row in zip(sampling.tolist(), reference.tolist(), mask.tolist()):
+        total, length = 0.0, 0
+        for s, r, m in zip(s_row, r_row, m_row):
+            if not m:
+                continue
+            x = s - r
+            k = {"k1": x, "k2": x * x / 2, "k3": math.exp(-x) + x - 1}[estimator]
+            if "clip" in methods:
+                k = min(k, fields["kl_clip_threshold"])
+            if "sigmoid" in methods:
+                k = k / (1 + math.exp(-(k - fields["kl_target"])))
+            total, length = total + k, length + 1
+        out.append(beta * (total / max(length, 1) if "length_normalized" in methods else total))
+    return out
+
+
+METHODS = [
+    {},
+    {"kl_estimator": "k2"},
+    {"kl_estimator": "k3"},
+    {"kl_adaptation_method": "clip", "kl_clip_threshold": 0.02},
+    {"kl_adaptation_method": "sigmoid", "kl_target": 0.02},
+    {"kl_adaptation_method": "length_normalized"},
+    {"kl_adaptation_method": "clip+length_normalized", "kl_clip_threshold": 0.02, "kl_estimator": "k3"},
+    {"kl_adaptation_method": "dynamic+sigmoid", "kl_target": 0.02},
+    {"kl_scaling": "sqrt"},
+]
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("fields", METHODS, ids=lambda f: "-".join(map(str, f.values())) or "none")
+def test_each_method_penalizes_as_its_formula(tiny_model_dir, tmp_path, fields, normalize):
+    trainer = build(
+        AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, normalize_advantages=normalize,
+        **fields,
+    )  # fmt: skip
+    recorder = Recorder(trainer)
+    run(trainer)
+    for step, (batch, rewards) in enumerate(zip(recorder.batches, recorder.rewards), start=1):
+        sampling, reference, mask = batch[SAMPLING_LOGPS], batch[REFERENCE_LOGPS], batch["completion_mask"]
+        # The captured scorings are the host's: the sampling policy's sums to TRL's `old_logps`.
+        assert (sampling * mask).sum(-1).tolist() == pytest.approx(batch["old_logps"].tolist(), rel=1e-12)
+        beta = BETA * (1 / math.sqrt(step) if fields.get("kl_scaling") == "sqrt" and step > 1 else 1)
+        penalty = independent_penalty(sampling, reference, mask, beta, fields)
+        penalized = [r - p for r, p in zip(rewards[:, 0].tolist(), penalty)]
+        expected = independent_rloo(penalized, 4, normalize)
+        assert batch["advantages"].tolist() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        assert max(abs(p) for p in penalty) > 1e-6  # the policy is away from its reference: a real penalty
+
+
+def test_the_clip_threshold_bites(tiny_model_dir, tmp_path):
+    """The tests above are sensitive to the transform: its threshold does bite on this batch."""
+    logs = {}
+    for method, fields in (("none", {}), ("clip", {"kl_clip_threshold": 0.02})):
+        trainer = build(
+            AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path / method, max_steps=1,
+            kl_adaptation_method=method, **fields,
+        )  # fmt: skip
+        logs[method] = run(trainer)[0][0]
+    assert logs["clip"]["adaptive_kl/clip_fraction"] > 0
+    assert logs["clip"]["adaptive_kl/reward_penalty"] != pytest.approx(logs["none"]["adaptive_kl/reward_penalty"])
+
+
+# --- β's trajectory --------------------------------------------------------------------------------------------------
+
+
+def penalty_betas(monkeypatch) -> list[float]:
+    """The β of each penalty the trainer computes, in order."""
+    betas = []
+    original = rloo_module.sequence_kl_penalty
+
+    def spy(*args, beta, **kwargs):
+        betas.append(beta)
+        return original(*args, beta=beta, **kwargs)
+
+    monkeypatch.setattr(rloo_module, "sequence_kl_penalty", spy)
+    return betas
+
+
+def test_dynamic_beta_decays_and_reaches_beta_min(tiny_model_dir, tmp_path, monkeypatch):
+    """`dynamic` with a threshold every step reaches: β halves after each step, and from `beta_schedule_steps` on it
+    is `beta_min`; each generation batch is penalized with the β of the step it serves, which is logged."""
+    betas = penalty_betas(monkeypatch)
+    trainer = build(
+        AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, max_steps=4,
+        kl_adaptation_method="dynamic", reward_threshold=-1.0, dynamic_beta_decay=0.5, beta_schedule_steps=4,
+        beta_min=0.01,
+    )  # fmt: skip
+    logs, _ = run(trainer)
+    expected = [BETA, BETA / 2, BETA / 4, 0.01]
+    assert betas == pytest.approx(expected)
+    assert [log["adaptive_kl/current_beta"] for log in logs[:-1]] == pytest.approx(expected)
+
+
+def test_stepwise_controller_follows_the_measured_kl(tiny_model_dir, tmp_path, monkeypatch):
+    """A target far below the measured KL: the stepwise controller raises β by 1.5 after each step."""
+    betas = penalty_betas(monkeypatch)
+    trainer = build(
+        AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, max_steps=3, kl_controller="stepwise",
+        target_kl=1e-9,
+    )  # fmt: skip
+    logs, _ = run(trainer)
+    assert betas == pytest.approx([BETA, 1.5 * BETA, 2.25 * BETA])
+    assert all(log["adaptive_kl/raw_kl"] == pytest.approx(log["kl"]) for log in logs[:-1])
+
+
+def test_resume_restores_beta(tiny_model_dir, tmp_path, monkeypatch):
+    """A run resumed from its step-2 checkpoint penalizes step 3 with the decayed β of the uninterrupted run."""
+    fields = dict(
+        max_steps=3, kl_adaptation_method="dynamic", reward_threshold=-1.0, dynamic_beta_decay=0.5,
+        save_strategy="steps", save_steps=2,
+    )  # fmt: skip
+    first = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, **fields)
+    run(first)
+    betas = penalty_betas(monkeypatch)
+    resumed = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, **fields)
+    torch.manual_seed(0)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "AdaptiveKLRLOOTrainer" / "checkpoint-2"))
+    assert betas == pytest.approx([BETA / 4])
+    assert resumed.beta_controller.state_dict() == first.beta_controller.state_dict()
+
+
+def test_resume_from_a_stock_checkpoint_is_refused_when_beta_adapts(tiny_model_dir, tmp_path):
+    stock = build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path, save_strategy="steps", save_steps=2)
+    run(stock)
+    ours = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, kl_controller="stepwise")
+    with pytest.raises(ValueError, match="resume_without_kl_state=True"):
+        ours.train(resume_from_checkpoint=str(tmp_path / "RLOOTrainer" / "checkpoint-2"))
+
+
+# --- the seam and the exports ----------------------------------------------------------------------------------------
+
+
+def test_the_rloo_entries_of_the_table_exist_in_the_installed_host(tiny_model_dir, tmp_path):
+    trainer = make_trainer(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, output_dir=str(tmp_path))
+    entries = host_internals(RLOOTrainer)
+    assert {i.name for i in entries} >= {
+        "normalize_advantages",
+        "reward_clip_range",
+        "_generate_and_score_completions",
+        "ref_model",  # reference resets and the zero-β skip
+        "_models",
+        "optimizer",
+    }
+    assert not {i.name for i in entries} & {"loss_type", "scale_rewards", "importance_sampling_level"}
+    owners = {"method": RLOOTrainer, "class attribute": RLOOTrainer, "accelerator attribute": trainer.accelerator}
+    for internal in entries:
+        assert hasattr(owners.get(internal.kind, trainer), internal.name), internal
+    assert set(host_internals(trl_grpo_trainer())) == {i for i in HOST_INTERNALS if i.owner != "trl.RLOOTrainer"}
+
+
+def trl_grpo_trainer():
+    from trl import GRPOTrainer
+
+    return GRPOTrainer
+
+
+def test_signature_and_exports():
+    assert inspect.signature(AdaptiveKLRLOOTrainer.__init__) == inspect.signature(RLOOTrainer.__init__)
+    assert adaptive_kl.AdaptiveKLRLOOTrainer is AdaptiveKLRLOOTrainer
+    assert {"AdaptiveKLRLOOConfig", "AdaptiveKLRLOOTrainer"} <= set(adaptive_kl.__all__)
+    assert set(RLOO_ESTIMATORS) == {"k1", "k2", "k3"}
+
+
+def test_a_plain_rloo_config_is_refused(tiny_model_dir, tmp_path):
+    args = RLOOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    with pytest.raises(TypeError, match=r"replace RLOOConfig\(...\) by AdaptiveKLRLOOConfig"):
+        AdaptiveKLRLOOTrainer(tiny_model_dir, [length_reward], args)
+
+
+# --- evaluation, LoRA, the config's round trips ----------------------------------------------------------------------
+
+
+def test_evaluation_logs_the_penalty_and_its_metrics(tiny_model_dir, tmp_path):
+    trainer = build(
+        AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, max_steps=1, eval_strategy="steps",
+        eval_steps=1, per_device_eval_batch_size=8, kl_adaptation_method="clip", eval_dataset=prompt_dataset(2),
+    )  # fmt: skip
+    logs, _ = run(trainer)
+    evaluation = next(log for log in logs if "eval_loss" in log)
+    assert evaluation["eval_adaptive_kl/raw_kl"] == pytest.approx(evaluation["eval_kl"]) and evaluation["eval_kl"] > 0
+    assert "eval_adaptive_kl/reward_penalty" in evaluation
+
+
+def test_a_lora_policy_is_penalized_against_its_base(tiny_model_dir, tmp_path):
+    """With PEFT the host scores the reference with the adapter disabled: still the second scoring we take."""
+    from peft import LoraConfig
+
+    trainer = make_trainer(
+        AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, output_dir=str(tmp_path), max_steps=3, beta=BETA,
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), learning_rate=0.1,
+    )  # fmt: skip
+    trainer.train()
+    logs = trainer.state.log_history[:-1]
+    assert logs[0]["adaptive_kl/raw_kl"] == 0.0  # the adapter starts as the identity
+    assert logs[-1]["adaptive_kl/raw_kl"] == pytest.approx(logs[-1]["kl"]) and logs[-1]["kl"] != 0
+
+
+def test_the_config_survives_its_round_trips(tmp_path):
+    import copy
+    import pickle
+
+    args = config(tmp_path, kl_adaptation_method="dynamic+sigmoid", kl_estimator="k3", beta_min=0.01)
+    # TRL derives steps_per_generation from generation_batch_size and refuses both back (its own configs too).
+    rebuilt = AdaptiveKLRLOOConfig(**{k: v for k, v in args.to_dict().items() if k != "steps_per_generation"})
+    for twin in (pickle.loads(pickle.dumps(args)), copy.deepcopy(args), rebuilt):
+        assert (twin.kl_adaptation_method, twin.kl_estimator, twin.beta_min) == ("dynamic+sigmoid", "k3", 0.01)
+    with pytest.raises(ValueError, match="kl_estimator"):
+        dataclasses.replace(args, kl_estimator="k1+", steps_per_generation=None)
