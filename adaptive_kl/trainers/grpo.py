@@ -8,9 +8,10 @@ pass. The KL term's path: `compute_loss` → `hooks.HostHooks.host_loss_without_
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
 Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`. Everything taken from the
 host goes through `adaptive_kl.trainers.hooks` (its table `HOST_INTERNALS`). The other concerns are collaborators with
-their own state, built and driven through a run by `lifecycle.AdaptiveKLRun` (shared with the RLOO trainer): `zero_beta` (the reference skipped and released while β is 0 for good), `resetter` (reference
-resets), `rollouts` (each scored generation batch: KL in the reward, the zero-std KL mask, diversity), `monitoring`
-(the statistics the controller and the `adaptive_kl/*` metrics read) and `state` (checkpoints and resume).
+their own state, built and driven through a run by `lifecycle.AdaptiveKLRun` (shared with the RLOO trainer):
+`zero_beta` (the reference skipped and released while β is 0 for good), `resetter` (reference resets), `rollouts` (each
+scored generation batch: KL in the reward, the zero-std KL mask, diversity), `monitoring` (the statistics the
+controller and the `adaptive_kl/*` metrics read) and `state` (checkpoints and resume).
 """
 
 from __future__ import annotations
