@@ -97,6 +97,9 @@ def test_the_budget_counts_from_the_script_start_not_from_the_first_check(gpu_ch
     outcomes = gpu_check.run_checks(stand_in_checks(gpu_check, clock, report), opts, None, clock=clock, started=0.0)
     assert [name for name, o in outcomes.items() if o.status != "SKIP"] == ["first"]
     assert "budget: 35 s of --budget 30 s spent" in outcomes["second"].summary
+    clock.now = 40.0  # setup alone past the budget: the first check still runs, so a call always gives a verdict
+    outcomes = gpu_check.run_checks(stand_in_checks(gpu_check, clock, report), opts, None, clock=clock, started=0.0)
+    assert [name for name, o in outcomes.items() if o.status != "SKIP"] == ["first"]
 
 
 def test_only_and_skip_select_by_name_or_prefix(gpu_check, tmp_path):
