@@ -35,7 +35,6 @@ from .hooks import (
     host_built_without_reference,
     metric_store,
     normalizes_advantages,
-    replace_logged_advantages,
     resolve_args,
     reward_clip_range,
     unsupported_trl,
@@ -99,20 +98,17 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
             (sampling_logps,), ref_logps = self._scored_logps(scorings=1), None
             dtype = torch.promote_types(sampling_logps.dtype, torch.float32)  # `sequence_kl_penalty`'s
             penalty = torch.zeros(len(sampling_logps), dtype=dtype, device=sampling_logps.device)
-        penalties = self.accelerator.gather(penalty)  # in the global order of the rewards
         clip = reward_clip_range(self)
         if clip:  # the host clamps the task reward, then subtracts its penalty: so do we
             rewards = rewards.clamp(min=clip[0], max=clip[1])
-        advantages = leave_one_out_advantages(
-            rewards.to(penalties.dtype) - penalties, group_size(self, mode), normalizes_advantages(self)
-        )
-        local = len(output["completion_ids"])
-        start = self.accelerator.process_index * local
-        output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
+        self.rollouts.penalize(
+            output, rewards, penalty, mode,
+            advantages_of=lambda penalized: leave_one_out_advantages(
+                penalized, group_size(self, mode), normalizes_advantages(self)
+            ),
+        )  # fmt: skip
         if ref_logps is not None:  # without them, the loss records its micro-batches as scored without the reference
             output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = sampling_logps, ref_logps
-        replace_logged_advantages(self, advantages)
-        metric_store(self, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
 
     def _scored_logps(self, scorings: int) -> tuple[torch.Tensor, ...]:
         """The `(B, T)` log-probabilities the host scored the batch with: the sampling policy's, then the

@@ -8,6 +8,7 @@ zero-std groups (`kl_mask_zero_std_groups`), and the `diversity/*` metrics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -83,11 +84,19 @@ class RolloutScoring:
                 **multimodal,
             )  # fmt: skip
 
-    def penalize(self, output: dict, rewards: torch.Tensor, penalty: torch.Tensor | None, mode: str) -> None:
+    def penalize(
+        self,
+        output: dict,
+        rewards: torch.Tensor,
+        penalty: torch.Tensor | None,
+        mode: str,
+        advantages_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         """Replaces the advantages of `output` by those of the `rewards` minus the `(B,)` detached KL `penalty` of this
         process's sequences; `None` when the batch was scored without the reference (β_t = 0 for every step it
         serves): a penalty of 0, in the dtype of the log-probabilities it would be computed from, so the advantages
-        are those of the full path."""
+        are those of the full path. `advantages_of` maps the `(N,)` penalized rewards to advantages: GRPO's group
+        advantages by default (RLOO passes its leave-one-out ones)."""
         trainer = self.trainer
         if penalty is None:
             dtype = trainer.accelerator.unwrap_model(trainer.model).get_output_embeddings().weight.dtype
@@ -95,9 +104,11 @@ class RolloutScoring:
                 dtype = output["old_per_token_logps"].dtype
             penalty = torch.zeros(len(output["completion_ids"]), device=rewards.device, dtype=dtype)
         penalties = trainer.accelerator.gather(penalty)  # in the global order of the rewards
-        advantages = group_advantages(
-            rewards.to(penalties.dtype) - penalties, group_size(trainer, mode), scale_rewards(trainer)
-        )
+        if advantages_of is None:
+            advantages_of = lambda penalized: group_advantages(  # noqa: E731
+                penalized, group_size(trainer, mode), scale_rewards(trainer)
+            )
+        advantages = advantages_of(rewards.to(penalties.dtype) - penalties)
         local = len(output["completion_ids"])
         start = trainer.accelerator.process_index * local
         output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
