@@ -44,6 +44,7 @@ STUDIES_DIR = os.path.join(
 # and 73–95 min for k1 summed in the reward (~57–64 tokens), 74–110 min for k1 per token (they grow to 85–103): ~17 h
 # of one core for 5 variants × 3 seeds, about three sessions of two runs side by side. A β-study run (100 steps of
 # 64 tokens) took 28–41 min.
+LENGTH_PER_TOKEN = "beta=0.2 loss_type=grpo kl_placement=reward kl_estimator=k1 kl_adaptation_method=length_normalized"
 STUDIES = {
     # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
     # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
@@ -56,13 +57,19 @@ STUDIES = {
     "length": {
         "variants": [
             "beta=0 loss_type=grpo",
-            "beta=0.2 loss_type=grpo kl_placement=reward kl_estimator=k1 kl_adaptation_method=length_normalized",
+            LENGTH_PER_TOKEN,
             "beta=0.00333 loss_type=grpo kl_placement=reward kl_estimator=k1",
             "beta=0.2 loss_type=grpo kl_placement=reward kl_estimator=k1",
             "beta=0.2 loss_type=grpo",
             "beta=0.2 loss_type=dr_grpo",
         ],
         "seeds": "0,1,2,3,4",
+        # The primary endpoint (variant − against, paired on seeds; a key of the report's `summarize`).
+        "endpoint": {
+            "variant": LENGTH_PER_TOKEN,
+            "against": "beta=0.00333 loss_type=grpo kl_placement=reward kl_estimator=k1",
+            "metric": "length_drift",
+        },
         "args": [
             "--model", "smollm2", "--steps", "100", "--eval-every", "25",
             "--set", "reward_weights=[1.0, 0.0]", "--set", "max_completion_length=128",
@@ -74,10 +81,15 @@ STUDIES = {
         "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
         "seeds": "0,1,2",
     },
-    # The demo's five methods at the real-model demo's settings (β = 0.04, full reward), over 100 steps so that
-    # `dynamic` reaches its reward threshold. Planned after the two above: ~10 h of one core for 3 seeds.
+    # The demo's five methods over 100 steps at β = 0.2 on the full reward: the β study showed the KL holding the
+    # policy there (β = 0.04's drift was not separated from β = 0's at 3 seeds), and `dynamic` has room to decay
+    # from it. `none` is the β study's β = 0.2 run: the same command (`kl_adaptation_method=none` is the default), so
+    # it is reused, not rerun (`reused`: variant → (study, variant) whose runs it is). ~35 min of one core a run, 12
+    # runs. (Its seed 0 of `dynamic` at β = 0.04, run before, stays in runs/ as a pilot outside the study.)
     "methods": {
-        "variants": [f"kl_adaptation_method={m}" for m in ("none", "clip", "sigmoid", "length_normalized", "dynamic")],
+        "variants": [f"beta=0.2 kl_adaptation_method={m}"
+                     for m in ("none", "clip", "sigmoid", "length_normalized", "dynamic")],
+        "reused": {"beta=0.2 kl_adaptation_method=none": ("beta", "beta=0.2")},
         "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
         "seeds": "0,1,2",
     },
@@ -118,6 +130,13 @@ def planned_runs(studies: dict, names: list[str], seeds: list[int] | None = None
         for seed in study_seeds(studies, name, seeds)
         for variant in studies[name]["variants"]
     ]
+
+
+def source_run(run: Run, studies: dict) -> Run:
+    """The run whose files are `run`'s: itself, or for a variant the study reuses from another study (`reused`), that
+    study's run of the same seed."""
+    reused = studies[run.study].get("reused", {}).get(run.variant)
+    return run if reused is None else Run(reused[0], reused[1], run.seed)
 
 
 def variant_key(variant: str) -> str:
@@ -198,7 +217,7 @@ def execute(run: Run, out: str, studies: dict, threads: int) -> int:
 def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None) -> str | None:
     """Rewrites `<out>/<name>/summary.md`, `metrics.csv` and plots from the study's finished runs; returns the
     summary's path (None when no run is finished yet)."""
-    from adaptive_kl.demo.report import write_report
+    from adaptive_kl.demo.report import PairedEndpoint, write_report
     from adaptive_kl.demo.run_files import load_runs
     from adaptive_kl.metrics.environment import environment_lines
 
@@ -208,12 +227,12 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
         for run in planned_runs(
             studies, [name], sorted(set(study_seeds(studies, name, seeds)) | found_seeds(name, out, studies))
         )
-        if finished(run, out)
+        if finished(source_run(run, studies), out)
     ]
     found.sort(key=lambda run: (studies[name]["variants"].index(run.variant), run.seed))  # baseline variant first
     runs, counts, wall_time = [], {}, 0.0
     for run in found:
-        (trained,) = load_runs(os.path.join(REPOSITORY, run.directory(out)))
+        (trained,) = load_runs(os.path.join(REPOSITORY, source_run(run, studies).directory(out)))
         # Named and seeded as `compare --seed` names its runs, so the report groups the seeds of a variant.
         label = ", ".join(run.variant.split())
         trained.name, trained.config = f"{label}, seed={run.seed}", {**trained.config, "seed": run.seed}
@@ -223,7 +242,7 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
     if not runs:
         return None
     script = os.path.relpath(os.path.abspath(__file__), REPOSITORY)
-    devices = run_devices([os.path.join(REPOSITORY, run.directory(out)) for run in found])
+    devices = run_devices([os.path.join(REPOSITORY, source_run(run, studies).directory(out)) for run in found])
     environment = [
         # The runs' own machines and threads (this process's are not theirs).
         f"- devices of the runs: {devices}" if line.startswith("- device:") else line
@@ -235,6 +254,11 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
             f"`python -m adaptive_kl compare {shlex.join(studies[name]['args'])} --variant <variant> --seed <s>`.",
             "",
             "Seeds so far: " + "; ".join(f"{label}: {counts.get(label, 0)}" for label in variants) + ".",
+            *(
+                f"Reused, not rerun: {', '.join(variant.split())} is the `{study}` study's "
+                f"{', '.join(source.split())} (the same command)."
+                for variant, (study, source) in studies[name].get("reused", {}).items()
+            ),
             "",
             *environment,
             f"- wall time: {wall_time / 3600:.2f} h of single-core training and evaluation over {len(runs)} "
@@ -242,7 +266,17 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
             "(each run's own summary.md records its machine, versions and command)",
         ]
     )
-    paths = write_report(runs, os.path.join(REPOSITORY, out, name), f"Real-model study: {name}", notes)
+    stated = studies[name].get("endpoint")
+    endpoint = (
+        PairedEndpoint(
+            variant=", ".join(stated["variant"].split()),
+            against=", ".join(stated["against"].split()),
+            metric=stated["metric"],
+        )
+        if stated
+        else None
+    )
+    paths = write_report(runs, os.path.join(REPOSITORY, out, name), f"Real-model study: {name}", notes, endpoint)
     return paths["summary"]
 
 
@@ -318,7 +352,9 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
         planned = [run for run in planned if variant_key(run.variant) in wanted]
     codes = []
     if not args.summarize:
-        todo = [run for run in planned if not finished(run, args.out)]
+        # A reused variant's run is made (once) in the study it comes from.
+        todo = list(dict.fromkeys(source_run(run, studies) for run in planned))
+        todo = [run for run in todo if not finished(run, args.out)]
         print(f"{len(todo)} runs to do; finished runs are skipped.", flush=True)
         threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
 

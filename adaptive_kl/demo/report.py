@@ -11,10 +11,11 @@ import csv
 import math
 import os
 import textwrap
+from dataclasses import dataclass
 
 from ..kl.metrics import METRIC_NAMES
 from .runner import VariantRun
-from .seeds import format_interval, mean_interval, paired_differences, seed_groups
+from .seeds import format_interval, mean_interval, paired_differences, run_seed, seed_groups
 
 
 # Leading CSV columns, in this order; any other metric a run logged follows them, sorted by name.
@@ -226,6 +227,68 @@ def _interval_cell(values: list[float], spec: str) -> str:
     return cell if count in (0, len(values)) else f"{cell} (n={count})"
 
 
+@dataclass(frozen=True)
+class PairedEndpoint:
+    """A comparison stated before its runs: `variant − against` of one summary metric (a key of `summarize`),
+    paired on the seeds both variants ran. Variants are named as `compare --variant` names them (`"a=1, b=2"`)."""
+
+    variant: str
+    against: str
+    metric: str
+
+
+def _column(summary: dict, key: str) -> tuple[str, str]:
+    """`(header, number format)` of the summary key `key`, given one run's `summarize` (whose order the headers of
+    `SUMMARY_HEADER` follow)."""
+    optional = {key: (header, spec) for key, header, spec in OPTIONAL_SUMMARY_COLUMNS}
+    base = [k for k in summary if k not in optional]
+    return {**dict(zip(base, zip(SUMMARY_HEADER[1:], SUMMARY_FORMATS, strict=True), strict=True)), **optional}[key]
+
+
+def endpoint_section(runs: list[VariantRun], endpoint: PairedEndpoint) -> str:
+    """Markdown for a stated endpoint: the seeds both variants ran, the paired difference on each, their mean ± the
+    95% t half-width (n − 1 degrees of freedom), and the reading the interval allows: a difference only where it
+    excludes 0, else "no difference detected" with the number of seeds."""
+    header, spec = _column(summarize(runs[0]), endpoint.metric)
+    signed = "+" + spec.lstrip("+")
+    groups = seed_groups(runs)
+    variant, against = groups.get(endpoint.variant, []), groups.get(endpoint.against, [])
+    by_seed = {run_seed(run): summarize(run)[endpoint.metric] for run in against}
+    pairs = sorted(
+        (run_seed(run), summarize(run)[endpoint.metric] - by_seed[run_seed(run)])
+        for run in variant
+        if run_seed(run) in by_seed
+    )
+    lines = [
+        "",
+        "## Primary endpoint",
+        "",
+        f"Stated before the runs: the paired {header} of {endpoint.variant} minus {endpoint.against}, on the seeds "
+        "both ran (mean ± the 95% half-width, t with n − 1 degrees of freedom).",
+        "",
+    ]
+    if not pairs:
+        return "\n".join(lines + ["Not measured yet: no seed has a finished run of both.", ""])
+    mean, half_width, n = mean_interval([difference for _, difference in pairs])
+    by_seed_cells = ", ".join(f"{format(difference, signed)} (seed {seed})" for seed, difference in pairs)
+    if n < 2:
+        reading = "one seed: no interval, no result"
+    elif abs(mean) > half_width:
+        higher = endpoint.variant if mean > 0 else endpoint.against
+        reading = f"the interval excludes 0: {header} is higher with {higher} ({n} seeds)"
+    else:
+        reading = f"the interval contains 0: no difference detected with {n} seeds"
+    dof = f"{n - 1} degree{'s' if n != 2 else ''} of freedom"
+    lines += [
+        f"- seeds both ran: {n} ({dof})",
+        f"- by seed: {by_seed_cells}",
+        f"- paired difference: {format_interval(mean, half_width, signed)}",
+        f"- reading: {reading}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def terminal_table(runs: list[VariantRun]) -> str:
     """The summary table with `TERMINAL_COLUMNS` alone: what the command prints (summary.md has every column)."""
     return summary_table(runs, TERMINAL_COLUMNS)
@@ -428,14 +491,21 @@ def write_completions(runs: list[VariantRun], path: str) -> str | None:
 
 
 def write_report(
-    runs: list[VariantRun], directory: str, title: str = "adaptive-kl comparison", notes: str = ""
+    runs: list[VariantRun],
+    directory: str,
+    title: str = "adaptive-kl comparison",
+    notes: str = "",
+    endpoint: PairedEndpoint | None = None,
 ) -> dict:
-    """Writes `summary.md`, `metrics.csv` and the PNG plots to `directory`; returns their paths."""
+    """Writes `summary.md` (with the `endpoint` section when given), `metrics.csv` and the PNG plots to `directory`;
+    returns their paths."""
     os.makedirs(directory, exist_ok=True)
     summary = os.path.join(directory, "summary.md")
     with open(summary, "w") as f:
         f.write(f"# {title}\n\n{notes}\n\n" if notes else f"# {title}\n\n")
         f.write(summary_table(runs))
+        if endpoint is not None:
+            f.write(endpoint_section(runs, endpoint))
         diversity = diversity_table(runs)
         if diversity:
             f.write(f"\nDiversity (means over the last quarter of steps):\n\n{diversity}")

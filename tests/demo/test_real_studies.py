@@ -119,3 +119,49 @@ def test_variants_limits_the_runs_and_an_unknown_one_is_refused_naming_the_allow
     error = capsys.readouterr().err
     assert "--variants: 'beta=0.2' is not a variant of tiny" in error
     assert "allowed: 'beta=0', 'beta=0.1 kl_estimator=k2'" in error
+
+
+def test_a_reused_variant_is_the_same_config_as_the_run_it_reuses(script, tmp_path, monkeypatch):
+    """The methods study's `none` is the β study's run at its β, not rerun: both commands build the same config."""
+    from adaptive_kl.demo.runner import make_config
+
+    monkeypatch.setattr("adaptive_kl.demo.arguments.check_model", lambda *args: None)
+    reused = [
+        (name, variant, source)
+        for name, s in script.STUDIES.items()
+        for variant, source in s.get("reused", {}).items()
+    ]
+    assert reused
+    for name, variant, (study, source_variant) in reused:
+        configs = []
+        for run in (script.Run(name, variant, 1), script.Run(study, source_variant, 1)):
+            settings, (built,), _, _ = build(run.command(str(tmp_path), script.STUDIES)[3:])
+            config = make_config(built, settings, str(tmp_path / "out")).to_dict()
+            configs.append({k: v for k, v in config.items() if k not in ("logging_dir", "run_name")})
+        assert configs[0] == configs[1]
+
+
+# A study that reuses one variant of another's: its runs are made (once) in that study, and its summary counts them.
+REUSING = {
+    **TINY,
+    "reusing": {
+        "variants": ["beta=0.1 kl_estimator=k2", "beta=0.1 kl_estimator=k3"],
+        "reused": {"beta=0.1 kl_estimator=k2": ("tiny", "beta=0.1 kl_estimator=k2")},
+        "args": TINY["tiny"]["args"],
+    },
+}
+
+
+def test_a_reused_variant_is_run_once_in_its_own_study_and_summarized_in_both(script, tmp_path, capsys):
+    out = str(tmp_path / "studies")
+    assert script.main(["--only", "reusing", "--seeds", "0", "--out", out], studies=REUSING) == 0
+    assert "2 runs to do" in capsys.readouterr().out
+    reused, own = script.planned_runs(REUSING, ["reusing"], [0])
+    assert not os.path.exists(os.path.join(script.REPOSITORY, reused.directory(out)))
+    assert script.finished(script.source_run(reused, REUSING), out) and script.finished(own, out)
+    summary = open(os.path.join(out, "reusing", "summary.md")).read()
+    assert "Seeds so far: beta=0.1, kl_estimator=k2: 1; beta=0.1, kl_estimator=k3: 1." in summary
+    assert "Reused, not rerun: beta=0.1, kl_estimator=k2 is the `tiny` study's beta=0.1, kl_estimator=k2" in summary
+    # Started again, by either study: nothing is redone.
+    assert script.main(["--seeds", "0", "--variants", "beta=0.1 kl_estimator=k2", "--out", out], studies=REUSING) == 0
+    assert "0 runs to do" in capsys.readouterr().out

@@ -15,7 +15,9 @@ from tiny import run_python
 from adaptive_kl.demo.report import (
     PANEL_BOUNDS,
     SUMMARY_HEADER,
+    PairedEndpoint,
     _seed_curve,
+    endpoint_section,
     panel_bounds,
     summarize,
     summary_table,
@@ -118,6 +120,28 @@ def test_a_cell_measured_on_fewer_seeds_than_its_row_says_its_own_n():
     assert none[1] == "3" and none[2] == f"0.475 ± {half:.3f} (n=2)"
     assert "(n=" not in log[2]  # every seed measured it
     assert differences[1][1] == "3" and differences[1][2].endswith("(n=2)")  # seed 0's difference is NaN
+
+
+def test_a_stated_endpoint_reads_its_paired_interval_and_claims_a_difference_only_where_it_excludes_0():
+    endpoint = PairedEndpoint(variant="kl_scaling=log", against="kl_scaling=none", metric="final_accuracy")
+    text = endpoint_section(RUNS, endpoint)
+    half = 4.302653 * 0.01 / math.sqrt(3)  # s of the paired differences (0.05, 0.07, 0.06) is 0.01
+    assert "- seeds both ran: 3 (2 degrees of freedom)" in text
+    assert "- by seed: +0.050 (seed 0), +0.070 (seed 1), +0.060 (seed 2)" in text
+    assert f"- paired difference: +0.060 ± {half:.3f}" in text
+    assert "excludes 0: val. accuracy (final) is higher with kl_scaling=log (3 seeds)" in text
+
+    # The same variants' KL: paired (0.01, 0, 0.02), mean 0.01 with a half-width of 0.0248: no claim.
+    text = endpoint_section(RUNS, dataclasses.replace(endpoint, metric="mean_raw_kl"))
+    assert "- paired difference: +0.0100 ± 0.0248" in text
+    assert "contains 0: no difference detected with 3 seeds" in text and "higher" not in text
+
+    # Reversed, the sign and the side flip; unpaired seeds are left out; one pair is no result.
+    reversed_ = dataclasses.replace(endpoint, variant="kl_scaling=none", against="kl_scaling=log")
+    assert "higher with kl_scaling=log" in endpoint_section(RUNS, reversed_)
+    text = endpoint_section(RUNS[:1] + RUNS[3:5], endpoint)
+    assert "seeds both ran: 1 (0 degrees of freedom)" in text and "no interval, no result" in text
+    assert "no seed has a finished run of both" in endpoint_section(RUNS[:3], endpoint)
 
 
 def test_the_printed_table_over_seeds_keeps_its_intervals_and_paired_differences():
