@@ -160,18 +160,23 @@ def _markdown_table(header, rows) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
+def _columns(summary: dict) -> list[tuple[str, str, str]]:
+    """Every `(summary key, header, number format)`, given one run's `summarize` (whose order the headers of
+    `SUMMARY_HEADER` follow): `SUMMARY_HEADER`'s columns, then all `OPTIONAL_SUMMARY_COLUMNS`."""
+    optional = {key for key, _, _ in OPTIONAL_SUMMARY_COLUMNS}
+    base = [key for key in summary if key not in optional]
+    return [*zip(base, SUMMARY_HEADER[1:], SUMMARY_FORMATS, strict=True), *OPTIONAL_SUMMARY_COLUMNS]
+
+
 def _summary_columns(summaries: list[dict], only: tuple[str, ...] | None = None) -> tuple[list, list, list]:
     """`(keys, headers, formats)` of the table: `SUMMARY_HEADER`'s columns, then each optional column that some
     run has a value for; or, given `only` (summary keys), those columns alone, in its order."""
     optional = {key for key, _, _ in OPTIONAL_SUMMARY_COLUMNS}
-    base = [key for key in summaries[0] if key not in optional]  # in `SUMMARY_HEADER`'s order
-    headers, formats = list(SUMMARY_HEADER[1:]), list(SUMMARY_FORMATS)
-    shown = [
+    columns = [
         (key, header, spec)
-        for key, header, spec in OPTIONAL_SUMMARY_COLUMNS
-        if any(not math.isnan(summary[key]) for summary in summaries)
+        for key, header, spec in _columns(summaries[0])
+        if key not in optional or any(not math.isnan(summary[key]) for summary in summaries)
     ]
-    columns = [*zip(base, headers, formats, strict=True), *shown]
     if only is not None:
         by_key = {key: (key, header, spec) for key, header, spec in columns}
         columns = [by_key[key] for key in only]
@@ -237,19 +242,11 @@ class PairedEndpoint:
     metric: str
 
 
-def _column(summary: dict, key: str) -> tuple[str, str]:
-    """`(header, number format)` of the summary key `key`, given one run's `summarize` (whose order the headers of
-    `SUMMARY_HEADER` follow)."""
-    optional = {key: (header, spec) for key, header, spec in OPTIONAL_SUMMARY_COLUMNS}
-    base = [k for k in summary if k not in optional]
-    return {**dict(zip(base, zip(SUMMARY_HEADER[1:], SUMMARY_FORMATS, strict=True), strict=True)), **optional}[key]
-
-
 def endpoint_section(runs: list[VariantRun], endpoint: PairedEndpoint) -> str:
     """Markdown for a stated endpoint: the seeds both variants ran, the paired difference on each, their mean ± the
     95% t half-width (n − 1 degrees of freedom), and the reading the interval allows: a difference only where it
     excludes 0, else "no difference detected" with the number of seeds."""
-    header, spec = _column(summarize(runs[0]), endpoint.metric)
+    header, spec = next((h, f) for k, h, f in _columns(summarize(runs[0])) if k == endpoint.metric)
     signed = "+" + spec.lstrip("+")
     groups = seed_groups(runs)
     variant, against = groups.get(endpoint.variant, []), groups.get(endpoint.against, [])
