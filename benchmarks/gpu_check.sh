@@ -10,7 +10,7 @@
 #   report goes to $OUT/gpu-check.md (it comes back with the call, even one cut short) unless --output is given; each
 #   check appends to it as it ends. No check starts once --budget seconds have passed since the script started (default
 #   480, inside the call's 600): a second call runs the skipped ones and cost-trl, on an H100
-#   `bash benchmarks/gpu_check.sh --only train,beta,steps,evaluation,reference,4bit,cost-trl`.
+#   `bash benchmarks/gpu_check.sh --only parity-long,train,beta,steps,evaluation,reference,4bit,cost-trl`.
 #   Exit status: 0 no check failed, 1 one failed, 2 the preflight failed (the reason is the last line).
 # On a CPU, the same path on the tiny model (the test suite runs it, in the environment that has Unsloth):
 #     bash benchmarks/gpu_check.sh --dry-run --output /tmp/gpu-check.md

@@ -116,6 +116,22 @@ def test_only_and_skip_select_by_name_or_prefix(gpu_check, tmp_path):
         gpu_check.parse_args(["--only", "parity-nonsense"])
 
 
+def test_the_cost_ratios_leave_the_warm_up_run_out(gpu_check):
+    """On an H200 the first TRL build in a process read 1229 MiB above its baseline and every later one 153 MiB, so a
+    ratio against that first run read 0.12 for ours: the warm-up row is shown, and enters neither ratio nor A/A."""
+
+    def run(step_time, peak_mib):
+        return {"step_time": step_time, "peak_mib": peak_mib, "finite": True}
+
+    runs = [(gpu_check.WARM_UP, run(9.0, 1229.0)), ("stock", run(2.0, 150.0)), ("ours (1)", run(3.0, 160.0)),
+            ("stock", run(2.5, 153.0)), ("ours (2)", run(2.0, 158.0))]  # fmt: skip
+    lines, summary = gpu_check.cost_lines(runs, "stock")
+    # ours' median step (2.5) / stock's (2.25); A/A = 2.5 / 2.0; memory: max ours 160 / max stock 153; A/A 153 / 150
+    assert summary == "ours/stock step time 1.111 (A/A 1.250), peak memory 1.0458 (A/A 1.0200)"
+    assert lines[2].startswith(f"| {gpu_check.WARM_UP} | 9.0000 | 4.500 | 1229 | 8.1933 |")
+    assert len(lines) == 2 + len(runs)
+
+
 def test_kl_contribution_difference_sees_a_one_percent_change(gpu_check):
     """Relative to the KL's own contribution, not to the loss: 1.01 × the KL term is 1e-2 whatever its share."""
     import torch
