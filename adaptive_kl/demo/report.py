@@ -65,6 +65,7 @@ OPTIONAL_SUMMARY_COLUMNS = (
     ("delta_general_loglik", "Δ general-chat loglik", "+.4f"),
     ("final_general_kl_to_start", "general-chat KL to start (final)", ".4f"),
 )
+OPTIONAL_SUMMARY_KEYS = frozenset(key for key, _, _ in OPTIONAL_SUMMARY_COLUMNS)
 # The columns `adaptive-kl demo` and `compare` print at the end, in this order: those a reader compares across the
 # variants (validation accuracy, reward, KL, β, completion length, drift from the start, wall time). summary.md keeps
 # them all.
@@ -163,19 +164,17 @@ def _markdown_table(header, rows) -> str:
 def _columns(summary: dict) -> list[tuple[str, str, str]]:
     """Every `(summary key, header, number format)`, given one run's `summarize` (whose order the headers of
     `SUMMARY_HEADER` follow): `SUMMARY_HEADER`'s columns, then all `OPTIONAL_SUMMARY_COLUMNS`."""
-    optional = {key for key, _, _ in OPTIONAL_SUMMARY_COLUMNS}
-    base = [key for key in summary if key not in optional]
+    base = [key for key in summary if key not in OPTIONAL_SUMMARY_KEYS]
     return [*zip(base, SUMMARY_HEADER[1:], SUMMARY_FORMATS, strict=True), *OPTIONAL_SUMMARY_COLUMNS]
 
 
 def _summary_columns(summaries: list[dict], only: tuple[str, ...] | None = None) -> tuple[list, list, list]:
     """`(keys, headers, formats)` of the table: `SUMMARY_HEADER`'s columns, then each optional column that some
     run has a value for; or, given `only` (summary keys), those columns alone, in its order."""
-    optional = {key for key, _, _ in OPTIONAL_SUMMARY_COLUMNS}
     columns = [
         (key, header, spec)
         for key, header, spec in _columns(summaries[0])
-        if key not in optional or any(not math.isnan(summary[key]) for summary in summaries)
+        if key not in OPTIONAL_SUMMARY_KEYS or any(not math.isnan(summary[key]) for summary in summaries)
     ]
     if only is not None:
         by_key = {key: (key, header, spec) for key, header, spec in columns}
