@@ -45,6 +45,13 @@ STUDIES_DIR = os.path.join(
 # of one core for 5 variants × 3 seeds, about three sessions of two runs side by side. A β-study run (100 steps of
 # 64 tokens) took 28–41 min.
 LENGTH_PER_TOKEN = "beta=0.2 loss_type=grpo kl_placement=reward kl_estimator=k1 kl_adaptation_method=length_normalized"
+LENGTH_ARGS = [
+    "--model", "smollm2", "--steps", "100", "--eval-every", "25",
+    "--set", "reward_weights=[1.0, 0.0]", "--set", "max_completion_length=128",
+]  # fmt: skip
+METHODS_BASE = "beta=0.2 loss_type=grpo"  # k3 in the loss (the defaults)
+METHODS_NONE = f"{METHODS_BASE} kl_adaptation_method=none"
+METHODS_SATURATION = f"{METHODS_BASE} kl_adaptation_method=dynamic dynamic_trigger=saturation"
 STUDIES = {
     # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
     # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
@@ -65,15 +72,14 @@ STUDIES = {
         ],
         "seeds": "0,1,2,3,4",
         # The primary endpoint (variant − against, paired on seeds; a key of the report's `summarize`).
-        "endpoint": {
-            "variant": LENGTH_PER_TOKEN,
-            "against": "beta=0.00333 loss_type=grpo kl_placement=reward kl_estimator=k1",
-            "metric": "length_drift",
-        },
-        "args": [
-            "--model", "smollm2", "--steps", "100", "--eval-every", "25",
-            "--set", "reward_weights=[1.0, 0.0]", "--set", "max_completion_length=128",
+        "endpoints": [
+            {
+                "variant": LENGTH_PER_TOKEN,
+                "against": "beta=0.00333 loss_type=grpo kl_placement=reward kl_estimator=k1",
+                "metric": "length_drift",
+            }
         ],
+        "args": LENGTH_ARGS,
     },
     # Does the KL matter on a real model: no KL, the demo's β and a larger one, on the full task reward.
     "beta": {
@@ -81,17 +87,44 @@ STUDIES = {
         "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
         "seeds": "0,1,2",
     },
-    # The demo's five methods over 100 steps at β = 0.2 on the full reward: the β study showed the KL holding the
-    # policy there (β = 0.04's drift was not separated from β = 0's at 3 seeds), and `dynamic` has room to decay
-    # from it. `none` is the β study's β = 0.2 run: the same command (`kl_adaptation_method=none` is the default), so
-    # it is reused, not rerun (`reused`: variant → (study, variant) whose runs it is). ~35 min of one core a run, 12
-    # runs. (Its seed 0 of `dynamic` at β = 0.04, run before, stays in runs/ as a pilot outside the study.)
+    # The five methods where length exploitation can happen: the length study's setting (format-only reward, 128
+    # tokens, 100 steps), k3 in the loss with `grpo` at β = 0.2, 5 seeds. Its `none` and β = 0 are the length study's
+    # runs, reused because the commands are the same (tests/demo/test_real_studies.py builds both). Each method's
+    # parameters are seed 001's defaults, which a pilot showed acting here (docs/studies/README.md, "The five methods
+    # where answers can lengthen"): `clip` at 1.0 clips tokens from step 5 on; `sigmoid` at τ = 0.1 weighs the
+    # near-zero KL of the first steps by ~0.48; `dynamic`'s reward threshold 0.8 is reached by the `none` runs (the
+    # same run until a first decay) at steps 16-44. `length_normalized` is `none` bit for bit with k3 in the loss
+    # under `grpo` (both aggregate mean_i Σ_t k / L_i; tests/trainers/test_methods.py), so its arm is where the method
+    # acts, k1 per token in the reward at the same β: the length study's runs, reused. The saturation trigger is a
+    # fifth arm, run after the others' five seeds (`last`). Primary endpoints (stated before the runs): each method
+    # minus `none`, paired on seeds, of Δ length (last − first quarter) and the held-out KL to the start (t, n − 1 df).
     "methods": {
-        "variants": [f"beta=0.2 kl_adaptation_method={m}"
-                     for m in ("none", "clip", "sigmoid", "length_normalized", "dynamic")],
-        "reused": {"beta=0.2 kl_adaptation_method=none": ("beta", "beta=0.2")},
-        "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
-        "seeds": "0,1,2",
+        "variants": [
+            METHODS_NONE,
+            "beta=0 loss_type=grpo",
+            *(f"{METHODS_BASE} kl_adaptation_method={m}" for m in ("clip", "sigmoid")),
+            LENGTH_PER_TOKEN,
+            f"{METHODS_BASE} kl_adaptation_method=dynamic",
+            METHODS_SATURATION,
+        ],
+        "reused": {
+            METHODS_NONE: ("length", METHODS_BASE),
+            "beta=0 loss_type=grpo": ("length", "beta=0 loss_type=grpo"),
+            LENGTH_PER_TOKEN: ("length", LENGTH_PER_TOKEN),
+        },
+        "last": [METHODS_SATURATION],
+        "endpoints": [
+            {"variant": variant, "against": METHODS_NONE, "metric": metric}
+            for variant in (
+                *(f"{METHODS_BASE} kl_adaptation_method={m}" for m in ("clip", "sigmoid")),
+                LENGTH_PER_TOKEN,
+                f"{METHODS_BASE} kl_adaptation_method=dynamic",
+                METHODS_SATURATION,
+            )
+            for metric in ("length_drift", "final_kl_to_start")
+        ],
+        "args": LENGTH_ARGS,
+        "seeds": "0,1,2,3,4",
     },
 }  # fmt: skip
 DEFAULT_SEEDS = "0,1,2"
@@ -123,12 +156,14 @@ def study_seeds(studies: dict, name: str, seeds: list[int] | None = None) -> lis
 
 def planned_runs(studies: dict, names: list[str], seeds: list[int] | None = None) -> list[Run]:
     """Every run of the studies, seed by seed (all variants of seed 0 first), the studies in their order; `seeds`
-    (default: each study's own) for every study."""
+    (default: each study's own) for every study. A study's `last` variants come after every seed of its others."""
     return [
         Run(name, variant, seed)
         for name in names
+        for last in (False, True)
         for seed in study_seeds(studies, name, seeds)
         for variant in studies[name]["variants"]
+        if (variant in studies[name].get("last", ())) == last
     ]
 
 
@@ -266,17 +301,17 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
             "(each run's own summary.md records its machine, versions and command)",
         ]
     )
-    stated = studies[name].get("endpoint")
-    endpoint = (
+    endpoints = [
         PairedEndpoint(
             variant=", ".join(stated["variant"].split()),
             against=", ".join(stated["against"].split()),
             metric=stated["metric"],
         )
-        if stated
-        else None
+        for stated in studies[name].get("endpoints", ())
+    ]
+    paths = write_report(
+        runs, os.path.join(REPOSITORY, out, name), f"Real-model study: {name}", notes, endpoints, with_activity=True
     )
-    paths = write_report(runs, os.path.join(REPOSITORY, out, name), f"Real-model study: {name}", notes, endpoint)
     return paths["summary"]
 
 

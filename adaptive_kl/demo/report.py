@@ -62,6 +62,8 @@ OPTIONAL_SUMMARY_COLUMNS = (
     # first; the right final number anywhere in the answer (`tasks.answers.final_number`) is the yardstick beside it.
     ("start_answer_accuracy", "format-free accuracy (step 0)", ".3f"),
     ("final_answer_accuracy", "format-free accuracy (final)", ".3f"),
+    # The fraction of greedy validation answers with the task's marker: the format alone, right answer or not.
+    ("final_format", "greedy format rate (final)", ".3f"),
     ("delta_general_loglik", "Δ general-chat loglik", "+.4f"),
     ("final_general_kl_to_start", "general-chat KL to start (final)", ".4f"),
 )
@@ -116,10 +118,11 @@ def summarize(run: VariantRun) -> dict[str, float]:
     completion's KL and its length (`adaptive_kl/kl_length_corr`, logged only with β > 0); last, the fraction of
     completions cut at `max_completion_length` over the last quarter of steps (TRL's `completions/clipped_ratio`), the
     change of the general-prompt log-likelihood from step 0 and the final general-prompt KL to the start
-    (`tasks.general`), and the format-free accuracy (the right final number, marker or not) at step 0 and at the end;
-    NaN for what a run did not log."""
+    (`tasks.general`), the format-free accuracy (the right final number, marker or not) at step 0 and at the end, and
+    the final greedy format rate; NaN for what a run did not log."""
     accuracies = [e["val_accuracy"] for e in run.evaluations]
     answer_accuracies = [e["val_answer_accuracy"] for e in run.evaluations if "val_answer_accuracy" in e]
+    formats = [e["val_format"] for e in run.evaluations if "val_format" in e]
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
     retention = [e["retention/loglik"] for e in run.retention if "retention/loglik" in e]
     drift = [e["retention/kl_to_start"] for e in run.retention if "retention/kl_to_start" in e]
@@ -147,6 +150,7 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "final_general_kl_to_start": general_drift[-1] if general_drift else math.nan,
         "start_answer_accuracy": answer_accuracies[0] if answer_accuracies else math.nan,
         "final_answer_accuracy": answer_accuracies[-1] if answer_accuracies else math.nan,
+        "final_format": formats[-1] if formats else math.nan,
     }
 
 
@@ -241,12 +245,24 @@ class PairedEndpoint:
     metric: str
 
 
-def endpoint_section(runs: list[VariantRun], endpoint: PairedEndpoint) -> str:
-    """Markdown for a stated endpoint: the seeds both variants ran, the paired difference on each, their mean ± the
-    95% t half-width (n − 1 degrees of freedom), and the reading the interval allows: a difference only where it
-    excludes 0, else "no difference detected" with the number of seeds."""
+@dataclass(frozen=True)
+class EndpointReading:
+    """What a `PairedEndpoint` measured: the metric's header and number format, `(seed, variant − against)` per seed
+    both ran, their mean ± the 95% t half-width over `n` seeds, and the reading the interval allows."""
+
+    header: str
+    spec: str
+    pairs: list[tuple[int, float]]
+    mean: float
+    half_width: float
+    n: int
+    reading: str
+
+
+def read_endpoint(runs: list[VariantRun], endpoint: PairedEndpoint) -> EndpointReading:
+    """The paired differences of `endpoint` on the seeds both its variants ran, and the reading their interval allows:
+    a difference only where it excludes 0, else "no difference detected" with the number of seeds."""
     header, spec = next((h, f) for k, h, f in _columns(summarize(runs[0])) if k == endpoint.metric)
-    signed = "+" + spec.lstrip("+")
     groups = seed_groups(runs)
     variant, against = groups.get(endpoint.variant, []), groups.get(endpoint.against, [])
     by_seed = {run_seed(run): summarize(run)[endpoint.metric] for run in against}
@@ -255,34 +271,127 @@ def endpoint_section(runs: list[VariantRun], endpoint: PairedEndpoint) -> str:
         for run in variant
         if run_seed(run) in by_seed
     )
-    lines = [
-        "",
-        "## Primary endpoint",
-        "",
-        f"Stated before the runs: the paired {header} of {endpoint.variant} minus {endpoint.against}, on the seeds "
-        "both ran (mean ± the 95% half-width, t with n − 1 degrees of freedom).",
-        "",
-    ]
-    if not pairs:
-        return "\n".join(lines + ["Not measured yet: no seed has a finished run of both.", ""])
     mean, half_width, n = mean_interval([difference for _, difference in pairs])
-    by_seed_cells = ", ".join(f"{format(difference, signed)} (seed {seed})" for seed, difference in pairs)
-    if n < 2:
+    if n == 0:
+        reading = "not measured yet: no seed has a finished run of both"
+    elif n < 2:
         reading = "one seed: no interval, no result"
     elif abs(mean) > half_width:
         higher = endpoint.variant if mean > 0 else endpoint.against
         reading = f"the interval excludes 0: {header} is higher with {higher} ({n} seeds)"
     else:
         reading = f"the interval contains 0: no difference detected with {n} seeds"
-    dof = f"{n - 1} degree{'s' if n != 2 else ''} of freedom"
+    return EndpointReading(header, spec, pairs, mean, half_width, n, reading)
+
+
+def endpoint_section(runs: list[VariantRun], endpoint: PairedEndpoint) -> str:
+    """Markdown for a stated endpoint: the seeds both variants ran, the paired difference on each, their mean ± the
+    95% t half-width (n − 1 degrees of freedom), and the reading the interval allows (`read_endpoint`)."""
+    result = read_endpoint(runs, endpoint)
+    signed = "+" + result.spec.lstrip("+")
+    lines = [
+        "",
+        "## Primary endpoint",
+        "",
+        f"Stated before the runs: the paired {result.header} of {endpoint.variant} minus {endpoint.against}, on the "
+        "seeds both ran (mean ± the 95% half-width, t with n − 1 degrees of freedom).",
+        "",
+    ]
+    if not result.pairs:
+        return "\n".join(lines + ["Not measured yet: no seed has a finished run of both.", ""])
+    by_seed_cells = ", ".join(f"{format(difference, signed)} (seed {seed})" for seed, difference in result.pairs)
+    dof = f"{result.n - 1} degree{'s' if result.n != 2 else ''} of freedom"
     lines += [
-        f"- seeds both ran: {n} ({dof})",
+        f"- seeds both ran: {result.n} ({dof})",
         f"- by seed: {by_seed_cells}",
-        f"- paired difference: {format_interval(mean, half_width, signed)}",
-        f"- reading: {reading}",
+        f"- paired difference: {format_interval(result.mean, result.half_width, signed)}",
+        f"- reading: {result.reading}",
         "",
     ]
     return "\n".join(lines)
+
+
+def endpoints_section(runs: list[VariantRun], endpoints: list[PairedEndpoint]) -> str:
+    """Markdown for the stated endpoints: `endpoint_section` for one; for several, one table row each (variant minus
+    what it is compared with, the metric, the seeds both ran, the difference on each seed, their mean ± the 95% t
+    half-width with n − 1 degrees of freedom, and the reading)."""
+    if len(endpoints) == 1:
+        return endpoint_section(runs, endpoints[0])
+    rows = []
+    for endpoint in endpoints:
+        result = read_endpoint(runs, endpoint)
+        signed = "+" + result.spec.lstrip("+")
+        rows.append(
+            [
+                f"{endpoint.variant} − {endpoint.against}",
+                result.header,
+                str(result.n),
+                ", ".join(f"{format(difference, signed)} ({seed})" for seed, difference in result.pairs) or "—",
+                format_interval(result.mean, result.half_width, signed),
+                result.reading,
+            ]
+        )
+    header = ("comparison", "metric", "seeds", "by seed (seed)", "paired difference", "reading")
+    return (
+        "\n## Primary endpoints\n\nStated before the runs: each comparison's paired difference on the seeds both "
+        "ran (mean ± the 95% half-width, t with n − 1 degrees of freedom).\n\n" + _markdown_table(header, rows)
+    )
+
+
+# What each method does to the term, per run (docs/design.md §3, §5): the fraction of tokens `clip` cut, how much of
+# the raw KL the transform kept (for `sigmoid`, the KL-weighted mean of its gate σ(k − τ)), and β's decays.
+ACTIVITY_HEADER = (
+    "variant",
+    "seeds",
+    "clip fraction (mean over steps)",
+    "adapted / raw KL (mean over steps)",
+    "final β",
+    "steps that lowered β",
+    "first step at a lower β",
+)
+
+
+def activity(run: VariantRun) -> dict[str, float]:
+    """One run's method activity (NaN for what it did not log): the mean `adaptive_kl/clip_fraction`, the ratio of
+    the mean adapted to the mean raw KL over the steps, the final β, how many logged steps have a β below the step
+    before, and the first step whose β is below the first step's (NaN when β never fell)."""
+    betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
+    steps = [h["step"] for h in run.history if "adaptive_kl/current_beta" in h]
+    raw = _mean(h.get("adaptive_kl/raw_kl") for h in run.history)
+    lowered = [step for step, before, after in zip(steps[1:], betas, betas[1:]) if after < before]
+    first_lower = next((step for step, beta in zip(steps, betas) if beta < betas[0]), math.nan) if betas else math.nan
+    return {
+        "clip_fraction": _mean(h.get("adaptive_kl/clip_fraction") for h in run.history),
+        "kept": _mean(h.get("adaptive_kl/adapted_kl") for h in run.history) / raw if raw > 0 else math.nan,
+        "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),
+        "lowered": float(len(lowered)) if betas else math.nan,
+        "first_lower": float(first_lower),
+    }
+
+
+ACTIVITY_FORMATS = (".4f", ".3f", ".4g", ".1f", ".1f")
+
+
+def activity_section(runs: list[VariantRun]) -> str:
+    """Markdown table of `activity` per variant (mean ± 95% half-width over seeds; a cell measured on fewer seeds says
+    its n), so that a null result can be told from an idle method; "" when no run logged the adaptive-KL metrics."""
+    if not any("adaptive_kl/current_beta" in h for run in runs for h in run.history):
+        return ""
+    rows = []
+    for name, group in seed_groups(runs).items():
+        values = [activity(run) for run in group]
+        cells = [
+            _interval_cell([value[key] for value in values], spec)
+            for key, spec in zip(values[0], ACTIVITY_FORMATS, strict=True)
+        ]
+        rows.append([name, str(len(group)), *cells])
+    return (
+        "\n## What each method did\n\nPer run, then mean ± the 95% half-width over seeds: the fraction of tokens "
+        "whose KL `clip` cut, the mean adapted KL over the mean raw KL (for `sigmoid`, the KL-weighted mean of its "
+        "gate σ(k − τ); 1 without a transform), β at the end, the steps whose β is below the step before's "
+        "(`dynamic`'s decays), and the first step trained at a lower β than the first (a cell with `(n=k)` averages "
+        "the k seeds where it happened).\n\n" + _markdown_table(ACTIVITY_HEADER, rows)
+    )
 
 
 def terminal_table(runs: list[VariantRun]) -> str:
@@ -491,17 +600,20 @@ def write_report(
     directory: str,
     title: str = "adaptive-kl comparison",
     notes: str = "",
-    endpoint: PairedEndpoint | None = None,
+    endpoints: list[PairedEndpoint] | tuple = (),
+    with_activity: bool = False,
 ) -> dict:
-    """Writes `summary.md` (with the `endpoint` section when given), `metrics.csv` and the PNG plots to `directory`;
-    returns their paths."""
+    """Writes `summary.md` (with the stated `endpoints` when given, and with `with_activity` what each method did),
+    `metrics.csv` and the PNG plots to `directory`; returns their paths."""
     os.makedirs(directory, exist_ok=True)
     summary = os.path.join(directory, "summary.md")
     with open(summary, "w") as f:
         f.write(f"# {title}\n\n{notes}\n\n" if notes else f"# {title}\n\n")
         f.write(summary_table(runs))
-        if endpoint is not None:
-            f.write(endpoint_section(runs, endpoint))
+        if endpoints:
+            f.write(endpoints_section(runs, list(endpoints)))
+        if with_activity:
+            f.write(activity_section(runs))
         diversity = diversity_table(runs)
         if diversity:
             f.write(f"\nDiversity (means over the last quarter of steps):\n\n{diversity}")

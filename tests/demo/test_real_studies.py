@@ -121,8 +121,11 @@ def test_variants_limits_the_runs_and_an_unknown_one_is_refused_naming_the_allow
     assert "allowed: 'beta=0', 'beta=0.1 kl_estimator=k2'" in error
 
 
-def test_a_reused_variant_is_the_same_config_as_the_run_it_reuses(script, tmp_path, monkeypatch):
-    """The methods study's `none` is the β study's run at its β, not rerun: both commands build the same config."""
+def test_a_reused_variant_is_the_same_command_as_the_run_it_reuses(script, tmp_path, monkeypatch):
+    """The methods study's `none`, β = 0 and k1 per token are the length study's runs, not rerun: both commands give
+    the same settings (steps, evaluations, model, task) and build the same trainer config."""
+    import dataclasses
+
     from adaptive_kl.demo.runner import make_config
 
     monkeypatch.setattr("adaptive_kl.demo.arguments.check_model", lambda *args: None)
@@ -131,14 +134,46 @@ def test_a_reused_variant_is_the_same_config_as_the_run_it_reuses(script, tmp_pa
         for name, s in script.STUDIES.items()
         for variant, source in s.get("reused", {}).items()
     ]
-    assert reused
+    assert len(reused) >= 3
     for name, variant, (study, source_variant) in reused:
-        configs = []
+        built_runs = []
         for run in (script.Run(name, variant, 1), script.Run(study, source_variant, 1)):
             settings, (built,), _, _ = build(run.command(str(tmp_path), script.STUDIES)[3:])
             config = make_config(built, settings, str(tmp_path / "out")).to_dict()
-            configs.append({k: v for k, v in config.items() if k not in ("logging_dir", "run_name")})
-        assert configs[0] == configs[1]
+            settings = {k: v for k, v in dataclasses.asdict(settings).items() if k != "out"}
+            built_runs.append((settings, {k: v for k, v in config.items() if k not in ("logging_dir", "run_name")}))
+        assert built_runs[0] == built_runs[1], (name, variant)
+
+
+def test_a_study_with_a_different_command_is_not_reused(script, tmp_path, monkeypatch):
+    """The check above can fail: the methods study's `clip` does not build the length study's β = 0.2 config, and
+    the same variant at 64 tokens (the β study's budget) gives other settings."""
+    import dataclasses
+
+    from adaptive_kl.demo.runner import make_config
+
+    monkeypatch.setattr("adaptive_kl.demo.arguments.check_model", lambda *args: None)
+
+    def built(run):
+        settings, (variant,), _, _ = build(run.command(str(tmp_path), script.STUDIES)[3:])
+        config = make_config(variant, settings, str(tmp_path / "out")).to_dict()
+        return {k: v for k, v in dataclasses.asdict(settings).items() if k != "out"}, config
+
+    clip = built(script.Run("methods", f"{script.METHODS_BASE} kl_adaptation_method=clip", 1))
+    none = built(script.Run("length", script.METHODS_BASE, 1))
+    assert clip[1]["kl_adaptation_method"] == "clip" != none[1]["kl_adaptation_method"]
+    at_64 = built(script.Run("beta", "beta=0.2", 1))
+    assert at_64[1]["max_completion_length"] != none[1]["max_completion_length"]
+
+
+def test_a_studys_last_variants_run_after_every_seed_of_the_others(script):
+    studies = {"s": {"variants": ["a", "b", "c"], "last": ["b"], "seeds": "0,1", "args": []}}
+    order = [(run.variant, run.seed) for run in script.planned_runs(studies, ["s"])]
+    assert order == [("a", 0), ("c", 0), ("a", 1), ("c", 1), ("b", 0), ("b", 1)]
+    methods = script.planned_runs(script.STUDIES, ["methods"])
+    new = [run for run in methods if script.source_run(run, script.STUDIES) == run]
+    assert [run.seed for run in new[:9]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # seeds 0-2 of clip, sigmoid, dynamic first
+    assert {run.variant for run in new[-5:]} == {script.METHODS_SATURATION}
 
 
 # A study that reuses one variant of another's: its runs are made (once) in that study, and its summary counts them.

@@ -17,7 +17,10 @@ from adaptive_kl.demo.report import (
     SUMMARY_HEADER,
     PairedEndpoint,
     _seed_curve,
+    activity,
+    activity_section,
     endpoint_section,
+    endpoints_section,
     panel_bounds,
     summarize,
     summary_table,
@@ -142,6 +145,44 @@ def test_a_stated_endpoint_reads_its_paired_interval_and_claims_a_difference_onl
     text = endpoint_section(RUNS[:1] + RUNS[3:5], endpoint)
     assert "seeds both ran: 1 (0 degrees of freedom)" in text and "no interval, no result" in text
     assert "no seed has a finished run of both" in endpoint_section(RUNS[:3], endpoint)
+
+
+def test_several_endpoints_are_one_row_each_with_the_reading_of_a_single_one():
+    endpoint = PairedEndpoint(variant="kl_scaling=log", against="kl_scaling=none", metric="final_accuracy")
+    kl = dataclasses.replace(endpoint, metric="mean_raw_kl")
+    assert endpoints_section(RUNS, [endpoint]) == endpoint_section(RUNS, endpoint)
+    rows = [cells(line) for line in endpoints_section(RUNS, [endpoint, kl]).splitlines() if line.startswith("| ")]
+    header, accuracy, raw_kl = rows
+    assert header[:3] == ["comparison", "metric", "seeds"]
+    half = 4.302653 * 0.01 / math.sqrt(3)
+    assert accuracy == [
+        "kl_scaling=log − kl_scaling=none", "val. accuracy (final)", "3", "+0.050 (0), +0.070 (1), +0.060 (2)",
+        f"+0.060 ± {half:.3f}", "the interval excludes 0: val. accuracy (final) is higher with kl_scaling=log (3 seeds)",
+    ]  # fmt: skip
+    assert raw_kl[4:] == ["+0.0100 ± 0.0248", "the interval contains 0: no difference detected with 3 seeds"]
+
+
+def test_a_methods_activity_is_read_from_its_logged_steps():
+    """The clip fraction and the adapted/raw ratio are means over the steps; β's decays are counted where a step's β
+    is below the one before, and the first such step named; a run at a fixed β has none."""
+    betas, clips, raws, adapted = [0.2, 0.2, 0.18, 0.18, 0.162], [0, 0.1, 0.3, 0, 0.1], [0, 1, 2, 3, 4], [0, 1, 1, 1, 2]
+    history = [
+        {"step": step, "adaptive_kl/current_beta": b, "adaptive_kl/clip_fraction": c, "adaptive_kl/raw_kl": r,
+         "adaptive_kl/adapted_kl": a}
+        for step, b, c, r, a in zip(range(1, 6), betas, clips, raws, adapted)
+    ]  # fmt: skip
+    decaying = VariantRun("dynamic, seed=0", {"seed": 0}, history, [], wall_time=1.0)
+    got = activity(decaying)
+    assert got["clip_fraction"] == pytest.approx(0.1) and got["kept"] == pytest.approx(5 / 10)
+    assert (got["final_beta"], got["lowered"], got["first_lower"]) == (0.162, 2.0, 3.0)
+    fixed = activity(RUNS[0])
+    assert fixed["lowered"] == 0 and math.isnan(fixed["first_lower"]) and fixed["kept"] == 1.0
+    table = activity_section([decaying, *RUNS[:3]])
+    rows = {row[0]: row for row in (cells(line) for line in table.splitlines() if line.startswith("| "))}
+    assert rows["dynamic"][1:] == ["1", "0.1000", "0.500", "0.162", "2.0", "3.0"]
+    assert rows["kl_scaling=none"][5:] == ["0.0 ± 0.0", "n/a"]  # β never fell: no first step
+    no_kl = VariantRun("beta=0, seed=0", {"seed": 0}, [{"step": 1, "reward": 1.0}], [], wall_time=1.0)
+    assert activity_section([no_kl]) == ""
 
 
 def test_the_printed_table_over_seeds_keeps_its_intervals_and_paired_differences():

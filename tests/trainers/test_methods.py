@@ -176,3 +176,24 @@ def test_length_normalized_gives_every_sequence_equal_kl_weight_under_dapo(tiny_
     torch.testing.assert_close(totals["length_normalized"], torch.full_like(lengths, 1 / len(lengths)))
     assert not torch.allclose(totals["none"], totals["none"][0].expand_as(lengths))
     torch.testing.assert_close(totals["none"] / totals["none"].sum(), lengths / lengths.sum())
+
+
+def test_length_normalized_is_none_bit_for_bit_under_grpo(tiny_model_dir):
+    """With k3 in the loss and `loss_type="grpo"`, the host already averages each sequence's tokens and then the
+    sequences: `length_normalized` changes nothing, to the bit (why the real-model methods study runs it in the
+    reward, where it acts; docs/studies/README.md)."""
+    results = {}
+    for method in ("none", "length_normalized"):
+        trainer = make_trainer(
+            AdaptiveKLGRPOTrainer,
+            AdaptiveKLGRPOConfig,
+            tiny_model_dir,
+            beta=BETA,
+            loss_type="grpo",
+            kl_adaptation_method=method,
+            gradient_accumulation_steps=ACCUMULATION,
+        )
+        results[method] = logp_gradient(trainer, fabricated_inputs(trainer))
+    (none_loss, _, none_grad), (ln_loss, _, ln_grad) = results["none"], results["length_normalized"]
+    assert torch.equal(ln_loss, none_loss) and torch.equal(ln_grad, none_grad)
+    assert none_grad.abs().sum() > 0
