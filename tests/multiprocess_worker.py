@@ -108,7 +108,7 @@ class StepEnd(TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.trainer.recorder.beta[state.global_step] = self.trainer._last_beta["train"][0]
+        self.trainer.recorder.beta[state.global_step] = self.trainer.kl_monitor.last_beta["train"][0]
         self.trainer.recorder.state[state.global_step] = self.trainer.beta_controller.state_dict()
 
 

@@ -20,10 +20,18 @@ ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+")
 # the gradient of k1 in the reward (Liu et al. 2025, "Rethinking KL Regularization in RLHF", arXiv:2510.01555).
 STRAIGHT_THROUGH_ESTIMATORS = ("k1+", "k3+")
 
-# Log-ratios are clamped to ±LOG_RATIO_CLAMP before any estimator. exp(20) ≈ 4.9e8 is finite in float32 and
-# bfloat16, and no realistic policy drifts that far from its reference on a sampled token; outside the range the
-# estimate is constant (zero gradient), which keeps a single degenerate token from producing inf/NaN.
+# The log-ratio of an estimator that exponentiates it (k3, k3+) is clamped to ±LOG_RATIO_CLAMP first. exp(20) ≈ 4.9e8
+# is finite in float32 and bfloat16, and no realistic policy drifts that far from its reference on a sampled token;
+# outside the range the estimate is constant (zero gradient), which keeps a single degenerate token from producing
+# inf/NaN. k1 and k2 need no clamp (r and r²/2 of a finite log-ratio are finite), and are not clamped: k1 in the
+# reward is then TRL's RLOO penalty to the bit, whatever the log-ratio.
 LOG_RATIO_CLAMP = 20.0
+EXPONENTIAL_ESTIMATORS = ("k3", "k3+")
+
+
+def upcast_half(values: torch.Tensor) -> torch.Tensor:
+    """`values` in float32 when they are float16/bfloat16 (their estimates would round too coarsely), else as is."""
+    return values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
 
 
 def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -35,9 +43,13 @@ def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
     Returns:
         `torch.Tensor` of shape `(B, T)`: the clamped log-ratio (float32 when the input was float16/bfloat16).
     """
-    if log_ratio.dtype in (torch.float16, torch.bfloat16):
-        log_ratio = log_ratio.float()
-    return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return upcast_half(log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def estimator_log_ratio(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
+    """The log-ratio `estimator` is computed from: upcast from half precision, and clamped (`clamp_log_ratio`) only
+    for the estimators that exponentiate it (`EXPONENTIAL_ESTIMATORS`)."""
+    return clamp_log_ratio(log_ratio) if estimator in EXPONENTIAL_ESTIMATORS else upcast_half(log_ratio)
 
 
 # k1, k2, k3: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html (there with
@@ -86,7 +98,8 @@ _ESTIMATOR_FNS = {"k1": k1, "k2": k2, "k3": k3, "k1+": k1_plus, "k3+": k3_plus}
 
 
 def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token KL estimate ``k = est(clamp(r))``.
+    """Per-token KL estimate ``k = est(r)``, with ``r`` clamped to ±`LOG_RATIO_CLAMP` for k3 and k3+ only
+    (`estimator_log_ratio`).
 
     Args:
         log_ratio (`torch.Tensor` of shape `(B, T)`): `log π_θ − log π_ref` at the sampled tokens.
@@ -100,7 +113,7 @@ def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
         fn = _ESTIMATOR_FNS[estimator]
     except KeyError:
         raise ValueError(f"kl_estimator must be one of {ESTIMATORS}, got {estimator!r}.") from None
-    return fn(clamp_log_ratio(log_ratio))
+    return fn(estimator_log_ratio(log_ratio, estimator))
 
 
 # The transforms `clip` and `sigmoid` are the seed "Adaptive KL Divergence for GRPO Training"'s (no published source).

@@ -29,11 +29,11 @@ from .config import AdaptiveKLGRPOConfig
 from .embedding import build_embedder
 from .hooks import (
     HostHooks,
+    ScoredBatch,
     check_carries_gradient,
     check_host,
     check_host_attributes,
     completion_loss_mask,
-    host_beta,
     host_built_without_reference,
     host_loss_settings,
     metric_store,
@@ -85,56 +85,47 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         [inspect.Parameter("diversity_embedder", inspect.Parameter.KEYWORD_ONLY, default=None)],
     )
 
+    kl_in_reward = property(lambda self: self.args.kl_placement == "reward")
+
     # --- the host's extension points (`hooks.HostHooks`) -------------------------------------------------------------
 
-    def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
-        rewards = self.rollouts.total_rewards(rewards_per_func, mode)
-        keep = self.rollouts.kl_group_mask(output, rewards, mode) if self.args.kl_mask_zero_std_groups else None
-        if self.args.kl_placement == "reward":
-            penalty = self._kl_penalty(output, mode) if "ref_per_token_logps" in output else None
+    def _on_scored(self, batch: ScoredBatch) -> None:
+        rewards = self.rollouts.total_rewards(batch.rewards_per_func, batch.mode)
+        keep = None
+        if self.args.kl_mask_zero_std_groups:
+            keep = self.rollouts.kl_group_mask(batch.output, rewards, batch.mode)
+        if self.kl_in_reward:
+            penalty = self._kl_penalty(batch) if batch.ref_logps is not None else None
             if penalty is not None and keep is not None:  # decided on the task rewards: those groups keep 0 advantages
                 penalty = torch.where(keep, penalty, torch.zeros_like(penalty))
-            self.rollouts.penalize(output, rewards, penalty, mode)
+            self.rollouts.penalize(batch.output, rewards, penalty, batch.mode)
         if self.args.diversity_metrics:
-            self.rollouts.log_diversity(output, mode)
-
-    # --- a run (`lifecycle.AdaptiveKLRun` starts each `train()`) -----------------------------------------------------
+            self.rollouts.log_diversity(batch.output, batch.mode)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "train" if self.model.training else "eval"
-        metrics = metric_store(self, mode)
-        if self.args.diversity_metrics and metrics.get("entropy"):
-            metrics["diversity/entropy"] = list(metrics["entropy"])  # TRL's, on the panel
-        self.kl_monitor.write_metrics(metrics, mode)
-        if mode == "eval":
-            self.zero_beta.evaluation_logged()
+        if self.args.diversity_metrics:
+            metrics = metric_store(self, "train" if self.model.training else "eval")
+            if metrics.get("entropy"):
+                metrics["diversity/entropy"] = list(metrics["entropy"])  # TRL's, on the panel
         super().log(logs, start_time)
 
     # --- the KL term -------------------------------------------------------------------------------------------------
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if host_beta(self) == 0.0:  # nothing adaptive was asked for (the config enforces it): stock TRL
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        mode = "train" if self.model.training else "eval"
-        step = self.state.global_step + 1  # the optimizer step in progress (the next one, in evaluation)
+    def _loss_and_kl_statistics(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
         with self.host_loss_without_kl() as captured:
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        beta, scale = self.beta_controller.beta(step), self.beta_controller.scale(step)
+            loss = self.host_compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if "ref_per_token_logps" not in inputs:  # `_scores_reference`: β_t = 0, the term adds exactly 0
-            self.kl_monitor.record(None, mode, step, beta, scale)
-            return loss
+            return loss, None
         host_inputs = self._host_kl_inputs(
             captured, inputs, mode, training=torch.is_grad_enabled() and mode == "train"
         )
-        if self.args.kl_placement == "reward":
+        if self.kl_in_reward:
             # The KL is in the advantages: measured here, without a graph, for the metrics and controllers only.
             with torch.no_grad():
                 _, stats = self._adapted_kl_term({**host_inputs, "use_bias_correction": False})
-            self.kl_monitor.record(stats, mode, step, beta, scale)
-            return loss
+            return loss, stats
         kl_term, stats = self._adapted_kl_term(host_inputs)
-        self.kl_monitor.record(stats, mode, step, beta, scale)
-        return loss + beta * kl_term  # Unsloth's backward ignores its incoming gradient: add, never scale its loss
+        return loss + beta * kl_term, stats  # Unsloth's backward ignores its incoming gradient: add, never scale
 
     def _host_kl_inputs(self, captured: dict, inputs: dict, mode: str, training: bool) -> dict:
         """The log-probabilities, mask and aggregation of the host's loss that the KL term must share."""
@@ -169,29 +160,16 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             sequence_mask=inputs["kl_group_mask"] if self.args.kl_mask_zero_std_groups else None,
         )
 
-    def _kl_options(self) -> dict:
-        """How f(k) is computed from the per-token log-ratios k: the config's estimator, transform and length rule."""
-        args = self.args
-        return dict(
-            estimator=args.kl_estimator, clip_threshold=args.kl_clip_threshold, target=args.kl_target, **self._kl_shape
-        )
-
     def _adapted_kl_term(self, host_inputs: dict):
         """Agg(f(k)) for one micro-batch, with the host's normalizers, and its statistics summed over processes."""
-        term, stats = adapted_kl_term(**host_inputs, **self._kl_options())
+        term, stats = adapted_kl_term(**host_inputs, **self.kl_options())
         return term, self.accelerator.reduce(stats, reduction="sum")
 
-    def _kl_penalty(self, output: dict, mode: str) -> torch.Tensor:
+    def _kl_penalty(self, batch: ScoredBatch) -> torch.Tensor:
         """KL in the reward: the `(B,)` detached penalties β_t·Σ_t f(k) of the generation batch's sequences, with the
         β of the first optimizer step it serves."""
-        return sequence_kl_penalty(
-            self.rollouts.sampling_policy_logps(output, mode),
-            output["ref_per_token_logps"],
-            completion_loss_mask(output),
-            beta=self.beta_controller.beta(self.state.global_step + 1),
-            **self._kl_options(),
-        )
-
-    # Read-only views kept for tests and scripts that inspect them (`kl_monitor` holds the state).
-    _log_stats = property(lambda self: self.kl_monitor.log_stats)
-    _last_beta = property(lambda self: self.kl_monitor.last_beta)
+        policy_logps = batch.policy_logps
+        if policy_logps is None:  # on-policy: TRL did not score the sampling policy
+            policy_logps = self.rollouts.sampling_policy_logps(batch.output, batch.mode)
+        beta = self.generation_batches[batch.mode].beta
+        return sequence_kl_penalty(policy_logps, batch.ref_logps, batch.mask, beta=beta, **self.kl_options())

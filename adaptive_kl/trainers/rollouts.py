@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from accelerate.utils import gather_object
 
-from ..kl.groups import zero_std_group_fraction, zero_std_groups
+from ..kl.groups import group_reward_std, zero_std_group_fraction, zero_std_groups
 from ..kl.placement import group_advantages, total_rewards
 from ..metrics.diversity import diversity_metrics
 from .hooks import (
@@ -91,12 +91,12 @@ class RolloutScoring:
         penalty: torch.Tensor | None,
         mode: str,
         advantages_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> None:
+    ) -> torch.Tensor:
         """Replaces the advantages of `output` by those of the `rewards` minus the `(B,)` detached KL `penalty` of this
         process's sequences; `None` when the batch was scored without the reference (β_t = 0 for every step it
         serves): a penalty of 0, in the dtype of the log-probabilities it would be computed from, so the advantages
         are those of the full path. `advantages_of` maps the `(N,)` penalized rewards to advantages: GRPO's group
-        advantages by default (RLOO passes its leave-one-out ones)."""
+        advantages by default (RLOO passes its leave-one-out ones). Returns the `(N,)` penalized rewards."""
         trainer = self.trainer
         if penalty is None:
             dtype = trainer.accelerator.unwrap_model(trainer.model).get_output_embeddings().weight.dtype
@@ -108,12 +108,22 @@ class RolloutScoring:
             advantages_of = lambda penalized: group_advantages(  # noqa: E731
                 penalized, group_size(trainer, mode), scale_rewards(trainer)
             )
-        advantages = advantages_of(rewards.to(penalties.dtype) - penalties)
+        penalized = rewards.to(penalties.dtype) - penalties
+        advantages = advantages_of(penalized)
         local = len(output["completion_ids"])
         start = trainer.accelerator.process_index * local
         output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
         replace_logged_advantages(trainer, advantages)
         metric_store(trainer, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
+        return penalized
+
+    def replace_logged_zero_std_fraction(self, rewards: torch.Tensor, mode: str) -> None:
+        """Replaces the `frac_reward_zero_std` the host just logged for a generation batch by that of `rewards` (the
+        `(N,)` rewards the advantages use), computed as TRL computes it: the share of groups whose std is close to 0
+        (a group with fewer than two scored rewards is not), as a float32 mean."""
+        std = group_reward_std(rewards, group_size(self.trainer, mode))
+        logged = metric_store(self.trainer, mode)["frac_reward_zero_std"]
+        logged[-1] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
 
     def kl_group_mask(self, output: dict, rewards: torch.Tensor, mode: str) -> torch.Tensor:
         """`kl_mask_zero_std_groups`: the `(B,)` bool mask of this process's completions whose KL counts, False for

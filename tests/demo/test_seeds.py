@@ -155,9 +155,10 @@ def test_several_endpoints_are_one_row_each_with_the_reading_of_a_single_one():
     header, accuracy, raw_kl = rows
     assert header[:3] == ["comparison", "metric", "seeds"]
     half = 4.302653 * 0.01 / math.sqrt(3)
+    reading = "the interval excludes 0: val. accuracy (final) is higher with kl_scaling=log (3 seeds)"
     assert accuracy == [
         "kl_scaling=log − kl_scaling=none", "val. accuracy (final)", "3", "+0.050 (0), +0.070 (1), +0.060 (2)",
-        f"+0.060 ± {half:.3f}", "the interval excludes 0: val. accuracy (final) is higher with kl_scaling=log (3 seeds)",
+        f"+0.060 ± {half:.3f}", reading,
     ]  # fmt: skip
     assert raw_kl[4:] == ["+0.0100 ± 0.0248", "the interval contains 0: no difference detected with 3 seeds"]
 
@@ -165,7 +166,8 @@ def test_several_endpoints_are_one_row_each_with_the_reading_of_a_single_one():
 def test_a_methods_activity_is_read_from_its_logged_steps():
     """The clip fraction and the adapted/raw ratio are means over the steps; β's decays are counted where a step's β
     is below the one before, and the first such step named; a run at a fixed β has none."""
-    betas, clips, raws, adapted = [0.2, 0.2, 0.18, 0.18, 0.162], [0, 0.1, 0.3, 0, 0.1], [0, 1, 2, 3, 4], [0, 1, 1, 1, 2]
+    betas, clips = [0.2, 0.2, 0.18, 0.18, 0.162], [0, 0.1, 0.3, 0, 0.1]
+    raws, adapted = [0, 1, 2, 3, 4], [0, 1, 1, 1, 2]
     history = [
         {"step": step, "adaptive_kl/current_beta": b, "adaptive_kl/clip_fraction": c, "adaptive_kl/raw_kl": r,
          "adaptive_kl/adapted_kl": a}

@@ -95,7 +95,8 @@ def test_estimator_gradient_wrt_log_ratio_matches_closed_form(name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("name,value_of", [("k1+", "k1"), ("k3+", "k3")])
 def test_straight_through_is_the_value_of_one_and_the_gradient_of_k2_bit_for_bit(name, value_of, dtype):
-    """k1+/k3+ report exactly k1/k3 and backpropagate exactly k2's gradient, clamped tokens (|r| > 20) included."""
+    """k1+/k3+ report exactly k1/k3 and backpropagate exactly k2's gradient, tokens with |r| > 20 included (clamped
+    for k3+, whose gradient there is 0; k1+ and k2 are not clamped)."""
     logp = torch.tensor([-0.3, -2.0, -0.01, -5.0, -1.2, -30.0, -0.5], dtype=dtype)
     ref_logp = torch.tensor([-0.5, -1.0, -0.02, -4.0, -3.0, -0.1, -28.0], dtype=dtype)
     values, grads = {}, {}
@@ -105,8 +106,12 @@ def test_straight_through_is_the_value_of_one_and_the_gradient_of_k2_bit_for_bit
         (grads[estimator],) = torch.autograd.grad(estimate.sum(), policy)
         values[estimator] = estimate.detach()
     assert torch.equal(values[name], values[value_of])
-    assert torch.equal(grads[name], grads["k2"])
-    assert grads[name][5] == 0 and grads[name][6] == 0  # beyond the clamp, as for every estimator
+    if name == "k3+":  # k2's gradient of the clamped log-ratio: k2's own inside the clamp, 0 beyond it
+        assert torch.equal(grads[name][:5], grads["k2"][:5])
+        assert grads[name][5] == 0 and grads[name][6] == 0
+    else:
+        assert torch.equal(grads[name], grads["k2"])
+        assert grads[name][5] < -20 and grads[name][6] > 20  # r itself: k2's unclamped gradient
 
 
 def test_straight_through_expected_gradient_is_the_reverse_kl_gradient():
@@ -210,15 +215,24 @@ def test_clamp_upcasts_half_precision_to_float32(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", ["k1", "k2", "k3"])
 def test_extreme_log_ratios_give_finite_estimates(name, dtype):
-    """±100 would overflow exp in float32/bfloat16 (exp(100) ≈ 2.7e43); the clamp keeps every estimate finite."""
+    """±100 would overflow exp in float32/bfloat16 (exp(100) ≈ 2.7e43): k3 clamps its log-ratio and stays finite; k1
+    and k2, which do not exponentiate, are finite unclamped and keep the log-ratio's value (TRL's RLOO penalty)."""
     assert not torch.isfinite(torch.exp(torch.tensor([100.0], dtype=dtype))).all()  # the hazard is real
     r = torch.tensor([[-100.0, 100.0], [-1e4, 1e4]], dtype=dtype)
     k = kl_estimate(r, name)
     assert k.dtype == torch.float32
     assert torch.isfinite(k).all()
     c = LOG_RATIO_CLAMP
-    expected = [CLOSED_FORM[name](x) for x in (-c, c, -c, c)]
+    working = [max(-c, min(c, x)) for x in r.flatten().double().tolist()] if name == "k3" else r.flatten().tolist()
+    expected = [CLOSED_FORM[name](x) for x in working]
     np.testing.assert_allclose(k.flatten().double().numpy(), expected, rtol=1e-6)
+
+
+def test_k1_in_the_reward_is_not_clamped():
+    """One token at r = 24.8: k1 is 24.8 (TRL's RLOO penalty), not the clamp's 20; k3 stays clamped."""
+    r = _f64([[24.8, -0.1]])
+    assert kl_estimate(r, "k1").tolist() == [[24.8, -0.1]]
+    assert kl_estimate(r, "k3")[0, 0].item() == pytest.approx(math.expm1(-LOG_RATIO_CLAMP) + LOG_RATIO_CLAMP)
 
 
 def test_estimate_has_zero_gradient_outside_clamp_range():

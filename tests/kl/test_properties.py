@@ -36,8 +36,8 @@ from adaptive_kl.kl.controller import (
 )
 from adaptive_kl.kl.estimators import (
     LOG_RATIO_CLAMP,
-    clamp_log_ratio,
     clip_kl,
+    estimator_log_ratio,
     importance_ratio,
     kl_estimate,
     transform_kl,
@@ -68,9 +68,12 @@ def _sigma(x: float) -> float:
 
 
 def _closed_form_estimate(r: float, estimator: str) -> float:
-    """docs/design.md §2 on the clamped log-ratio, in Python floats."""
-    r = min(max(r, -LOG_RATIO_CLAMP), LOG_RATIO_CLAMP)
-    return {"k1": r, "k2": 0.5 * r * r, "k3": math.expm1(-r) + r}[estimator]
+    """docs/design.md §2 in Python floats: k3's log-ratio clamped to ±LOG_RATIO_CLAMP, k1's and k2's not."""
+    if estimator == "k3":
+        r = min(max(r, -LOG_RATIO_CLAMP), LOG_RATIO_CLAMP)
+    if estimator == "k3":
+        return math.expm1(-r) + r
+    return {"k1": r, "k2": 0.5 * r * r}[estimator]
 
 
 def _closed_form_transform(k: float, transform, c: float, tau: float) -> float:
@@ -161,7 +164,7 @@ def test_k2_k3_are_nonnegative_and_vanish_only_at_zero(values, estimator, dtype)
     rounding level (K3_POSITIVE_FROM, K2_POSITIVE_FROM)."""
     r = torch.tensor(values, dtype=dtype)
     k = kl_estimate(r, estimator)
-    working = clamp_log_ratio(r)  # the log-ratio the estimator sees, in its working dtype (bfloat16 → float32)
+    working = estimator_log_ratio(r, estimator)  # what the estimator sees, in its working dtype (bfloat16 → float32)
     assert torch.isfinite(k).all()
     assert (k >= 0).all(), r[k < 0]
     assert (k[working == 0] == 0).all()
@@ -181,23 +184,25 @@ def test_k2_k3_are_nonnegative_and_vanish_only_at_zero(values, estimator, dtype)
 )
 def test_k2_k3_increase_with_abs_log_ratio_on_each_side(low, relative_gap, absolute_gap, side, estimator, dtype):
     """On each side of 0, est(r) is nondecreasing in |r| (up to k3's ulp(r) cancellation error), strictly increasing
-    in float64 for separated |r| below the clamp, and constant beyond the clamp."""
+    in float64 for separated |r| below k3's clamp (k2 has none), and k3 is constant beyond its clamp."""
     high = low * (1.0 + relative_gap) + absolute_gap
     k_low, k_high = kl_estimate(torch.tensor([side * low, side * high], dtype=dtype), estimator).tolist()
     eps = torch.finfo(dtype).eps
-    assert k_high >= k_low - 4 * eps * min(high, LOG_RATIO_CLAMP)
-    clamped_high = min(high, LOG_RATIO_CLAMP)
+    bound = LOG_RATIO_CLAMP if estimator == "k3" else math.inf
+    assert k_high >= k_low - 4 * eps * min(high, bound)
+    clamped_high = min(high, bound)
     if dtype == torch.float64 and low >= 1e-6 and clamped_high >= low * (1 + 1e-6):
         assert k_high > k_low
-    if low >= LOG_RATIO_CLAMP:
+    if low >= bound:
         assert k_high == k_low
 
 
 @FAST
 @given(mixed_log_ratios, st.sampled_from(["k1", "k2", "k3"]), st.sampled_from([torch.float32, torch.bfloat16]))
 def test_hostile_log_ratios_give_finite_estimates_and_gradients(values, estimator, dtype):
-    """±100 mixed with ordinary values, in float32/bfloat16: the estimate is est(clamp(r)) (float64 closed form), its
-    gradient is finite, 0 beyond the ±LOG_RATIO_CLAMP clamp, and has the sign of r inside it (1 for k1)."""
+    """±100 mixed with ordinary values, in float32/bfloat16: the estimate is the float64 closed form (k3 on the clamped
+    log-ratio, k1 and k2 on the log-ratio itself), its gradient is finite, 0 beyond k3's ±LOG_RATIO_CLAMP clamp, and
+    has the sign of r elsewhere (1 for k1)."""
     r = torch.tensor(values, dtype=dtype, requires_grad=True)
     k = kl_estimate(r, estimator)
     (grad,) = torch.autograd.grad(k.sum(), r)
@@ -208,7 +213,7 @@ def test_hostile_log_ratios_give_finite_estimates_and_gradients(values, estimato
         expected = _closed_form_estimate(r_i, estimator)
         # float32 relative rounding, plus k3's absolute cancellation error ≈ ulp(r)
         assert abs(k_i - expected) <= 1e-6 * abs(expected) + 4 * 1.2e-7 * min(abs(r_i), LOG_RATIO_CLAMP) + 1e-30
-        if abs(r_i) > LOG_RATIO_CLAMP:
+        if abs(r_i) > LOG_RATIO_CLAMP and estimator == "k3":
             assert g_i == 0.0
         elif estimator == "k1":
             assert g_i == 1.0
@@ -933,7 +938,7 @@ def test_term_with_hostile_log_ratios_is_finite_with_finite_gradients(
 ):
     """Log-ratios of ±100 and beyond mixed with ordinary ones, in float32 and bfloat16, for every transform and
     aggregation (with and without on-policy bias correction): the term, its gradient and the statistics are finite;
-    padding gets no gradient, and without bias correction neither do tokens beyond the ±LOG_RATIO_CLAMP clamp."""
+    padding gets no gradient, and without bias correction neither do tokens beyond k3's ±LOG_RATIO_CLAMP clamp."""
     rng = np.random.default_rng(seed)
     width = len(log_ratios)
     r = np.tile(np.array(log_ratios), (batch, 1))
@@ -960,7 +965,7 @@ def test_term_with_hostile_log_ratios_is_finite_with_finite_gradients(
     assert torch.isfinite(stats).all()
     assert all(math.isfinite(v) for v in kl_metrics(stats, beta=0.1, beta_scale=1.0).values())
     assert (grad[mask == 0] == 0).all()
-    if not on_policy_bias_correction:
+    if not on_policy_bias_correction and estimator == "k3":
         working = (logps.detach() - ref).float()  # the log-ratio as the term computes it
         assert (grad[working.abs() > LOG_RATIO_CLAMP] == 0).all()
 

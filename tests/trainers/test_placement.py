@@ -179,7 +179,7 @@ def test_reward_placement_loss_has_no_kl_term(tiny_model_dir, tmp_path):
     host_loss, host_grads = loss_and_grads(trainer, inputs)
     assert loss.item() == host_loss.item()
     assert grads.keys() == host_grads.keys() and all(torch.equal(grads[k], host_grads[k]) for k in grads)
-    assert trainer._log_stats["train"] is not None  # the KL is still measured, for the metrics and controllers
+    assert trainer.kl_monitor.log_stats["train"] is not None  # the KL is still measured: metrics and controllers
 
 
 @pytest.mark.parametrize(
@@ -211,6 +211,30 @@ def test_beta_schedules_and_controllers_set_the_penalty(tiny_model_dir, tmp_path
             factor = 1.5 if kl[t] > 1.5e-6 else 0.75 if kl[t] < 0.5e-6 else 1.0
             assert used[t] == pytest.approx(used[t - 1] * factor)
         assert len(set(used)) > 1
+
+
+def test_the_logged_beta_is_the_one_the_penalty_used(tiny_model_dir, tmp_path, monkeypatch):
+    """`steps_per_generation=2`: a generation batch serves two optimizer steps while β halves after each (a stand-in
+    for `dynamic`); both log the β its penalty was computed with, the first step's."""
+    used = []
+    original = trainer_module.sequence_kl_penalty
+
+    def spy(*args, beta, **kwargs):
+        used.append(beta)
+        return original(*args, beta=beta, **kwargs)
+
+    def halve(self, step, **kwargs):
+        self.beta_base *= 0.5
+
+    monkeypatch.setattr(trainer_module, "sequence_kl_penalty", spy)
+    monkeypatch.setattr("adaptive_kl.kl.controller.BetaController.update", halve)
+    trainer = reward_trainer(
+        tiny_model_dir, tmp_path, max_steps=4, steps_per_generation=2, kl_adaptation_method="dynamic"
+    )
+    trainer.train()
+    logged = [h["adaptive_kl/current_beta"] for h in trainer.state.log_history if "adaptive_kl/current_beta" in h]
+    assert used == pytest.approx([0.2, 0.05])  # generated at steps 1 and 3
+    assert logged == pytest.approx([0.2, 0.2, 0.05, 0.05])
 
 
 def test_no_extra_forward_when_trl_computes_old_logps(tiny_model_dir):

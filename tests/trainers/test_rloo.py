@@ -263,6 +263,111 @@ def test_beta_zero_is_stock_rloo(tiny_model_dir, tmp_path):
     assert_same_run(ours_run, stock)
 
 
+# A token the reference finds e^25 times less likely than the policy does: beyond any clamp of the log-ratio.
+FAR_LOG_RATIO = 25.0
+
+
+@pytest.fixture
+def a_far_token(monkeypatch):
+    """The reference's log-probability of one completion token of every generation batch lowered by FAR_LOG_RATIO:
+    for stock RLOO and ours alike (the host's own scoring, which both call)."""
+    original = RLOOTrainer._get_per_token_logps_and_entropies
+
+    def scoring(self, model, *args, **kwargs):
+        logps, *rest = original(self, model, *args, **kwargs)
+        if self.ref_model is not None and model is self.ref_model:
+            logps = logps.clone()
+            logps[0, 0] -= FAR_LOG_RATIO
+        return (logps, *rest)
+
+    monkeypatch.setattr(RLOOTrainer, "_get_per_token_logps_and_entropies", scoring)
+
+
+def test_a_token_far_from_the_reference_is_penalized_as_stock(tiny_model_dir, tmp_path, a_far_token):
+    """k1 is not clamped: one token with r ≈ 25 is penalized by β·25 as in TRL (a clamp to ±20 would give β·20,
+    and a gradient off by a whole group's worth of advantage)."""
+    stock = run(build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path))
+    ours = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path)
+    recorder = Recorder(ours)
+    ours_run = run(ours)
+    batch = recorder.batches[0]
+    log_ratio = batch[SAMPLING_LOGPS][0, 0] - batch[REFERENCE_LOGPS][0, 0]
+    assert log_ratio.item() > 20  # the far token is in the batch the penalty saw
+    assert_same_run(ours_run, stock)
+
+
+def tied_reward(completions, **kwargs):
+    """The same reward for every completion: every group's task rewards tie."""
+    return [0.5 for _ in completions]
+
+
+def test_tied_rewards_log_stocks_zero_std_fraction(tiny_model_dir, tmp_path):
+    """With tied task rewards TRL logs the zero-std groups of the rewards it penalized; ours logs those of the rewards
+    its advantages use, which at the defaults are the same: the whole run is stock's."""
+    fields = dict(reward_funcs=[tied_reward])
+    stock = run(build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path, **fields))
+    ours = run(build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, **fields))
+    assert_same_run(ours, stock)
+    assert [log["frac_reward_zero_std"] for log in stock[0] if "frac_reward_zero_std" in log] == [0.0, 0.0]
+
+
+def zero_std_run(model_dir, tmp_path, name, **fields):
+    """Tied task rewards; from step 2 on β is 0 (`dynamic`, `beta_schedule_steps=2`, `beta_min=0`)."""
+    trainer = build(
+        AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, model_dir, tmp_path / name, reward_funcs=[tied_reward],
+        kl_adaptation_method="dynamic", beta_schedule_steps=2, kl_monitor_steps=0, max_steps=3, **fields,
+    )  # fmt: skip
+    logs, _ = run(trainer)
+    return [log["frac_reward_zero_std"] for log in logs if "frac_reward_zero_std" in log]
+
+
+def test_the_zero_std_fraction_is_that_of_the_rewards_the_advantages_use_on_every_path(tiny_model_dir, tmp_path):
+    """Once β is 0 the penalty is 0 and tied task rewards stay tied: every group has zero std, whether the reference
+    is skipped (the host then scores with β = 0) or scored (the host would penalize with its own β and log 0)."""
+    skipped = zero_std_run(tiny_model_dir, tmp_path, "skip")
+    scored = zero_std_run(tiny_model_dir, tmp_path, "scored", skip_zero_beta_reference=False)
+    assert skipped == scored == [0.0, 1.0, 1.0]
+
+
+def test_another_penalty_logs_the_zero_std_fraction_of_its_own_rewards(tiny_model_dir, tmp_path):
+    """With a transform the penalty is ours, not the host's: the logged fraction is computed from the rewards minus
+    our penalty (here a clip that caps every token, so that two completions of equal length tie)."""
+    trainer = build(
+        AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, reward_funcs=[tied_reward],
+        kl_estimator="k3", kl_adaptation_method="clip", kl_clip_threshold=1e-12,
+    )  # fmt: skip
+    recorder = Recorder(trainer)
+    logs, _ = run(trainer)
+    logged = [log["frac_reward_zero_std"] for log in logs if "frac_reward_zero_std" in log]
+    for batch, rewards, fraction in zip(recorder.batches, recorder.rewards, logged):
+        lengths = batch["completion_mask"].sum(-1)
+        penalized = [r - BETA * 1e-12 * n for r, n in zip(rewards[:, 0].tolist(), lengths.tolist())]
+        groups = [penalized[i : i + 4] for i in range(0, len(penalized), 4)]
+        tied = sum(max(g) - min(g) <= 1e-8 for g in groups)  # isclose(std, 0) with TRL's atol 1e-8
+        assert fraction == pytest.approx(tied / len(groups))
+    assert logged == [1.0, 1.0]  # capped at 1e-12 per token: every group ties to 1e-8, unlike stock's k1 penalty
+
+
+def test_the_logged_beta_is_the_one_the_advantages_used(tiny_model_dir, tmp_path, monkeypatch):
+    """One generation batch serves two optimizer steps (`steps_per_generation=2`) while `dynamic` decays β after each:
+    the second step trains on advantages penalized with the first step's β, and logs that β."""
+    monkeypatch.setattr("adaptive_kl.kl.controller.BetaController.update", decay_every_step, raising=True)
+    trainer = build(
+        AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, per_device_train_batch_size=4,
+        num_generations=4, steps_per_generation=2, max_steps=4, kl_adaptation_method="dynamic",
+    )  # fmt: skip
+    recorder = Recorder(trainer)
+    logs, _ = run(trainer)
+    betas = [log["adaptive_kl/current_beta"] for log in logs if "adaptive_kl/current_beta" in log]
+    assert len(recorder.batches) == 2  # 4 steps, 2 a generation batch
+    assert betas == pytest.approx([BETA, BETA, BETA * 0.25, BETA * 0.25])  # decayed at steps 1, 2, 3: 0.5 each
+
+
+def decay_every_step(self, step, **kwargs):
+    """β_base halves after every optimizer step (a stand-in for `dynamic`'s rule, whatever the rewards)."""
+    self.beta_base *= 0.5
+
+
 # --- each method's penalty -------------------------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from ...kl.placement import total_rewards
 from ...trainers.hooks import (
     MULTIMODAL_INPUTS,
     HostHooks,
+    ScoredBatch,
     accumulation_steps,
     check_host,
     check_host_attributes,
@@ -84,12 +85,12 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
 
     # --- advantages -----------------------------------------------------------------------------------------------
 
-    def _on_scored(self, output: dict, rewards_per_func: torch.Tensor, mode: str) -> None:
-        rewards = total_rewards(rewards_per_func, reward_weights(self))  # (N_global,), as TRL logs `reward`
+    def _on_scored(self, batch: ScoredBatch) -> None:
+        rewards = total_rewards(batch.rewards_per_func, reward_weights(self))  # (N_global,), as TRL logs `reward`
         # This process's rows, sliced as TRL slices its advantages.
-        local = len(output["completion_ids"])
+        local = len(batch.output["completion_ids"])
         start = self.accelerator.process_index * local
-        output["advantages"] = rewards[start : start + local]  # (B,), raw reward (NaN: unscorable)
+        batch.output["advantages"] = rewards[start : start + local]  # (B,), raw reward (NaN: unscorable)
         replace_logged_advantages(self, rewards)
 
     # --- loss --------------------------------------------------------------------------------------------------------
