@@ -41,7 +41,13 @@ from .hooks import (
 )
 from .inputs import check_train_dataset, train_dataset_argument
 from .lifecycle import AdaptiveKLRun
-from .unsloth import prepare_unsloth_host, unsloth_kl_term_inputs, unsupported_unsloth, with_keyword_only
+from .unsloth import (
+    capturing_efficient_grpo,
+    prepare_unsloth_host,
+    unsloth_kl_term_inputs,
+    unsupported_unsloth,
+    with_keyword_only,
+)
 from .zero_beta import reference_never_scored
 
 
@@ -112,7 +118,8 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
     # --- the KL term -------------------------------------------------------------------------------------------------
 
     def _loss_and_kl_statistics(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
-        with self.host_loss_without_kl() as captured:
+        backend_capture = capturing_efficient_grpo if self._unsloth_module is not None else None
+        with self.host_loss_without_kl(backend_capture) as captured:
             loss = self.host_compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if "ref_per_token_logps" not in inputs:  # `_scores_reference`: β_t = 0, the term adds exactly 0
             return loss, None

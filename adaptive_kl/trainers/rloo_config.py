@@ -5,17 +5,16 @@ subtracted from each completion's reward before the leave-one-out advantages. Th
 makes sense for such a penalty: the estimator and transform of each token's KL (`kl_estimator`, `clip`, `sigmoid`), the
 per-sequence mean (`length_normalized`), every rule of β_t (`kl_scaling`, `dynamic`, the target-KL controllers),
 reference resets (`ref_reset_*`) and the reference skipped while β_t = 0 (`skip_zero_beta_reference`,
-`kl_monitor_steps`). The fields share the definitions (defaults, help) and the checks of `AdaptiveKLGRPOConfig`'s;
-`kl_estimator` alone differs, defaulting to RLOO's k1. Not offered: `kl_placement` (always the reward here), the
-straight-through estimators (a penalty in the reward has no gradient), the zero-std KL mask and the diversity metrics
-(GRPO-only machinery).
+`kl_monitor_steps`). The fields, their checks and properties are those every host takes
+(`kl_fields.AdaptiveKLFields`, shared with `AdaptiveKLGRPOConfig`); `kl_estimator` alone differs, defaulting to RLOO's
+k1. Not offered: `kl_placement` (always the reward here), the straight-through estimators (a penalty in the reward has
+no gradient), the zero-std KL mask and the diversity metrics (GRPO-only machinery).
 """
 
 from __future__ import annotations
 
 import sys
-import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from .hooks import check_trl_version
 
@@ -25,18 +24,7 @@ check_trl_version()  # before TRL is imported: fail with what to install rather 
 from trl import RLOOConfig  # noqa: E402
 
 from ..kl.validation import require  # noqa: E402
-from .config import (  # noqa: E402
-    KL_TRANSFORMS,
-    PARAMETER_READERS,
-    AdaptiveKLGRPOConfig,
-    check_adaptive_horizon,
-    check_kl_coefficient,
-    check_kl_scaling,
-    check_reference_resets,
-    check_training_arguments,
-    check_zero_beta_reference,
-    parse_kl_adaptation_method,
-)
+from .kl_fields import AdaptiveKLFields, check_adaptive_horizon  # noqa: E402
 
 
 # The estimators of a penalty in the reward: the straight-through k1+/k3+ differ from k1/k3 only in a gradient that
@@ -52,14 +40,8 @@ GRPO_ONLY_FIELDS = {
 }
 
 
-def _shared(name: str):
-    """The field `name` of `AdaptiveKLGRPOConfig`: its default and help, defined once."""
-    source = AdaptiveKLGRPOConfig.__dataclass_fields__[name]
-    return field(default=source.default, metadata=source.metadata)
-
-
 @dataclass
-class AdaptiveKLRLOOConfig(RLOOConfig):
+class AdaptiveKLRLOOConfig(AdaptiveKLFields, RLOOConfig):
     r"""
     Configuration class for [`AdaptiveKLRLOOTrainer`]: every [`~trl.RLOOConfig`] argument, plus the adaptation of its
     KL penalty in the reward.
@@ -68,19 +50,17 @@ class AdaptiveKLRLOOConfig(RLOOConfig):
     value needs `beta > 0` (TRL loads no reference model at `beta = 0`): a `ValueError` otherwise. The penalty of
     completion i is P_i = β_t · Σ_t m_it f(k_it) (or its per-sequence mean with `length_normalized`), subtracted from
     its reward before the leave-one-out advantages; `docs/rloo.md` has the formulas. The fields other than
-    `kl_estimator` are those of [`AdaptiveKLGRPOConfig`], with the same meaning, defaults and checks.
+    `kl_estimator` are those of [`AdaptiveKLGRPOConfig`] that every host takes (`kl_fields.AdaptiveKLFields`), with
+    the same meaning, defaults and checks.
 
     Parameters:
         kl_estimator (`str`, *optional*, defaults to `"k1"`):
             Per-token estimator of KL(π‖π_ref) in the penalty: `"k1"` (r, RLOO's), `"k2"` (r²/2) or `"k3"`
             (exp(−r) + r − 1), with r = log π_old − log π_ref at the sampled token.
-        kl_adaptation_method (`str`, *optional*, defaults to `"none"`):
-            `"none"`, `"clip"`, `"sigmoid"`, `"length_normalized"`, `"dynamic"`, or several joined by `"+"` (at most
-            one of clip/sigmoid).
-        kl_clip_threshold, kl_target, kl_scaling, kl_scaling_rate, dynamic_beta_decay, dynamic_trigger,
-        reward_threshold, saturation_threshold, beta_schedule_steps, kl_controller, target_kl, kl_horizon, beta_min,
-        ref_reset_steps, ref_reset_kl, ref_reset_optimizer, skip_zero_beta_reference, kl_monitor_steps,
-        resume_without_kl_state:
+        kl_adaptation_method, kl_clip_threshold, kl_target, kl_scaling, kl_scaling_rate, dynamic_beta_decay,
+        dynamic_trigger, reward_threshold, saturation_threshold, beta_schedule_steps, kl_controller, target_kl,
+        kl_horizon, beta_min, ref_reset_steps, ref_reset_kl, ref_reset_optimizer, skip_zero_beta_reference,
+        kl_monitor_steps, resume_without_kl_state:
             As in [`AdaptiveKLGRPOConfig`].
     """
 
@@ -91,26 +71,6 @@ class AdaptiveKLRLOOConfig(RLOOConfig):
             "(r^2/2) or 'k3' (exp(-r) + r - 1)."
         },
     )
-    kl_adaptation_method: str = _shared("kl_adaptation_method")
-    kl_clip_threshold: float = _shared("kl_clip_threshold")
-    kl_target: float = _shared("kl_target")
-    kl_scaling: str = _shared("kl_scaling")
-    kl_scaling_rate: float = _shared("kl_scaling_rate")
-    dynamic_beta_decay: float = _shared("dynamic_beta_decay")
-    dynamic_trigger: str = _shared("dynamic_trigger")
-    reward_threshold: float = _shared("reward_threshold")
-    saturation_threshold: float = _shared("saturation_threshold")
-    beta_schedule_steps: int = _shared("beta_schedule_steps")
-    kl_controller: str = _shared("kl_controller")
-    target_kl: float = _shared("target_kl")
-    kl_horizon: int = _shared("kl_horizon")
-    beta_min: float = _shared("beta_min")
-    ref_reset_steps: int = _shared("ref_reset_steps")
-    ref_reset_kl: float = _shared("ref_reset_kl")
-    ref_reset_optimizer: bool = _shared("ref_reset_optimizer")
-    skip_zero_beta_reference: bool = _shared("skip_zero_beta_reference")
-    kl_monitor_steps: int | None = _shared("kl_monitor_steps")
-    resume_without_kl_state: bool = _shared("resume_without_kl_state")
 
     def __post_init__(self):
         check_no_unsloth("AdaptiveKLRLOOConfig")
@@ -118,64 +78,12 @@ class AdaptiveKLRLOOConfig(RLOOConfig):
         super().__post_init__()
         check_adaptive_horizon(self)
 
-    @property
-    def kl_methods(self) -> tuple[str, ...]:
-        """The methods of `kl_adaptation_method`, `()` for `"none"`."""
-        return parse_kl_adaptation_method(self.kl_adaptation_method)
-
-    @property
-    def kl_transform(self) -> str | None:
-        """`"clip"`, `"sigmoid"` or `None`."""
-        return next((m for m in self.kl_methods if m in KL_TRANSFORMS), None)
-
-    @property
-    def uses_adaptive_kl(self) -> bool:
-        """Whether any KL field differs from stock RLOO's penalty."""
-        return bool(self.kl_methods) or (self.kl_scaling, self.kl_estimator, self.kl_controller) != (
-            "none",
-            "k1",
-            "fixed",
-        )
-
-    def _validate_adaptive_kl(self) -> None:
-        check_training_arguments(self)
-        parse_kl_adaptation_method(self.kl_adaptation_method)
-        check_kl_scaling(self)
+    def _check_own_fields(self) -> None:
         require(
             self.kl_estimator in RLOO_ESTIMATORS,
             f"kl_estimator must be one of {RLOO_ESTIMATORS}, got {self.kl_estimator!r} (RLOO's penalty is in the "
             "reward, which has no gradient for a straight-through estimator to shape).",
         )
-        require(
-            isinstance(self.resume_without_kl_state, bool),
-            f"resume_without_kl_state must be True or False, got {self.resume_without_kl_state!r}.",
-        )
-        check_zero_beta_reference(self)
-        check_kl_coefficient(self)
-        require(
-            self.beta > 0 or not self.uses_adaptive_kl,
-            f"beta must be > 0 when any KL adaptation is set (kl_adaptation_method={self.kl_adaptation_method!r}, "
-            f"kl_scaling={self.kl_scaling!r}, kl_estimator={self.kl_estimator!r}, "
-            f"kl_controller={self.kl_controller!r}): TRL loads no reference model at beta=0.",
-        )
-        check_reference_resets(self)
-        self.warn_unread_parameters()
-
-    def warn_unread_parameters(self) -> None:
-        """Warns once (at construction) for each parameter of `PARAMETER_READERS` that this config has, set to other
-        than its default while nothing reads it, naming what would make it take effect."""
-        defaults = {f.name: f.default for f in fields(self)}
-        for name, (is_read, reader) in PARAMETER_READERS.items():
-            if name not in defaults or getattr(self, name) == defaults[name]:
-                continue
-            if self.beta > 0 and is_read(self):
-                continue
-            needs = f"beta > 0 and {reader}" if self.beta == 0 else reader
-            warnings.warn(
-                f"{name}={getattr(self, name)!r} has no effect: it is read only with {needs}.",
-                UserWarning,
-                stacklevel=5,  # the caller of AdaptiveKLRLOOConfig(...)
-            )
 
 
 def check_no_unsloth(name: str) -> None:

@@ -27,6 +27,7 @@ from types import ModuleType
 import torch
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
+from .hooks.internals import check_import_order, is_unsloth_class  # noqa: F401 (also importable from here)
 
 
 # The Unsloth releases whose generated GRPO trainer this module was written against (tested: 2026.10.9), for both
@@ -90,13 +91,6 @@ def unsupported_unsloth(problem: str) -> UnsupportedUnslothError:
 # --- which host ------------------------------------------------------------------------------------------------------
 
 
-def is_unsloth_class(cls: type) -> bool:
-    """Whether `cls` is, or derives from, a class Unsloth generated (`UnslothGRPOTrainer`, `UnslothGRPOConfig`)."""
-    return any(
-        klass.__name__.startswith("Unsloth") or "_unsloth_patched_rl_config" in vars(klass) for klass in cls.__mro__
-    )
-
-
 def unsloth_host_module(trainer_cls: type) -> ModuleType | None:
     """The generated module of the Unsloth GRPO trainer `trainer_cls` derives from, or `None` on plain TRL."""
     for klass in trainer_cls.__mro__:
@@ -135,26 +129,6 @@ def prepare_unsloth_host(
     return module
 
 
-def check_import_order(ours: type, current: type, name: str) -> None:
-    """Refuses a class of ours built on TRL's `name` when Unsloth has since replaced `trl.<name>`.
-
-    Args:
-        ours (`type`): the TRL class our class derives from (bound when our module was first imported).
-        current (`type`): `trl.<name>` now.
-        name (`str`): `"GRPOTrainer"` or `"GRPOConfig"`, for the message.
-
-    Raises:
-        ImportError: saying to import Unsloth first.
-    """
-    if current is not ours and is_unsloth_class(current) and not is_unsloth_class(ours):
-        raise ImportError(
-            f"adaptive_kl's classes were built on TRL's own {name}, but Unsloth has since replaced trl.{name}: "
-            "`import unsloth` ran after adaptive_kl's trainer or config was first used, so training would bypass "
-            "Unsloth's kernels and loss. Put `import unsloth` at the very top of your script or notebook (before trl, "
-            "transformers and adaptive_kl) and restart the Python process or kernel."
-        )
-
-
 # --- the configuration keeps Unsloth's __init__ ----------------------------------------------------------------------
 
 
@@ -166,15 +140,15 @@ def with_keyword_only(signature: inspect.Signature, parameters: list[inspect.Par
     return signature.replace(parameters=[*params[:split], *parameters, *params[split:]])
 
 
-def keep_host_init(config_cls: type) -> None:
-    """Makes the dataclass `config_cls` run its parent's own `__init__` (Unsloth's) instead of a generated one.
+def keep_host_init(config_cls: type, host: type | None = None) -> None:
+    """Makes the dataclass `config_cls` run its host config's own `__init__` (Unsloth's) instead of a generated one.
 
     `@dataclass` gives a subclass an `__init__` over every field, which would skip `UnslothGRPOConfig.__init__` and its
-    defaults (optimizer, learning rate, loss type, chunking). The replacement sets the fields `config_cls` declares
-    itself, then calls the parent's `__init__` with everything else; that ends in `__post_init__`, which validates
-    both.
+    defaults (optimizer, learning rate, loss type, chunking). The replacement sets the fields the host lacks (those
+    `config_cls` declares or takes from a mixin), then calls the host's `__init__` with everything else; that ends in
+    `__post_init__`, which validates both. `host`: the host config among `config_cls`'s bases (default: its first).
     """
-    host = config_cls.__mro__[1]
+    host = config_cls.__mro__[1] if host is None else host
     host_init = host.__init__
     host_fields = {f.name for f in fields(host)}
     own_fields = [f for f in fields(config_cls) if f.name not in host_fields]

@@ -40,8 +40,6 @@ DOCUMENTED_KL_FIELDS = (
     "kl_adaptation_method",
     "kl_clip_threshold",
     "kl_target",
-    "kl_placement",
-    "kl_mask_zero_std_groups",
     "kl_scaling",
     "kl_scaling_rate",
     "dynamic_beta_decay",
@@ -59,6 +57,8 @@ DOCUMENTED_KL_FIELDS = (
     "skip_zero_beta_reference",
     "kl_monitor_steps",
     "resume_without_kl_state",
+    "kl_placement",
+    "kl_mask_zero_std_groups",
     "diversity_metrics",
     "diversity_embedder",
 )

@@ -182,10 +182,13 @@ def test_scoring_without_calculate_rewards_is_refused(tiny_model_dir, tmp_path, 
         trainer.train()
 
 
-# --- one seam: every undocumented name of the host in one table, reached only through hooks.py -----------------------
+# --- one seam: every undocumented name of the host in one table, reached only through trainers/hooks/ --------------
 
 SEAM_MODULES = (
-    "adaptive_kl/trainers/hooks.py",
+    "adaptive_kl/trainers/hooks/__init__.py",
+    "adaptive_kl/trainers/hooks/internals.py",
+    "adaptive_kl/trainers/hooks/mixin.py",
+    "adaptive_kl/trainers/hooks/access.py",
     "adaptive_kl/trainers/unsloth.py",
 )  # the two tables and their accessors
 HOST_HOLDERS = {"trainer", "host", "callback"}  # variables and parameters that hold a host object (or `x.trainer`)
@@ -307,7 +310,7 @@ def names(package_sources) -> tuple[set[str], set[str]]:
 
 def test_only_the_seam_reaches_an_undocumented_name_of_the_host(package_sources, names):
     """Every name of TRL's and Transformers' trainers (and of their `ProgressCallback`) that the package uses and that
-    they do not document is in `hooks.HOST_INTERNALS`, and only the seam modules (`hooks.py`, `unsloth.py`) use one;
+    they do not document is in `hooks.HOST_INTERNALS`, and only the seam modules (`hooks/`, `unsloth.py`) use one;
     no module, the seam included, reads one with a default (`getattr(trainer, name, None)`)."""
     from adaptive_kl.trainers.hooks import HOST_INTERNALS
 
@@ -323,7 +326,7 @@ def test_only_the_seam_reaches_an_undocumented_name_of_the_host(package_sources,
             elif not in_seam:
                 outside.setdefault(path, []).append(where)
     assert not unlisted, f"host names missing from hooks.HOST_INTERNALS: {unlisted}"
-    assert not outside, f"reach these through an accessor of trainers/hooks.py: {outside}"
+    assert not outside, f"reach these through an accessor of trainers/hooks/access.py: {outside}"
     assert not fallbacks, f"a missing host attribute must fail at construction (check_host_attributes): {fallbacks}"
 
 
@@ -413,15 +416,17 @@ def test_the_table_holds_every_internal_of_the_installed_host(tiny_model_dir, tm
 def test_a_host_whose_training_loop_sets_no_attribute_of_the_table_fails_at_construction(monkeypatch):
     """A training attribute (set by the host's training loop, so a new trainer lacks it) is checked in the host's
     source before any model is loaded: a host that no longer sets it is refused, naming it."""
-    from adaptive_kl.trainers import hooks
+    from adaptive_kl.trainers.hooks import internals
 
-    renamed = hooks.HostInternal("renamed_accumulation_steps", "transformers.Trainer", "training attribute", "a test")
-    monkeypatch.setattr(hooks, "HOST_INTERNALS", (*hooks.HOST_INTERNALS, renamed))
+    renamed = internals.HostInternal(
+        "renamed_accumulation_steps", "transformers.Trainer", ("grpo", "rloo"), "training attribute", "a test"
+    )
+    monkeypatch.setattr(internals, "HOST_INTERNALS", (*internals.HOST_INTERNALS, renamed))
     args = AdaptiveKLGRPOConfig(**{**TRAIN_KWARGS, "beta": 0.1})
     with pytest.raises(UnsupportedTRLError, match=r"has no \['renamed_accumulation_steps'\]"):
-        hooks.check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=True)
-    monkeypatch.setattr(hooks, "HOST_INTERNALS", hooks.HOST_INTERNALS[:-1])
-    hooks.check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=True)
+        internals.check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=True)
+    monkeypatch.setattr(internals, "HOST_INTERNALS", internals.HOST_INTERNALS[:-1])
+    internals.check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=True)
 
 
 @pytest.mark.parametrize("name", ["_get_output_dir", "_load_callback_state", "_prepare_inputs", "_tag_names"])

@@ -13,7 +13,7 @@ import trl  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from ...kl.validation import is_finite_number, require  # noqa: E402
-from ...trainers.config import check_training_arguments  # noqa: E402
+from ...trainers.kl_fields import check_training_arguments  # noqa: E402
 from ...trainers.unsloth import check_import_order, is_unsloth_class  # noqa: E402
 from .loss import BINOMIAL_KL_TARGETS  # noqa: E402
 

@@ -1,0 +1,350 @@
+"""The seam's table and checks: the supported TRL, every name of the host that the package uses and that TRL,
+Transformers and Accelerate do not document as public (`HOST_INTERNALS`, each entry naming the trainers that use it),
+and the checks that refuse a host lacking one, before any model is loaded (`check_host`) and right after the host's
+`__init__` (`check_host_attributes`); which TRL class is the host (`is_rloo_host`, `is_unsloth_class`,
+`check_import_order`), and the trainers' config (`resolve_args`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import inspect
+import os
+import re
+import sys
+import warnings
+from dataclasses import dataclass
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+
+# Keep equal to the `trl` requirement in pyproject.toml (a test checks it).
+SUPPORTED_TRL = ">=1.15,<1.17"
+ALLOW_UNSUPPORTED_ENV = "ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL"
+
+
+class UnsupportedTRLError(RuntimeError):
+    """The installed TRL's `GRPOTrainer` does not call the methods this package hooks as it expects."""
+
+
+def installed_trl_version() -> str:
+    """The installed TRL's version, from its package metadata (TRL itself is not imported)."""
+    try:
+        return importlib.metadata.version("trl")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def check_trl_version(version: str | None = None) -> None:
+    """Raises `ImportError` if the installed TRL (or `version`) is outside `SUPPORTED_TRL`.
+
+    Reads the version from the package metadata, so TRL itself is not imported (Unsloth must be imported first).
+    `ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL=1` turns the error into a warning.
+    """
+    if version is None:
+        version = installed_trl_version()
+        if version == "not installed":
+            raise ImportError(f"adaptive-kl needs TRL: pip install 'trl{SUPPORTED_TRL}'")
+    if Version(version) in SpecifierSet(SUPPORTED_TRL, prereleases=True):
+        return
+    message = (
+        f"adaptive-kl supports trl{SUPPORTED_TRL}, but trl {version} is installed. Install a supported version: "
+        f"pip install 'trl{SUPPORTED_TRL}'."
+    )
+    if os.environ.get(ALLOW_UNSUPPORTED_ENV) == "1":
+        warnings.warn(f"{message} Continuing because {ALLOW_UNSUPPORTED_ENV}=1.", UserWarning, stacklevel=2)
+        return
+    raise ImportError(f"{message} To try this version anyway, set {ALLOW_UNSUPPORTED_ENV}=1.")
+
+
+def unsupported_trl(problem: str) -> UnsupportedTRLError:
+    """The error for a host that does not behave as the hooks expect: what happened, and which TRL to install."""
+    return UnsupportedTRLError(
+        f"{problem}. The installed TRL (trl {installed_trl_version()}) does not behave as adaptive-kl expects; it "
+        f"supports trl{SUPPORTED_TRL}: pip install 'trl{SUPPORTED_TRL}'. ({ALLOW_UNSUPPORTED_ENV} does not lift this "
+        "check: training on would silently change the objective.)"
+    )
+
+
+# --- the host's internals --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostInternal:
+    """A name of the host that this package uses and that the host does not document as public API: a private one, or
+    an attribute its classes set without documenting it (e.g. `GRPOTrainer.loss_type`, a copy of `args.loss_type`)."""
+
+    name: str
+    owner: str  # the class that defines it
+    hosts: tuple[str, ...]  # the trainers that use it: "grpo" (TRL's GRPOTrainer), "rloo" (its RLOOTrainer)
+    kind: str  # where it lives, hence how it is checked at construction: one of `INTERNAL_KINDS`
+    use: str  # what the package does with it, and the accessor of the seam that reaches it
+
+
+# How each kind of entry is checked when a trainer is built (`check_host`, then `check_host_attributes`).
+INTERNAL_KINDS = {
+    "method": "overridden or called: the host class has it",
+    "class attribute": "the host class has it",
+    "attribute": "set by the host's `__init__`: the built trainer has it",
+    "training attribute": "set by the host's training loop, not by `__init__`: a class of the host's MRO assigns it",
+    "accelerator attribute": "of the `Accelerator` the host's `__init__` builds: it has it",
+    "callback attribute": "of the host's `ProgressCallback`, set by its `__init__`: each one in the handler has it",
+}
+
+
+# Read in the host's source on trl 1.15.0 (transformers 5.17.0) and trl 1.16.0 (transformers 5.23.0 and 5.24.0).
+HOST_INTERNALS_CHECKED_ON = ("trl 1.15.0, transformers 5.17.0", "trl 1.16.0, transformers 5.23.0 and 5.24.0")
+HOST_INTERNALS = (
+    HostInternal("_generate_and_score_completions", "trl.GRPOTrainer", ("grpo", "rloo"), "method",
+                 "wrapped: a streamed batch's prompts are checked and a pending reference reset applied before it is "
+                 "scored; run with β = 0 when the trainer needs no reference log-probabilities, which TRL then skips; "
+                 "its rewards go to the trainer after (`_on_generation_batch`, `_scores_reference`, `_on_scored`)"),
+    HostInternal("_calculate_rewards", "trl.GRPOTrainer", ("grpo", "rloo"), "method",
+                 "wrapped: each reward function's output is checked and the gathered (N, K) rewards are kept"),
+    HostInternal("_get_per_token_logps_and_entropies", "trl.GRPOTrainer", ("grpo", "rloo"), "method",
+                 "wrapped inside the host's loss to capture the policy log-probabilities; called to score the "
+                 "sampling policy for KL in the reward (`score_policy`)"),
+    HostInternal("_compute_loss", "trl.GRPOTrainer", ("grpo", "rloo"), "method",
+                 "the micro-batch loss: run with β = 0 inside ours; the binomial trainer replaces it "
+                 "(`_micro_batch_loss`)"),
+    HostInternal("_prepare_inputs", "trl.GRPOTrainer", ("grpo",), "method",
+                 "fills the generation buffer whose slots the binomial trainer counts correct sequences over"),
+    HostInternal("_save_checkpoint", "transformers.Trainer", ("grpo", "rloo"), "method",
+                 "extended: the reset reference's weights are saved in the checkpoint (`_on_checkpoint_saved`)"),
+    HostInternal("_get_output_dir", "transformers.Trainer", ("grpo", "rloo"), "method",
+                 "the directory `_save_checkpoint` wrote the checkpoint under"),
+    HostInternal("_load_from_checkpoint", "transformers.Trainer", ("grpo", "rloo"), "method",
+                 "extended: a PEFT model with a 'ref' adapter gets its trained adapter back "
+                 "(`_on_checkpoint_loaded`)"),
+    HostInternal("_load_callback_state", "transformers.Trainer", ("grpo", "rloo"), "method",
+                 "extended: re-instantiated state callbacks get the trainer's controller "
+                 "(`_on_callback_state_loaded`)"),
+    HostInternal("_tag_names", "trl.GRPOTrainer", ("grpo", "rloo"), "class attribute",
+                 "the model card's tags: each trainer appends its own (`HostHooks(hub_tag=...)`)"),
+    HostInternal("_metrics", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "{'train'|'eval': {name: [values]}}: what is appended, TRL averages and logs (`metric_store`)"),
+    HostInternal("_logs", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "the completions table: its 'advantages' become those the loss uses (`replace_logged_advantages`)"),
+    HostInternal("_buffered_inputs", "trl.GRPOTrainer", ("grpo",), "attribute",
+                 "the generation buffer: a list of micro-batches, None before the first (`generation_buffer`)"),
+    HostInternal("beta", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "TRL's β: set to 0 while the host's loss runs inside ours, and while it scores a generation batch "
+                 "without the reference; read to know whether the KL is on (`host_beta`). The host's `__init__` reads "
+                 "it from `args.beta` and builds no reference model when it is 0 (`host_built_without_reference`)"),
+    HostInternal("ref_model", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "the full-model reference (None for PEFT): dropped once β is 0 for good (`release_reference_model`)"),
+    HostInternal("_models", "accelerate.Accelerator", ("grpo", "rloo"), "accelerator attribute",
+                 "the models `prepare_model` keeps, the reference among them: it is removed there too when released"),
+    HostInternal("loss_type", "trl.GRPOTrainer", ("grpo",), "attribute",
+                 "the loss's aggregation, which the KL term shares (`host_loss_settings`)"),
+    HostInternal("importance_sampling_level", "trl.GRPOTrainer", ("grpo",), "attribute",
+                 "token or sequence: how the KL term's bias correction weights tokens (`host_loss_settings`)"),
+    HostInternal("max_completion_length", "trl.GRPOTrainer", ("grpo",), "attribute",
+                 "dr_grpo's constant normalizer, which the KL term shares (`host_loss_settings`)"),
+    HostInternal("current_gradient_accumulation_steps", "transformers.Trainer", ("grpo",), "training attribute",
+                 "the micro-batches of the optimizer step in progress (fewer for a last partial step): the KL term's "
+                 "normalizer and the binomial trainer's step (`accumulation_steps`)"),
+    HostInternal("scale_rewards", "trl.GRPOTrainer", ("grpo",), "attribute",
+                 "how KL-in-the-reward's group advantages are scaled, as the host's (`scale_rewards`)"),
+    HostInternal("num_generations", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "the group size in training: advantages and diversity groups (`group_size`)"),
+    HostInternal("num_generations_eval", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "the group size in evaluation (`group_size`)"),
+    HostInternal("reward_weights", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "the (K,) weights of the total reward TRL logs as `reward` (`reward_weights`)"),
+    HostInternal("reward_funcs", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "swapped for checking wrappers while a batch is scored, the user's list again after "
+                 "(`checking_reward_outputs`)"),
+    HostInternal("reward_func_names", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "the names TRL logs each reward function under: named in warnings and errors (`reward_func_names`)"),
+    HostInternal("temperature", "trl.GRPOTrainer", ("grpo",), "attribute",
+                 "the sampling temperature the binomial trainer's log-probabilities use (`sampling_temperature`)"),
+    HostInternal("is_deepspeed_enabled", "transformers.Trainer", ("grpo", "rloo"), "attribute",
+                 "a DeepSpeed engine owns the models: no reset under ZeRO-3, no release (`sharding_engine`)"),
+    HostInternal("is_fsdp_enabled", "transformers.Trainer", ("grpo", "rloo"), "attribute",
+                 "FSDP shards the models: no reset, no release (`sharding_engine`)"),
+    HostInternal("optimizer", "transformers.Trainer", ("grpo", "rloo"), "attribute",
+                 "its moments are cleared by a reset with `ref_reset_optimizer` (`host_optimizer`)"),
+    HostInternal("model_wrapped", "transformers.Trainer", ("grpo",), "attribute",
+                 "documented for reading only; the command sets it back to the model to drop the DDP wrapper before "
+                 "the process group ends (`set_wrapped_model`)"),
+    HostInternal("training_bar", "transformers.ProgressCallback", ("grpo",), "callback attribute",
+                 "the progress bar a run interrupted by a bad reward output leaves open: closed before the message "
+                 "(`close_progress_bars`)"),
+    HostInternal("_ChunkedLogProbFunction", "trl.trainer.utils", ("grpo",), "module attribute",
+                 "TRL's fused LM-head scorer (1.15: Triton only, None without it; 1.16: a torch fallback off a GPU): "
+                 "replaced by a plain-torch stand-in where it fails for "
+                 "training on a CPU (`host_log_prob_scorer`, `replace_host_log_prob_scorer`; `trainers.scorer`)"),
+    HostInternal("normalize_advantages", "trl.RLOOTrainer", ("rloo",), "attribute",
+                 "whether RLOO standardizes its leave-one-out advantages over the batch, as the penalized ones are "
+                 "(`normalizes_advantages`)"),
+    HostInternal("reward_clip_range", "trl.RLOOTrainer", ("rloo",), "attribute",
+                 "the range RLOO clamps total rewards to before its KL penalty, as the penalized ones are "
+                 "(`reward_clip_range`)"),
+)  # fmt: skip
+# Not in the table, because its *absence* is what is checked: `_compute_liger_loss` (see `check_host`).
+
+
+def is_rloo_host(host: type) -> bool:
+    """Whether `host` is (a subclass of) TRL's `RLOOTrainer` rather than its `GRPOTrainer`."""
+    return any(cls.__name__ == "RLOOTrainer" for cls in host.__mro__)
+
+
+def host_internals(host: type) -> tuple[HostInternal, ...]:
+    """The entries of `HOST_INTERNALS` that the host trainer class `host` must have: those that name its family
+    (`"rloo"` for TRL's `RLOOTrainer` and its subclasses, `"grpo"` otherwise) among their hosts."""
+    family = "rloo" if is_rloo_host(host) else "grpo"
+    return tuple(internal for internal in HOST_INTERNALS if family in internal.hosts)
+
+
+def has_host_log_prob_scorer() -> bool:
+    """Whether TRL names a fused LM-head scorer (`trl.trainer.utils._ChunkedLogProbFunction`: TRL 1.15 and 1.16)."""
+    import trl.trainer.utils as trl_utils
+
+    return "_ChunkedLogProbFunction" in vars(trl_utils)
+
+
+def host_log_prob_scorer():
+    """TRL's fused LM-head scorer: its kernel's autograd function, or `None` where TRL 1.15 found no Triton."""
+    import trl.trainer.utils as trl_utils
+
+    return trl_utils._ChunkedLogProbFunction
+
+
+def replace_host_log_prob_scorer(scorer) -> None:
+    """Makes TRL score log-probabilities with `scorer` (same `apply` call as `_ChunkedLogProbFunction`), for the whole
+    process: stock trainers and ours alike."""
+    import trl.trainer.utils as trl_utils
+
+    if "_ChunkedLogProbFunction" not in vars(trl_utils):
+        raise unsupported_trl("trl.trainer.utils has no _ChunkedLogProbFunction to replace")
+    trl_utils._ChunkedLogProbFunction = scorer
+
+
+# --- before anything is loaded ---------------------------------------------------------------------------------------
+
+
+def check_host(host: type, args, trainer_name: str, own_loss: bool) -> None:
+    """Refuses a host whose loss would not go through the trainer `trainer_name`, before any model is loaded.
+
+    Args:
+        host (`type`): the `GRPOTrainer` the trainer subclasses (bound when its module was first imported).
+        args: the trainer's config.
+        trainer_name (`str`): for the messages.
+        own_loss (`bool`): whether the trainer's loss is in use (`AdaptiveKLGRPOTrainer`: only with β > 0).
+
+    Raises:
+        UnsupportedTRLError: the host lacks a method or class attribute of `HOST_INTERNALS`, or no class of its MRO
+            sets one of its training attributes.
+        ValueError: `use_liger_kernel=True` on a host that computes its loss with Liger's fused GRPO loss
+            (`_compute_liger_loss`), which never calls ours. TRL 1.15 and 1.16 have no such path: there Liger only
+            swaps layer kernels, and the loss is TRL's own.
+    """
+    missing = [
+        internal.name
+        for internal in host_internals(host)
+        if (
+            internal.kind == "method" and not (hasattr(host, internal.name) and callable(getattr(host, internal.name)))
+        )
+        or (internal.kind == "class attribute" and not hasattr(host, internal.name))
+        or (internal.kind == "training attribute" and not assigned_in_host_source(host, internal.name))
+    ]
+    if missing:
+        raise unsupported_trl(
+            f"{host.__module__}.{host.__qualname__} has no {missing}, which {trainer_name} hooks into"
+        )
+    if own_loss and args.use_liger_kernel and hasattr(host, "_compute_liger_loss"):
+        raise ValueError(
+            f"use_liger_kernel=True makes this GRPOTrainer compute its loss with Liger's fused GRPO loss, which never "
+            f"calls {trainer_name}'s loss. Set use_liger_kernel=False."
+        )
+
+
+@functools.cache  # once per process: it reads the modules' source
+def assigned_in_host_source(host: type, name: str) -> bool:
+    """Whether the module of a TRL or Transformers class of `host`'s MRO assigns `self.<name>`: how an attribute that
+    only the training loop sets (so a trainer that has not trained lacks it) is checked before any model is loaded."""
+    pattern = re.compile(rf"\bself\.{re.escape(name)}\s*=[^=]")
+    modules = {cls.__module__ for cls in host.__mro__ if cls.__module__.split(".")[0] in ("trl", "transformers")}
+    for module in modules:  # not ours, nor Unsloth's generated module (no source file), nor `builtins`
+        try:
+            if pattern.search(inspect.getsource(sys.modules[module])):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
+def check_host_attributes(trainer) -> None:
+    """Refuses, right after the host's `__init__`, a host that did not set an attribute of `HOST_INTERNALS`: on the
+    trainer, on its `Accelerator`, and on each of its `ProgressCallback`s.
+
+    Raises:
+        UnsupportedTRLError: naming the missing attributes.
+    """
+    from transformers.trainer_callback import ProgressCallback  # not at import: see `check_trl_version`
+
+    bars = [callback for callback in trainer.callback_handler.callbacks if isinstance(callback, ProgressCallback)]
+    owners = {"attribute": [trainer], "accelerator attribute": [trainer.accelerator], "callback attribute": bars}
+    missing = [
+        internal.name
+        for internal in host_internals(type(trainer))
+        if any(not hasattr(owner, internal.name) for owner in owners.get(internal.kind, ()))
+    ]
+    if missing:
+        raise unsupported_trl(f"the host's __init__ set no {missing}, which {type(trainer).__name__} uses")
+
+
+def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, run_suffix: str):
+    """The trainer's config: `args`, or for `None` a default `config_cls` named after the model, as TRL does. The first
+    check of every trainer's `__init__`.
+
+    Raises:
+        ImportError: Unsloth replaced `trl.GRPOTrainer` after the trainer was built on TRL's own `host` (import order).
+        TypeError: `args` is not a `config_cls` (e.g. a plain `GRPOConfig`, which lacks this package's fields).
+    """
+    import trl  # already imported by the trainer's module; not at this module's import (see `check_trl_version`)
+
+    family = "RLOO" if is_rloo_host(host) else "GRPO"
+    check_import_order(host, getattr(trl, f"{family}Trainer"), f"{family}Trainer")
+    if args is None:
+        name = model if isinstance(model, str) else model.config.name_or_path
+        return config_cls(f"{name.split('/')[-1]}-{run_suffix}")
+    if not isinstance(args, config_cls):
+        raise TypeError(
+            f"{trainer_name} needs a {config_cls.__name__}, got {type(args).__name__}. It accepts every "
+            f"{family}Config argument: replace {family}Config(...) by {config_cls.__name__}(...)."
+        )
+    return args
+
+
+# --- which class is the host -----------------------------------------------------------------------------------------
+
+
+def is_unsloth_class(cls: type) -> bool:
+    """Whether `cls` is, or derives from, a class Unsloth generated (`UnslothGRPOTrainer`, `UnslothGRPOConfig`)."""
+    return any(
+        klass.__name__.startswith("Unsloth") or "_unsloth_patched_rl_config" in vars(klass) for klass in cls.__mro__
+    )
+
+
+def check_import_order(ours: type, current: type, name: str) -> None:
+    """Refuses a class of ours built on TRL's `name` when Unsloth has since replaced `trl.<name>`.
+
+    Args:
+        ours (`type`): the TRL class our class derives from (bound when our module was first imported).
+        current (`type`): `trl.<name>` now.
+        name (`str`): `"GRPOTrainer"` or `"GRPOConfig"`, for the message.
+
+    Raises:
+        ImportError: saying to import Unsloth first.
+    """
+    if current is not ours and is_unsloth_class(current) and not is_unsloth_class(ours):
+        raise ImportError(
+            f"adaptive_kl's classes were built on TRL's own {name}, but Unsloth has since replaced trl.{name}: "
+            "`import unsloth` ran after adaptive_kl's trainer or config was first used, so training would bypass "
+            "Unsloth's kernels and loss. Put `import unsloth` at the very top of your script or notebook (before trl, "
+            "transformers and adaptive_kl) and restart the Python process or kernel."
+        )
