@@ -162,6 +162,27 @@ def test_a_failed_preflight_stops_with_its_reason(tmp_path):
     assert "[gpu-check] preflight: FAIL" in result.stdout and "preflight: FAIL" in report
 
 
+def test_the_wheels_are_installed_only_when_asked(tmp_path):
+    """A `.whl/` in the checkout is left alone unless `--wheels` is given (a test run next to a GPU session's wheels
+    uses its own environment); `--wheels` with no wheel is refused, naming the command that builds them."""
+    import shutil
+
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(SCRIPT, tmp_path / "benchmarks" / "gpu_check.sh")
+    (tmp_path / ".whl").mkdir()
+    (tmp_path / ".whl" / "broken-0.0-py3-none-any.whl").write_text("not a wheel")
+    script = str(tmp_path / "benchmarks" / "gpu_check.sh")
+    env = {**os.environ, "PYTHON": sys.executable}
+    plain = subprocess.run(["bash", script, "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
+    assert "benchmarks/gpu_check.py" in plain.stderr and "not a wheel" not in plain.stderr.lower()  # no pip ran
+    asked = subprocess.run(["bash", script, "--wheels", "--dry-run"], capture_output=True, text=True, env=env,
+                           timeout=300)  # fmt: skip
+    assert asked.returncode != 0 and "broken-0.0-py3-none-any.whl" in asked.stderr  # pip tried it
+    (tmp_path / ".whl" / "broken-0.0-py3-none-any.whl").unlink()
+    empty = subprocess.run(["bash", script, "--wheels"], capture_output=True, text=True, env=env, timeout=300)
+    assert empty.returncode == 2 and ".whl/ has no wheels (run bash ../shared/gpu/wheelhouse.sh)" in empty.stderr
+
+
 # --- the whole script, dry, on Unsloth's generated trainer -----------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ SMOLLM2_DEMO = {
     "n_validation": 64,
     "max_new_tokens": 64,
     "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+    # Every trainer's fields (the binomial-KL trainer's too)...
     "config": dict(
         learning_rate=2e-4,
         per_device_train_batch_size=8,
@@ -17,6 +18,9 @@ SMOLLM2_DEMO = {
         max_completion_length=64,
         temperature=1.0,
         gradient_checkpointing=False,
+    ),
+    # ... and those of the adaptive KL (GRPO's and RLOO's trainers).
+    "kl_config": dict(
         beta=0.04,
         reward_threshold=1.0,  # dynamic: β decays once the mean reward (at most 2) reaches 1
     ),

@@ -60,11 +60,13 @@ def main(argv: list[str]) -> int:
         f"{TRAINER_LABELS[name]} ({TRAINER_CLASSES[name][2]})"
         for name in dict.fromkeys(run.config["trainer"] for run in runs)
     )
+    untrained = untrained_note(runs)
     notes = "\n".join(
         [
             f"Model: {settings.model or 'embedded reference policy'}; trainer: {trainers}; task: {settings.task}; "
             f"{settings.steps} steps per variant; seed(s) {seeds}; validation accuracy by greedy decoding on "
             f"{settings.n_validation} problems.",
+            *(["", untrained] if untrained else []),
             "",
             *environment_lines("adaptive-kl " + shlex.join(argv)),
             f"- wall time: {wall_time / 60:.1f} min for {len(runs)} runs",
@@ -74,7 +76,28 @@ def main(argv: list[str]) -> int:
     save_runs(runs, settings.out)
     write_completions(runs, os.path.join(settings.out, "completions.md"))
     print("\n" + terminal_table(runs))
+    if untrained:
+        print(untrained)
     print(f"Wrote {paths['summary']}, {paths['csv']} and {len(paths['plots'])} plots to {settings.out}")
     if not paths["plots"]:
         print("No plots: matplotlib is not installed. pip install 'adaptive-kl[demo]' for them.")
     return 0
+
+
+def untrained_note(runs) -> str | None:
+    """What to say when some runs trained nothing: every optimizer step they logged had a gradient norm of 0 (every
+    group's rewards tied, so the advantages were 0, and a fresh LoRA still equals its reference, so the KL's gradient
+    was 0 too). None when every run had a gradient."""
+    idle = [
+        run.name
+        for run in runs
+        if not any(entry.get("grad_norm", 0.0) != 0.0 for entry in run.history if "grad_norm" in entry)
+    ]
+    if not idle:
+        return None
+    which = "no run trained" if len(idle) == len(runs) else f"{len(idle)} of {len(runs)} runs did not train"
+    return (
+        f"Note: {which} ({', '.join(idle)}): every step's gradient norm was 0. In so few steps every group's "
+        "completions got the same reward (no advantage to learn from) and the policy still equals its reference "
+        "(no KL gradient), so the weights did not change. Run more steps (e.g. --steps 20) to see training."
+    )

@@ -174,11 +174,12 @@ def make_config(variant: Variant, settings: DemoSettings, output_dir: str):
     trainer = variant_trainer(variant, settings)
     config_cls, _ = trainer_classes(trainer)
     known = {f.name for f in dataclasses.fields(config_cls)}
-    # GRPO's and RLOO's configs share the KL adaptation's fields: the policy budget, β floor and unread-field
-    # filtering below are theirs (the binomial-KL config has none of those fields).
+    # GRPO's and RLOO's configs share the KL adaptation's fields: the policy budget's KL fields, β floor and
+    # unread-field filtering below are theirs (the binomial-KL config has none of those fields).
     adaptive = "kl_adaptation_method" in known
     chosen = {k: v for k, v in {**settings.fixed, **variant.overrides}.items() if k != "trainer"}
-    policy = settings.policy_demo["config"] if settings.policy_demo is not None and adaptive else {}
+    demo = settings.policy_demo
+    policy = {} if demo is None else {**demo["config"], **(demo["kl_config"] if adaptive else {})}
     fields = {**base_config(settings), **TRAINER_DEFAULTS[trainer], **policy, **chosen}
     if "seed" in variant.overrides and "data_seed" not in variant.overrides:
         fields["data_seed"] = variant.overrides["seed"]

@@ -41,10 +41,14 @@ class Variant:
     overrides: dict = field(default_factory=dict)
 
 
+# The configs of the trainers a variant can run (`TRAINER_CLASSES`): the fields a variant can set are theirs.
+TRAINER_CONFIGS = (AdaptiveKLGRPOConfig, AdaptiveKLRLOOConfig, BinomialKLConfig)
+
+
 def _config_field_types() -> dict[str, object]:
     """Every field a variant can set: those of the trainers' configs, and `trainer` itself."""
     types_ = {"trainer": typing.Literal[tuple(TRAINER_CLASSES)]}
-    for config_cls in (AdaptiveKLGRPOConfig, AdaptiveKLRLOOConfig, BinomialKLConfig):
+    for config_cls in TRAINER_CONFIGS:
         hints = typing.get_type_hints(config_cls)
         types_.update({f.name: hints.get(f.name, str) for f in dataclasses.fields(config_cls) if f.init})
     return types_
@@ -107,7 +111,8 @@ def parse_field_value(name: str, text: str) -> object:
     if name not in types_:
         close = difflib.get_close_matches(name, types_, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"Unknown AdaptiveKLGRPOConfig/BinomialKLConfig field {name!r}.{hint}")
+        configs = "/".join(config_cls.__name__ for config_cls in TRAINER_CONFIGS)
+        raise ValueError(f"Unknown {configs} field {name!r}.{hint}")
     try:
         return _convert(text, types_[name])
     except ValueError as error:

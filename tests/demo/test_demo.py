@@ -457,3 +457,35 @@ def test_the_demos_configs_set_no_parameter_their_method_does_not_read(model):
     with pytest.warns(UserWarning, match="reward_threshold=0.3 has no effect"):
         kept = make_config(Variant("x", {"kl_adaptation_method": "clip", "reward_threshold": 0.3}), settings, "unused")
     assert kept.reward_threshold == 0.3
+
+
+def test_a_run_that_trained_nothing_is_said_so():
+    """`compare --model smollm2 --quick` can end with every gradient 0 (tied rewards, a fresh LoRA): the command says
+    so instead of leaving a table that looks trained; it says nothing when every run had a gradient."""
+    from adaptive_kl.demo.command import untrained_note
+    from adaptive_kl.demo.runner import VariantRun
+
+    def run(name, norms):
+        return VariantRun(name, {}, [{"step": i + 1, "grad_norm": g} for i, g in enumerate(norms)], [], wall_time=1.0)
+
+    assert untrained_note([run("none", [0.0, 0.3]), run("clip", [0.1, 0.0])]) is None
+    note = untrained_note([run("none", [0.0, 0.0]), run("clip", [0.1, 0.0])])
+    assert note.startswith("Note: 1 of 2 runs did not train (none): every step's gradient norm was 0")
+    assert untrained_note([run("none", [0.0, 0.0])]).startswith("Note: no run trained (none)")
+
+
+@pytest.mark.parametrize("trainer", ["grpo", "rloo", "binomial_kl"])
+def test_every_trainer_takes_the_named_policys_budget(trainer, tmp_path, monkeypatch):
+    """`--model smollm2` trains every trainer at the real model's budget (learning rate, group size, completion
+    length, no gradient checkpointing), not at TRL's defaults; the KL trainers also take its β."""
+    from adaptive_kl.demo.arguments import build
+    from adaptive_kl.demo.budgets import SMOLLM2_DEMO
+    from adaptive_kl.demo.runner import make_config
+
+    monkeypatch.setattr("adaptive_kl.demo.arguments.check_model", lambda *args: None)
+    argv = ["compare", "--model", "smollm2", "--trainer", trainer, "--variant", "seed=0", "--out", str(tmp_path)]
+    settings, (variant,), _, _ = build(argv)
+    config = make_config(variant, settings, str(tmp_path / "run"))
+    for name, value in SMOLLM2_DEMO["config"].items():
+        assert getattr(config, name) == value, name
+    assert (config.beta == SMOLLM2_DEMO["kl_config"]["beta"]) == (trainer != "binomial_kl")

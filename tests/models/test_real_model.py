@@ -295,3 +295,6 @@ def test_compare_quick_on_the_real_model(smollm2_dir, tmp_path):
     assert -3 < start["general/loglik"] < 0 and math.isfinite(end["general/loglik"])
     assert "| general-chat KL to start (final) |" in (out / "summary.md").read_text()
     assert start["general/seq_loglik"] < start["general/loglik"]  # summed over an answer's tokens: more negative
+    # Two steps from a fresh LoRA may train nothing (tied rewards): then the summary says so, and otherwise not.
+    trained = any(float(row["grad_norm"]) != 0 for row in steps)
+    assert ("Note: no run trained" in (out / "summary.md").read_text()) == (not trained)
