@@ -51,7 +51,11 @@ LENGTH_ARGS = [
 ]  # fmt: skip
 METHODS_BASE = "beta=0.2 loss_type=grpo"  # k3 in the loss (the defaults)
 METHODS_NONE = f"{METHODS_BASE} kl_adaptation_method=none"
-METHODS_SATURATION = f"{METHODS_BASE} kl_adaptation_method=dynamic dynamic_trigger=saturation"
+# `dynamic` at seed 001's values (its decay 0.9, threshold 0.8 and floor 0): the demo's own (0.95, 1.0 or 1.4, 0.004)
+# would apply otherwise. The saturation trigger at its default threshold, 0.5.
+METHODS_DYNAMIC = f"{METHODS_BASE} kl_adaptation_method=dynamic dynamic_beta_decay=0.9 beta_min=0"
+METHODS_REWARD_TRIGGER = f"{METHODS_DYNAMIC} reward_threshold=0.8"
+METHODS_SATURATION = f"{METHODS_DYNAMIC} dynamic_trigger=saturation"
 STUDIES = {
     # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
     # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
@@ -90,10 +94,10 @@ STUDIES = {
     # The five methods where length exploitation can happen: the length study's setting (format-only reward, 128
     # tokens, 100 steps), k3 in the loss with `grpo` at β = 0.2, 5 seeds. Its `none` and β = 0 are the length study's
     # runs, reused because the commands are the same (tests/demo/test_real_studies.py builds both). Each method's
-    # parameters are seed 001's defaults, which a pilot showed acting here (docs/studies/README.md, "The five methods
-    # where answers can lengthen"): `clip` at 1.0 clips tokens from step 5 on; `sigmoid` at τ = 0.1 weighs the
-    # near-zero KL of the first steps by ~0.48; `dynamic`'s reward threshold 0.8 is reached by the `none` runs (the
-    # same run until a first decay) at steps 16-44. `length_normalized` is `none` bit for bit with k3 in the loss
+    # parameters are seed 001's defaults, which pilots showed acting here (docs/studies/README.md, "The five methods
+    # where answers can lengthen"): `clip` at 1.0 clipped tokens from step 12 of a 40-step pilot on; `sigmoid` at
+    # τ = 0.1 weighs the near-zero KL of the first steps by ~0.48; `dynamic` (decay 0.9, threshold 0.8, floor 0): the
+    # `none` runs (the same run until a first decay) reach a mean reward of 0.8 at steps 16-44. `length_normalized` is `none` bit for bit with k3 in the loss
     # under `grpo` (both aggregate mean_i Σ_t k / L_i; tests/trainers/test_methods.py), so its arm is where the method
     # acts, k1 per token in the reward at the same β: the length study's runs, reused. The saturation trigger is a
     # fifth arm, run after the others' five seeds (`last`). Primary endpoints (stated before the runs): each method
@@ -104,7 +108,7 @@ STUDIES = {
             "beta=0 loss_type=grpo",
             *(f"{METHODS_BASE} kl_adaptation_method={m}" for m in ("clip", "sigmoid")),
             LENGTH_PER_TOKEN,
-            f"{METHODS_BASE} kl_adaptation_method=dynamic",
+            METHODS_REWARD_TRIGGER,
             METHODS_SATURATION,
         ],
         "reused": {
@@ -118,7 +122,7 @@ STUDIES = {
             for variant in (
                 *(f"{METHODS_BASE} kl_adaptation_method={m}" for m in ("clip", "sigmoid")),
                 LENGTH_PER_TOKEN,
-                f"{METHODS_BASE} kl_adaptation_method=dynamic",
+                METHODS_REWARD_TRIGGER,
                 METHODS_SATURATION,
             )
             for metric in ("length_drift", "final_kl_to_start")
