@@ -71,8 +71,11 @@ def test_every_page_is_reachable_from_the_readme():
             target = os.path.normpath(os.path.join(os.path.dirname(page), path))
             if path.endswith(".md") and os.path.exists(target):
                 todo.append(target)
-    # A study's `runs/<variant>/seed-<s>/summary.md` are the records of its single runs, which its summary aggregates.
-    pages = {page for page in PAGES if f"{os.sep}runs{os.sep}" not in os.path.relpath(page, ROOT)}
+    # A study's `runs/<variant>/seed-<s>/` and `pilots/<pilot>/` pages are the records of single runs (its summary
+    # aggregates the first; the studies page links each pilot's summary).
+    pages = {
+        page for page in PAGES if not {"runs", "pilots"} & set(os.path.relpath(page, ROOT).split(os.sep)[:-1])
+    }
     assert pages <= reachable, sorted(os.path.relpath(p, ROOT) for p in pages - reachable)
 
 
