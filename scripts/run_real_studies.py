@@ -97,9 +97,10 @@ STUDIES = {
     # parameters are seed 001's defaults, which pilots showed acting here (docs/studies/README.md, "The five methods
     # where answers can lengthen"): `clip` at 1.0 clipped tokens from step 12 of a 40-step pilot on; `sigmoid` at
     # τ = 0.1 weighs the near-zero KL of the first steps by ~0.48; `dynamic` (decay 0.9, threshold 0.8, floor 0): the
-    # `none` runs (the same run until a first decay) reach a mean reward of 0.8 at steps 16-44. `length_normalized` is `none` bit for bit with k3 in the loss
-    # under `grpo` (both aggregate mean_i Σ_t k / L_i; tests/trainers/test_methods.py), so its arm is where the method
-    # acts, k1 per token in the reward at the same β: the length study's runs, reused. The saturation trigger is a
+    # `none` runs (the same run until a first decay) reach a mean reward of 0.8 at steps 16-44. `length_normalized` is
+    # `none` bit for bit with k3 in the loss under `grpo` (both aggregate mean_i Σ_t k / L_i;
+    # tests/trainers/test_methods.py), so its arm is where the method acts, k1 per token in the reward at the same β:
+    # the length study's runs, reused. The saturation trigger is a
     # fifth arm, run after the others' five seeds (`last`). Primary endpoints (stated before the runs): each method
     # minus `none`, paired on seeds, of Δ length (last − first quarter) and the held-out KL to the start (t, n − 1 df).
     "methods": {
