@@ -73,9 +73,7 @@ def test_every_page_is_reachable_from_the_readme():
                 todo.append(target)
     # A study's `runs/<variant>/seed-<s>/` and `pilots/<pilot>/` pages are the records of single runs (its summary
     # aggregates the first; the studies page links each pilot's summary).
-    pages = {
-        page for page in PAGES if not {"runs", "pilots"} & set(os.path.relpath(page, ROOT).split(os.sep)[:-1])
-    }
+    pages = {page for page in PAGES if not {"runs", "pilots"} & set(os.path.relpath(page, ROOT).split(os.sep)[:-1])}
     assert pages <= reachable, sorted(os.path.relpath(p, ROOT) for p in pages - reachable)
 
 
