@@ -1,13 +1,15 @@
-"""Trains the tiny model with `AdaptiveKLGRPOTrainer` and records, per process, what the multi-process tests compare.
+"""Trains the tiny model with `AdaptiveKLGRPOTrainer` (and `AdaptiveKLRLOOTrainer`) and records, per process, what the
+multi-process tests compare.
 
 Run by `tests/trainers/test_multiprocess.py`, once as a plain process and once under
 `accelerate launch --multi_gpu --num_processes 2` (on a CPU, with `use_cpu=True`, accelerate runs gloo DDP). Both
 runs have the same global batch: the single process takes `PROCESSES` times the per-device batch.
 
-Completions come from a `rollout_func` (TRL's public hook) that makes each completion a function of its prompt and
-of its index within the prompt's group, not of a random draw: sampling consumes each process's random stream
-differently, so it would give the two runs different data. Everything else (log-probabilities, rewards, advantages,
-the loss, the KL term, β) is the trainer's own.
+Completions come from a `rollout_func` (TRL's public hook; RLOO, which has none, gets the same completions from an
+override of its single-turn generation) that makes each completion a function of its prompt and of its index within
+the prompt's group, not of a random draw: sampling consumes each process's random stream differently, so it would give
+the two runs different data. Everything else (log-probabilities, rewards, advantages, the loss, the KL term, β) is the
+trainer's own.
 
 Usage: python multiprocess_worker.py MODEL_DIR OUT_DIR PER_DEVICE_BATCH
 Writes OUT_DIR/<config>-rank<i>.json and OUT_DIR/<config>-params-rank<i>.pt.
@@ -23,7 +25,8 @@ import torch
 from tiny import TRAIN_KWARGS, prompt_dataset
 from transformers import AutoTokenizer, TrainerCallback
 
-from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
+from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, AdaptiveKLRLOOConfig, AdaptiveKLRLOOTrainer
+from adaptive_kl.trainers.rloo import REFERENCE_LOGPS, SAMPLING_LOGPS
 from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
 
@@ -53,7 +56,27 @@ CONFIGS = {
     ),
     # A reference reset after step 2 (applied before step 3), on every process.
     "resets": dict(kl_controller="adaptive", target_kl=0.1, kl_horizon=100, ref_reset_steps=2),
+    # The zero-std KL mask: half the prompts give every completion the same reward, so their groups' KL is left out,
+    # decided on the rewards of every process.
+    "mask": dict(
+        kl_mask_zero_std_groups=True, kl_controller="adaptive", target_kl=0.1, kl_horizon=100, reward="tied-half"
+    ),  # fmt: skip
+    # RLOO: `dynamic` on the global mean reward, its penalty in the reward (gathered across processes).
+    "rloo-dynamic": dict(
+        trainer="rloo", kl_adaptation_method="dynamic", dynamic_beta_decay=0.5, reward_threshold=0.245
+    ),
+    # RLOO with the zero-β skip: β is 0 from step 3 on (`beta_schedule_steps`), and both processes skip the reference.
+    "rloo-zero-beta": dict(
+        trainer="rloo",
+        kl_adaptation_method="dynamic",
+        kl_scaling="sqrt",
+        beta_schedule_steps=3,
+        reward_threshold=10.0,
+        kl_monitor_steps=0,
+    ),  # fmt: skip
 }
+# What a config's `reward` names (default: shorter is better, which varies within every group).
+TIED_PROMPTS = "tied-half"
 
 
 def completion_text(prompt: str, index: int) -> str:
@@ -83,28 +106,56 @@ class Recorder:
         self.beta: dict[int, float] = {}  # optimizer step → β_t used in its loss
         self.state: dict[int, dict] = {}  # optimizer step → controller state after it
 
-    def reward(self, completions, trainer_state, **kwargs):
-        rewards = [1.0 / (1.0 + len(c)) for c in completions]
+    tied_prompts: bool = False  # `reward="tied-half"`: prompts with an even character sum give a tied reward
+
+    def reward(self, prompts, completions, trainer_state, **kwargs):
+        rewards = [
+            0.5 if self.tied_prompts and sum(map(ord, p)) % 2 == 0 else 1.0 / (1.0 + len(c))
+            for p, c in zip(prompts, completions)
+        ]
         self.rewards.setdefault(trainer_state.global_step + 1, []).extend(rewards)
         return rewards
+
+
+def record_kl_sums(recorder: Recorder, step: int, log_ratio: torch.Tensor, mask: torch.Tensor, estimator: str):
+    """This process's token count and Σ m·k, from the estimator's own formula in float64 (independent of
+    adaptive_kl.kl)."""
+    r, mask = log_ratio.detach().double(), mask.double()
+    k = {"k1": r, "k2": 0.5 * r**2, "k3": torch.exp(-r) + r - 1}[estimator]
+    sums = recorder.kl.setdefault(step, [0.0, 0.0])
+    sums[0] += mask.sum().item()
+    sums[1] += (k * mask).sum().item()
 
 
 class RecordingTrainer(AdaptiveKLGRPOTrainer):
     recorder: Recorder
 
     def _adapted_kl_term(self, host_inputs):
-        # The local sums, from the estimator's own formula in float64 (independent of adaptive_kl.kl).
-        r = (host_inputs["per_token_logps"].detach() - host_inputs["ref_per_token_logps"]).double()
-        k = {"k1": r, "k2": 0.5 * r**2, "k3": torch.exp(-r) + r - 1}[self.args.kl_estimator]
-        mask = host_inputs["mask"].double()
-        sums = self.recorder.kl.setdefault(self.state.global_step + 1, [0.0, 0.0])
-        sums[0] += mask.sum().item()
-        sums[1] += (k * mask).sum().item()
+        log_ratio = host_inputs["per_token_logps"] - host_inputs["ref_per_token_logps"]
+        record_kl_sums(
+            self.recorder, self.state.global_step + 1, log_ratio, host_inputs["mask"], self.args.kl_estimator
+        )
         return super()._adapted_kl_term(host_inputs)
 
 
+class RecordingRLOOTrainer(AdaptiveKLRLOOTrainer):
+    recorder: Recorder
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields):
+        """`deterministic_rollout`'s completions, in place of sampled ones."""
+        prompts = self.processing_class.batch_decode(prompt_ids)
+        return deterministic_rollout(prompts, self)["completion_ids"]
+
+    def _loss_and_kl_statistics(self, model, inputs, *args):
+        if REFERENCE_LOGPS in inputs:  # scored with the reference: the penalty's tokens
+            log_ratio = inputs[SAMPLING_LOGPS] - inputs[REFERENCE_LOGPS]
+            step = self.state.global_step + 1
+            record_kl_sums(self.recorder, step, log_ratio, inputs["completion_mask"], self.args.kl_estimator)
+        return super()._loss_and_kl_statistics(model, inputs, *args)
+
+
 class StepEnd(TrainerCallback):
-    def __init__(self, trainer: RecordingTrainer):
+    def __init__(self, trainer):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -114,7 +165,13 @@ class StepEnd(TrainerCallback):
 
 def train(name: str, fields: dict, model_dir: str, out_dir: str, per_device_batch: int) -> None:
     recorder = Recorder()
-    args = AdaptiveKLGRPOConfig(
+    fields = dict(fields)
+    rloo = fields.pop("trainer", "grpo") == "rloo"
+    recorder.tied_prompts = fields.pop("reward", None) == TIED_PROMPTS
+    config_cls, trainer_cls = (
+        (AdaptiveKLRLOOConfig, RecordingRLOOTrainer) if rloo else (AdaptiveKLGRPOConfig, RecordingTrainer)
+    )
+    args = config_cls(
         **{
             **TRAIN_KWARGS,
             "per_device_train_batch_size": per_device_batch,
@@ -132,13 +189,13 @@ def train(name: str, fields: dict, model_dir: str, out_dir: str, per_device_batc
         max_steps=STEPS,
         **fields,
     )
-    trainer = RecordingTrainer(
+    trainer = trainer_cls(
         model=model_dir,
         reward_funcs=[recorder.reward],
         args=args,
         train_dataset=prompt_dataset(64),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
-        rollout_func=deterministic_rollout,
+        **({} if rloo else {"rollout_func": deterministic_rollout}),
     )
     trainer.recorder = recorder
     trainer.add_callback(StepEnd(trainer))

@@ -1,9 +1,10 @@
 """The trainer under `accelerate launch --num_processes 2` (gloo on a CPU) against one process with the same batch.
 
-`multiprocess_worker.py` trains three configurations in each run — `dynamic` with `kl_scaling="sqrt"` (and `clip`,
-gradient accumulation 2), the `adaptive` controller and the `stepwise` controller (with `k2`) — and records, on each
-process, the rewards it computed, the KL sums of its micro-batches (recomputed in float64 from the estimator's
-formula), β of every step and the controller state. The checks:
+`multiprocess_worker.py` trains each configuration of its `CONFIGS` in each run — GRPO with `dynamic` and
+`kl_scaling="sqrt"` (and `clip`, gradient accumulation 2), the `adaptive` and `stepwise` controllers, KL in the reward,
+reference resets and the zero-std KL mask; RLOO with `dynamic` and with the zero-β skip — and records, on each process,
+the rewards it computed, the KL sums of its micro-batches (recomputed in float64 from the estimator's formula), β of
+every step and the controller state. The checks:
 
 (a) β and the controller state are identical on both processes at every step, and follow the update rules applied to
     the statistics of the whole step (all processes), not to one process's;
@@ -72,7 +73,10 @@ def _expected_betas(fields: dict, mean_reward, mean_kl, num_sequences: int) -> d
     beta, betas = 0.1, {}
     for t in range(1, worker.STEPS + 1):
         scale = 1 / math.sqrt(t) if fields.get("kl_scaling") == "sqrt" and t > 1 else 1.0
-        betas[str(t)] = beta * scale
+        scheduled_off = "dynamic" in fields.get("kl_adaptation_method", "") and t >= fields.get(
+            "beta_schedule_steps", 1000
+        )
+        betas[str(t)] = 0.0 if scheduled_off else beta * scale  # beta_min is 0 here
         if "dynamic" in fields.get("kl_adaptation_method", ""):
             if mean_reward(str(t)) >= fields["reward_threshold"]:
                 beta *= fields["dynamic_beta_decay"]
@@ -105,7 +109,9 @@ def test_beta_follows_the_rules_on_global_statistics(runs, name):
         fields, lambda t: _global_mean_reward(ranks, t), lambda t: _global_mean_kl(ranks, t), sequences
     )
     assert ranks[0]["beta"] == pytest.approx(expected, rel=1e-6)
-    if name != "stepwise":  # the stepwise thresholds do not separate the two processes' KL in these 4 steps
+    # The stepwise thresholds do not separate the two processes' KL in these 4 steps, and a β switched off by the
+    # schedule reads no statistic.
+    if name not in ("stepwise", "rloo-zero-beta"):
         local = _expected_betas(
             fields,
             lambda t: _global_mean_reward(ranks[:1], t),
@@ -127,6 +133,9 @@ def test_logged_means_are_global(runs, name):
     assert list(logs) == STEPS
     discriminating = 0
     for t in STEPS:
+        if t not in ranks[0]["kl"]:  # scored without the reference (β = 0): no KL measured, none logged
+            assert "adaptive_kl/raw_kl" not in logs[t] and logs[t]["adaptive_kl/reference_skipped"] == 1.0
+            continue
         assert logs[t]["adaptive_kl/raw_kl"] == pytest.approx(_global_mean_kl(ranks, t), rel=1e-5, abs=1e-9)
         assert logs[t]["reward"] == pytest.approx(_global_mean_reward(ranks, t), rel=1e-6)
         per_rank = [record["kl"][t][1] / record["kl"][t][0] for record in ranks]
@@ -154,8 +163,33 @@ def test_two_processes_match_one_process(runs, name):
     assert one["beta"] == pytest.approx(rank0["beta"], rel=1e-6)
     one_logs, two_logs = one["log_history"], rank0["log_history"]
     assert [h["step"] for h in one_logs] == [h["step"] for h in two_logs] == list(range(1, worker.STEPS + 1))
+    keys = ("loss", "adaptive_kl/raw_kl", "adaptive_kl/adapted_kl", "kl", "grad_norm", "reward",
+            "frac_reward_zero_std", "adaptive_kl/reward_penalty", "adaptive_kl/kl_masked_fraction")  # fmt: skip
     for h1, h2 in zip(one_logs, two_logs):
-        for key in ("loss", "adaptive_kl/raw_kl", "adaptive_kl/adapted_kl", "kl", "grad_norm", "reward"):
+        assert {key for key in keys if key in h1} == {key for key in keys if key in h2}
+        for key in (key for key in keys if key in h1):
             assert h2[key] == pytest.approx(h1[key], rel=1e-5, abs=1e-7), (h1["step"], key)
     assert torch.equal(rank0["params"], rank1["params"])  # DDP keeps the replicas identical
     assert (rank0["params"] - one["params"]).abs().max().item() < 1e-6
+
+
+def test_the_mask_leaves_out_the_tied_groups_of_every_process(runs):
+    """The KL mask decides per group of the whole generation batch: the tied half of the prompts is masked on both
+    processes alike (the 1-process run above gives the same losses)."""
+    ranks = runs["mask"]["two"]
+    masked = [[h["adaptive_kl/kl_masked_fraction"] for h in record["log_history"]] for record in ranks]
+    assert masked[0] == masked[1]
+    for t, fraction in zip(STEPS, masked[0]):
+        groups = [rewards[i : i + worker.GROUP] for record in ranks for rewards in [record["rewards"][t]]
+                  for i in range(0, len(rewards), worker.GROUP)]  # fmt: skip
+        assert fraction == sum(len(set(group)) == 1 for group in groups) / len(groups)
+    assert any(0 < fraction < 1 for fraction in masked[0]), "no step with one group masked and one not: no check"
+
+
+def test_rloo_skips_the_reference_on_every_process_once_beta_is_0(runs):
+    """From `beta_schedule_steps` on, both processes score without the reference (the same decision, from the same β),
+    and the run still equals the 1-process run (checked above)."""
+    for record in runs["rloo-zero-beta"]["two"]:
+        skipped = {str(h["step"]): h["adaptive_kl/reference_skipped"] for h in record["log_history"]}
+        assert skipped == {"1": 0.0, "2": 0.0, "3": 1.0, "4": 1.0}
+        assert record["beta"]["3"] == record["beta"]["4"] == 0.0
