@@ -59,8 +59,8 @@ class AdaptiveKLRun:
         self.resetter = ReferenceResetter.from_args(self, args)
         self.reference_resets = self.resetter.resets
         self.run_warnings = RunWarnings(is_main_process=self.accelerator.is_main_process)
-        self.zero_beta = ZeroBetaReference(self, released=loads_no_reference)
-        self.rollouts = RolloutScoring(self)
+        self.zero_beta = ZeroBetaReference(self, self.beta_controller, released=loads_no_reference)
+        self.rollouts = RolloutScoring(self, self.run_warnings)
         self.kl_monitor = KLMonitor()
         self.generation_batches: dict[str, GenerationBatch] = {}
         self.add_callback(AdaptiveKLStateCallback(self.beta_controller, resets=self.reference_resets))

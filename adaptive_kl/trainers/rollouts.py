@@ -27,6 +27,7 @@ from .hooks import (
     scale_rewards,
     score_policy,
 )
+from .run_warnings import RunWarnings
 
 
 @dataclass
@@ -34,7 +35,8 @@ class RolloutScoring:
     """The generation batches of one trainer, as they are scored.
 
     Args:
-        trainer (`AdaptiveKLGRPOTrainer`): the trainer whose batches these are.
+        trainer (`AdaptiveKLGRPOTrainer` or `AdaptiveKLRLOOTrainer`): the trainer whose batches these are.
+        warnings (`RunWarnings`): the run's once-per-run warnings (infinite rewards).
         mean_reward (`float`): the mean total reward of the last training generation batch (NaN before the first):
             what a reward-triggered β (`dynamic`) reads at the end of each optimizer step.
         zero_std_fraction (`float`): the fraction of groups of that batch whose total rewards all agree (NaN before
@@ -42,6 +44,7 @@ class RolloutScoring:
     """
 
     trainer: object = field(repr=False)
+    warnings: RunWarnings = field(repr=False)
     mean_reward: float = float("nan")
     zero_std_fraction: float = float("nan")
 
@@ -60,7 +63,7 @@ class RolloutScoring:
         if any(counts):
             names = reward_func_names(self.trainer)
             named = ", ".join(f"{name} ({count})" for name, count in zip(names, counts) if count)
-            self.trainer.run_warnings.warn(
+            self.warnings.warn(
                 "infinite_rewards",
                 f"Reward functions returned ±inf for some of the {len(rewards_per_func)} completions of a generation "
                 f"batch: {named}. TRL takes only None (NaN) as 'no reward'; an infinite reward makes the advantages "

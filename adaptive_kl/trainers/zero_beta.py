@@ -16,6 +16,7 @@ import torch
 from peft import PeftModel
 from transformers.utils import logging
 
+from ..kl.controller import BetaController
 from .hooks import host_beta, reference_model, release_reference_model, sharding_engine
 from .state import resumes_past_the_switch
 
@@ -54,12 +55,14 @@ class ZeroBetaReference:
 
     Args:
         trainer (`AdaptiveKLGRPOTrainer` or `AdaptiveKLRLOOTrainer`): the trainer whose reference this is.
+        controller (`BetaController`): the trainer's β, which says from which step it is 0 for good.
         released (`bool`): the reference model is gone: freed, or never loaded (`reference_never_scored`).
         monitored_window (`int` or `None`): the last window of `kl_monitor_steps` optimizer steps measured anyway.
         eval_monitored (`bool`): whether the evaluation in progress measured its first batch.
     """
 
     trainer: object = field(repr=False)
+    controller: BetaController = field(repr=False)
     released: bool = False
     monitored_window: int | None = None
     eval_monitored: bool = False
@@ -84,7 +87,7 @@ class ZeroBetaReference:
         if (
             not args.skip_zero_beta_reference
             or args.ref_reset_kl > 0
-            or not trainer.beta_controller.is_zero_from(step)
+            or not self.controller.is_zero_from(step)
             or self.monitor_due(mode, step)
         ):
             if self.released:
