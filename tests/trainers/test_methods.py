@@ -149,21 +149,26 @@ def test_kl_term_and_gradient_follow_the_formula(tiny_model_dir, method, estimat
         assert torch.equal(our_grad[clipped], policy_grad[clipped])
 
 
+def method_trainer(model_dir, method: str, loss_type: str, **fields):
+    """A trainer of `method` at `BETA` on the tiny model, accumulating `ACCUMULATION` micro-batches."""
+    return make_trainer(
+        AdaptiveKLGRPOTrainer,
+        AdaptiveKLGRPOConfig,
+        model_dir,
+        beta=BETA,
+        loss_type=loss_type,
+        kl_adaptation_method=method,
+        gradient_accumulation_steps=ACCUMULATION,
+        **fields,
+    )
+
+
 def test_length_normalized_gives_every_sequence_equal_kl_weight_under_dapo(tiny_model_dir):
     """Under `dapo` the default KL weight of a sequence grows with its length; `length_normalized` makes it 1/B."""
     totals = {}
     for method in ("none", "length_normalized"):
-        trainer = make_trainer(
-            AdaptiveKLGRPOTrainer,
-            AdaptiveKLGRPOConfig,
-            tiny_model_dir,
-            beta=BETA,
-            loss_type="dapo",
-            kl_adaptation_method=method,
-            kl_estimator="k1",  # ∂k/∂log π = 1: the gradient is the aggregation weight itself
-            use_bias_correction_kl=False,
-            gradient_accumulation_steps=ACCUMULATION,
-        )
+        # k1: ∂k/∂log π = 1, so the gradient is the aggregation weight itself
+        trainer = method_trainer(tiny_model_dir, method, "dapo", kl_estimator="k1", use_bias_correction_kl=False)
         inputs = fabricated_inputs(trainer)
         _, _, grad = logp_gradient(trainer, inputs)
         trainer.beta = 0.0
@@ -184,15 +189,7 @@ def test_length_normalized_is_none_bit_for_bit_under_grpo(tiny_model_dir):
     reward, where it acts; docs/studies/README.md)."""
     results = {}
     for method in ("none", "length_normalized"):
-        trainer = make_trainer(
-            AdaptiveKLGRPOTrainer,
-            AdaptiveKLGRPOConfig,
-            tiny_model_dir,
-            beta=BETA,
-            loss_type="grpo",
-            kl_adaptation_method=method,
-            gradient_accumulation_steps=ACCUMULATION,
-        )
+        trainer = method_trainer(tiny_model_dir, method, "grpo")
         results[method] = logp_gradient(trainer, fabricated_inputs(trainer))
     (none_loss, _, none_grad), (ln_loss, _, ln_grad) = results["none"], results["length_normalized"]
     assert torch.equal(ln_loss, none_loss) and torch.equal(ln_grad, none_grad)
