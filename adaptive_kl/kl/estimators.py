@@ -46,6 +46,22 @@ def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
     return upcast_half(log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
+def masked_log_ratio(
+    per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """r = log π − log π_ref at the tokens `mask` counts, 0 at the others: whatever a padding token's log-probabilities
+    are (−inf included), they reach no estimate, value or gradient (k1 and k2 are not clamped).
+
+    Args:
+        per_token_logps, ref_per_token_logps (`torch.Tensor` of shape `(B, T)`): log π and log π_ref.
+        mask (`torch.Tensor` of shape `(B, T)`): completion mask (bool or 0/1).
+
+    Returns:
+        `torch.Tensor` of shape `(B, T)`.
+    """
+    return torch.where(mask > 0, per_token_logps - ref_per_token_logps, 0.0)
+
+
 def estimator_log_ratio(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
     """The log-ratio `estimator` is computed from: upcast from half precision, and clamped (`clamp_log_ratio`) only
     for the estimators that exponentiate it (`EXPONENTIAL_ESTIMATORS`)."""

@@ -12,8 +12,29 @@ from __future__ import annotations
 import torch
 
 
+def nan_std(values: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """The sample standard deviation (n − 1) of the non-NaN entries of `values` over `dim` (all of them for `None`),
+    computed as TRL's `nanstd` computes it: the mean of the squared deviations from the mean, times n / (n − 1).
+
+    Args:
+        values (`torch.Tensor`): any shape; NaN entries are left out.
+        dim (`int`, *optional*): the dimension to reduce; `None`: all.
+        keepdim (`bool`): keep `dim` with size 1 (not with `dim=None`, which gives a scalar).
+
+    Returns:
+        `torch.Tensor`: NaN where fewer than two entries are not NaN, or where every deviation is inf − inf.
+    """
+    if dim is None:
+        return nan_std(values.reshape(-1), dim=0)
+    count = (~values.isnan()).sum(dim=dim, keepdim=True)
+    squares = (values - values.nanmean(dim=dim, keepdim=True)).square()  # inf − inf: NaN, as in TRL's nanstd
+    variance = squares.nanmean(dim=dim, keepdim=True) * count / (count - 1)
+    std = torch.where(count > 1, variance, torch.full_like(variance, float("nan"))).sqrt()
+    return std if keepdim else std.squeeze(dim)
+
+
 def group_reward_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """The sample standard deviation of each group's non-NaN rewards, as TRL's `nanstd` computes it.
+    """The sample standard deviation of each group's non-NaN rewards (`nan_std`).
 
     Args:
         rewards (`torch.Tensor` of shape `(N,)`): total rewards of a generation batch over all processes, NaN where no
@@ -29,10 +50,7 @@ def group_reward_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     grouped = rewards.detach().reshape(-1, group_size)  # in the rewards' dtype, as TRL tests them
     if group_size == 1:
         return grouped.new_zeros(grouped.size(0))
-    scored = (~grouped.isnan()).sum(dim=1)  # (N / group_size,)
-    squares = (grouped - grouped.nanmean(dim=1, keepdim=True)).square()  # inf − inf: NaN, as in TRL's nanstd
-    variance = squares.nanmean(dim=1) * scored / (scored - 1)
-    return torch.where(scored > 1, variance, torch.full_like(variance, float("nan"))).sqrt()
+    return nan_std(grouped, dim=1)
 
 
 def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from .aggregation import sequence_means, sequence_sums
-from .estimators import kl_estimate, transform_kl
+from .estimators import kl_estimate, masked_log_ratio, transform_kl
+from .groups import nan_std
 from .metrics import kl_statistics
 
 
@@ -52,7 +53,7 @@ def sequence_kl_penalty(
         `torch.Tensor` of shape `(B,)` in float32 or wider.
     """
     with torch.no_grad():
-        kl = kl_estimate(per_token_logps - ref_per_token_logps, estimator)
+        kl = kl_estimate(masked_log_ratio(per_token_logps, ref_per_token_logps, mask), estimator)
         adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
         mask = mask.to(adapted.dtype)
         per_sequence = sequence_means(adapted, mask) if length_normalized else sequence_sums(adapted, mask)
@@ -74,14 +75,6 @@ def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) 
     rewards = (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
     rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
     return rewards
-
-
-def _nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sample standard deviation (n − 1) over non-NaN entries; NaN with fewer than two."""
-    count = (~values.isnan()).sum(dim=dim, keepdim=dim is not None)
-    mean = values.nanmean(dim=dim, keepdim=dim is not None)
-    squares = (values - mean).square().nansum(dim=dim, keepdim=dim is not None)
-    return torch.where(count > 1, squares / (count - 1).clamp(min=1), torch.full_like(squares, float("nan"))).sqrt()
 
 
 # GRPO's group-relative advantages: DeepSeekMath (arXiv:2402.03300) §4.1.2, with TRL's `scale_rewards` variants.
@@ -106,9 +99,11 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards:
     advantages = (grouped - grouped.nanmean(dim=1, keepdim=True)).view(-1)
     if scale_rewards != "none":
         if scale_rewards == "batch":
-            std = _nan_std(rewards) if rewards.numel() > 1 else rewards.new_zeros(())
+            std = nan_std(rewards) if rewards.numel() > 1 else rewards.new_zeros(())
         else:
-            std = _nan_std(grouped, dim=1) if num_generations > 1 else grouped.new_zeros(grouped.size(0), 1)
+            std = (
+                nan_std(grouped, dim=1, keepdim=True) if num_generations > 1 else grouped.new_zeros(grouped.size(0), 1)
+            )
             std = std.expand_as(grouped).reshape(-1)
         advantages = advantages / (std + STD_EPSILON)
     return torch.nan_to_num(advantages, nan=0.0)
@@ -140,7 +135,7 @@ def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int, normal
     others = grouped.nansum(dim=1, keepdim=True) - grouped  # NaN for an unscored completion: it stays NaN
     advantages = (grouped - others / (scored - 1)).view(-1)  # 0/0 = NaN for a lone scored completion
     if normalize:
-        advantages = (advantages - advantages.nanmean()) / (_nan_std(advantages) + STD_EPSILON)
+        advantages = (advantages - advantages.nanmean()) / (nan_std(advantages) + STD_EPSILON)
     return torch.nan_to_num(advantages, nan=0.0)
 
 
@@ -165,7 +160,7 @@ def penalty_statistics(
         `torch.Tensor` of shape `(len(STAT_NAMES),)`, for these sequences only (the caller reduces it).
     """
     with torch.no_grad():
-        log_ratio = per_token_logps - ref_per_token_logps
+        log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
         kl = kl_estimate(log_ratio, estimator)
         adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
         clipped_at = clip_threshold if transform == "clip" else None

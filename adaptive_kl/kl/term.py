@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .aggregation import aggregate_like_host, length_normalized_mean
-from .estimators import importance_ratio, kl_estimate, transform_kl
+from .estimators import importance_ratio, kl_estimate, masked_log_ratio, transform_kl
 from .metrics import kl_statistics
 
 
@@ -60,7 +60,7 @@ def adapted_kl_term(
         `tuple[torch.Tensor, torch.Tensor]`: the scalar term (differentiable through `per_token_logps`) and the
         statistics vector of shape `(len(STAT_NAMES),)` for this process only (the caller reduces it).
     """
-    log_ratio = per_token_logps - ref_per_token_logps
+    log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
     kl = kl_estimate(log_ratio, estimator)
     host_kl = None if estimator == "k3" else kl_estimate(log_ratio.detach(), "k3")  # what TRL logs as `kl`
     if use_bias_correction:
