@@ -6,6 +6,7 @@ import math
 import os
 import re
 
+import pytest
 from tiny import run_python
 
 
@@ -43,6 +44,42 @@ def test_step_overhead_reports_every_variant(tmp_path):
         _positive(cells[2]), _positive(cells[5])  # time and memory ratios
         assert _positive(cells[7]) == 4.0  # tokens per completion: forced to full length
     assert _positive(rows["stock"][0][2]) == 1.0
+
+
+def test_loss_cost_reports_ours_and_the_a_a_with_their_intervals(tmp_path):
+    output = tmp_path / "loss.md"
+    run_python(
+        os.path.join(BENCHMARKS, "loss_cost.py"),
+        *("--reps", "4", "--warmup", "1", "--prompts", "2", "--num-generations", "4", "--completion-length", "6"),
+        *("--output", str(output)),
+    )
+    text = output.read_text()
+    assert "- device: CPU" in text and "4 repetitions after 1" in text
+    rows = {name: cells for name, (cells,) in _rows(text).items() if name != "against stock"}
+    assert list(rows) == ["ours (none)", "stock, again"]
+    for cells in rows.values():
+        assert cells[1] == "4"
+        ratio, (low, high) = _positive(cells[2]), map(float, cells[3].split("–"))
+        assert low <= ratio <= high and _positive(cells[4]) == pytest.approx(100 * (high - low) / 2, abs=0.01)
+        assert re.fullmatch(r"[+-]\d+\.\d ± \d+\.\d", cells[7]), cells[7]
+
+
+def test_the_ratio_interval_is_students_on_the_log_ratios():
+    """Paired ratios 1.1, 1.0 and 0.9 over 3 repetitions: the geometric mean, and exp(mean ± t_{0.975,2}·s/√3) of
+    their logs."""
+    import statistics
+    import sys
+
+    sys.path.insert(0, BENCHMARKS)
+    from loss_cost import ratio_interval
+
+    ratio, low, high, n = ratio_interval([1.1, 1.0, 0.9], [1.0, 1.0, 1.0])
+    logs = [math.log(1.1), 0.0, math.log(0.9)]
+    half = 4.302653 * statistics.stdev(logs) / math.sqrt(3)
+    assert n == 3 and ratio == pytest.approx(math.exp(statistics.fmean(logs)))
+    assert (low, high) == pytest.approx(
+        (math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half))
+    )
 
 
 def test_reference_cost_reports_every_variant_against_its_baseline(tmp_path):

@@ -300,8 +300,14 @@ def test_quick_demo_table(quick_demo):
     """The table's numbers are those of the CSV, summarized."""
     out, result = quick_demo
     rows = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
-    # TRL logs the truncation rate and the evaluations the format-free accuracy: their optional columns follow.
-    optional = ("truncated (last quarter)", "format-free accuracy (step 0)", "format-free accuracy (final)")
+    # TRL logs the truncation rate, and the evaluations the format-free accuracy and the format rate: their optional
+    # columns follow.
+    optional = (
+        "truncated (last quarter)",
+        "format-free accuracy (step 0)",
+        "format-free accuracy (final)",
+        "greedy format rate (final)",
+    )
     assert rows[0] == "| " + " | ".join((*SUMMARY_HEADER, *optional)) + " |"
     assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == list(DEMO_METHODS)
     with open(out / "metrics.csv") as f:
@@ -317,9 +323,11 @@ def test_quick_demo_table(quick_demo):
         assert float(cells[4]) == pytest.approx(sum(raw) / len(raw), abs=5e-5)
         assert float(cells[6]) == pytest.approx(float(mine[-1]["adaptive_kl/current_beta"]), rel=1e-3)
         truncated = [float(r["completions/clipped_ratio"]) for r in mine if r["completions/clipped_ratio"]]
-        assert float(cells[-3]) == pytest.approx(statistics.mean(truncated[-max(1, len(truncated) // 4) :]), abs=5e-3)
+        assert float(cells[-4]) == pytest.approx(statistics.mean(truncated[-max(1, len(truncated) // 4) :]), abs=5e-3)
         answer_accuracy = [float(r["val_answer_accuracy"]) for r in mine if r["val_answer_accuracy"]]
-        assert [float(c) for c in cells[-2:]] == pytest.approx([answer_accuracy[0], answer_accuracy[-1]], abs=5e-4)
+        assert [float(c) for c in cells[-3:-1]] == pytest.approx([answer_accuracy[0], answer_accuracy[-1]], abs=5e-4)
+        formats = [float(r["val_format"]) for r in mine if r["val_format"]]
+        assert float(cells[-1]) == pytest.approx(formats[-1], abs=5e-4)
     # The printed table: the same rows, cut to the columns a reader compares.
     printed = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     assert printed[0] == "| " + " | ".join(TERMINAL_HEADER) + " |"

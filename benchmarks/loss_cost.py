@@ -1,0 +1,166 @@
+"""The training part alone, to the percent: one micro-batch's loss forward and backward with this package's trainer
+(method `none`) against stock TRL's `GRPOTrainer`, as a ratio with its 95% interval, next to an A/A interval.
+
+    python benchmarks/loss_cost.py                                                    # tiny model, CPU
+    python benchmarks/loss_cost.py --model smollm2 --lora --prompts 2 --completion-length 128 --reps 40
+    python benchmarks/loss_cost.py --shape qwen2.5-0.5b --lora --bf16 --prompts 2 --completion-length 256   # GPU
+
+Three trainers on the same weights: stock, stock again (the A/A: what the measurement reads where nothing differs) and
+ours at the same β. One micro-batch laid out as training lays it out (`testing.batches.grouped_inputs`: prompts
+repeated over their group, completions of different lengths, drifted reference and old log-probabilities) goes
+through each trainer's `compute_loss` and `backward`, the three in turn, the order rotating every repetition, after
+`--warmup` untimed repetitions. Generation, rewards and the optimizer step are left out: they are the host's alone, so
+they only dilute the ratio (`step_overhead.py` measures the whole step).
+
+Time: `time.perf_counter` on a CPU, CUDA events on a GPU. Each repetition gives the paired ratios ours/stock and
+stock again/stock; the ratio reported is their geometric mean, with the 95% interval of Student's t over the
+repetitions (n − 1 degrees of freedom) on the log-ratios. Memory: the peak of each pass above the memory before it
+(`torch.cuda.max_memory_allocated` on a GPU, the process's peak resident set on a CPU: see `machine.py`), as the mean
+difference ours − stock (and A/A) in MiB with its 95% interval.
+
+Prints, and with `--output` writes, the two rows and the settings.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from machine import current_memory_mib, peak_memory_mib, precise_cpu_memory, report, reset_peak_memory
+from step_overhead import benchmark_model, build_trainer, timing_arguments
+
+from adaptive_kl.demo.seeds import mean_interval
+from adaptive_kl.testing.batches import grouped_inputs
+from adaptive_kl.trainers.hooks import set_accumulation_steps
+from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
+
+
+STOCK, STOCK_AGAIN, OURS = "stock", "stock, again", "ours (none)"
+VARIANTS = {STOCK: None, STOCK_AGAIN: None, OURS: {"kl_adaptation_method": "none"}}
+
+
+def elapsed_clock() -> Callable[[], Callable[[], float]]:
+    """A clock for one pass: `start = clock()` starts it, `start()` returns the seconds since (CUDA events on a GPU,
+    which time the device's work; `perf_counter` on a CPU)."""
+    if torch.cuda.is_available():
+
+        def start_events():
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+
+            def stop() -> float:
+                end.record()
+                end.synchronize()
+                return begin.elapsed_time(end) / 1000
+
+            return stop
+
+        return start_events
+
+    def start_counter():
+        begin = time.perf_counter()
+        return lambda: time.perf_counter() - begin
+
+    return start_counter
+
+
+def loss_pass(trainer, inputs: dict, clock) -> tuple[float, float]:
+    """One forward and backward of `trainer`'s loss on `inputs`: `(seconds, peak MiB above the memory before it)`."""
+    model = trainer.model
+    model.zero_grad(set_to_none=True)
+    reset_peak_memory()
+    baseline = current_memory_mib()
+    stop = clock()
+    trainer.compute_loss(model, inputs).backward()
+    seconds = stop()
+    return seconds, peak_memory_mib() - baseline
+
+
+def measure(trainers: dict, inputs: dict, reps: int, warmup: int) -> dict[str, dict[str, list[float]]]:
+    """Each variant's `{"time": [...], "memory": [...]}` over `reps` repetitions after `warmup` untimed ones; in each
+    repetition the variants run once each, the order rotating."""
+    clock = elapsed_clock()
+    labels = list(trainers)
+    results = {label: {"time": [], "memory": []} for label in labels}
+    for rep in range(warmup + reps):
+        order = labels[rep % len(labels) :] + labels[: rep % len(labels)]
+        for label in order:
+            seconds, peak = loss_pass(trainers[label], inputs, clock)
+            if rep >= warmup:
+                results[label]["time"].append(seconds)
+                results[label]["memory"].append(peak)
+    return results
+
+
+def ratio_interval(numerators: list[float], denominators: list[float]) -> tuple[float, float, float, int]:
+    """`(ratio, low, high, n)`: the geometric mean of the paired ratios and its 95% t-interval (on the logs)."""
+    mean, half, n = mean_interval([math.log(a / b) for a, b in zip(numerators, denominators, strict=True)])
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half), n
+
+
+def difference_interval(values: list[float], baseline: list[float]) -> tuple[float, float, int]:
+    """`(mean, half-width, n)` of the paired differences `values − baseline` (95%, t)."""
+    return mean_interval([a - b for a, b in zip(values, baseline, strict=True)])
+
+
+def summarize(results: dict) -> list[str]:
+    """The table: per row (ours, and the A/A), the time ratio to stock with its interval and the interval's half-width
+    in percent, the median pass time, and the peak memory's difference from stock."""
+    stock = results[STOCK]
+    lines = [
+        "| against stock | n | time ratio | 95% interval | ± (%) | median pass (s) | peak above start (MiB) "
+        "| memory difference (MiB), 95% |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label in (OURS, STOCK_AGAIN):
+        ratio, low, high, n = ratio_interval(results[label]["time"], stock["time"])
+        memory, memory_half, _ = difference_interval(results[label]["memory"], stock["memory"])
+        lines.append(
+            f"| {label} | {n} | **{ratio:.4f}** | {low:.4f}–{high:.4f} | {100 * (high - low) / 2:.2f} "
+            f"| {statistics.median(results[label]['time']):.4f} | {statistics.fmean(results[label]['memory']):.1f} "
+            f"| {memory:+.1f} ± {memory_half:.1f} |"
+        )
+    return lines
+
+
+def parse_args(argv):
+    parser = timing_arguments(__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=2, help="prompts of the micro-batch (each with its group)")
+    parser.add_argument("--reps", type=int, default=30, help="timed repetitions (each runs every variant once)")
+    parser.set_defaults(warmup=3)
+    opts = parser.parse_args(argv)
+    if opts.reps < 2:
+        parser.error(f"--reps must be at least 2 for an interval, got {opts.reps}.")
+    return opts
+
+
+def main(argv=None):
+    opts = parse_args(argv)
+    torch.set_num_threads(opts.threads)
+    scorer_note = install_cpu_scorer_if_needed()  # TRL 1.15 on a CPU: stock and ours alike
+    if not torch.cuda.is_available():
+        precise_cpu_memory()
+    model_dir = benchmark_model(opts)
+    opts.batch = opts.prompts * opts.num_generations
+    trainers = {label: build_trainer(fields, model_dir, opts, steps=1) for label, fields in VARIANTS.items()}
+    for trainer in trainers.values():
+        trainer.model.train()
+        set_accumulation_steps(trainer, 1)
+    inputs = grouped_inputs(trainers[STOCK], opts.prompts, opts.completion_length, micro_batches=1)
+    results = measure(trainers, inputs, opts.reps, opts.warmup)
+    model = f"model {opts.model}" if opts.model else f"shape {opts.shape}"
+    settings = (
+        f"- settings: {model}, lora {opts.lora}, bf16 {opts.bf16}, beta {opts.beta}, one micro-batch of "
+        f"{opts.prompts} prompts x {opts.num_generations} completions of up to {opts.completion_length} tokens; "
+        f"loss forward and backward, {opts.reps} repetitions after {opts.warmup}, variants in rotating order; "
+        f"{'CUDA events' if torch.cuda.is_available() else 'perf_counter'}, torch threads {opts.threads}"
+    )
+    notes = [f"- note: {scorer_note}"] if scorer_note else []
+    report("loss_cost.py", argv, [settings, *notes], summarize(results), opts.output)
+
+
+if __name__ == "__main__":
+    main()
