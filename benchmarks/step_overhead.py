@@ -13,7 +13,8 @@ and trains on the same number of tokens whatever its weights become.
 Time: in each of `--rounds` rounds, one trainer per variant is built and all are trained *interleaved*, one
 optimizer step each in turn (each in its own thread, only one running at a time), so that drifts of the machine's
 speed hit every variant alike. Step time is the median over the steps after the first `--warmup` of every round;
-the spread is the interquartile range of the paired ratios (a variant's step / stock's step of the same turn).
+the spread is the interquartile range of the paired ratios (a variant's step / stock's step of the same turn), and
+their geometric mean is given with its 95% t-interval over the paired steps (n − 1 degrees of freedom, on the logs).
 
 Memory: afterwards each variant trains alone for `--warmup` + 1 steps and its peak is measured (see `machine.py`):
 `torch.cuda.max_memory_allocated` on a GPU, the process's peak resident set on a CPU (with glibc's allocator set to
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import math
 import statistics
 import sys
 import tempfile
@@ -40,6 +42,7 @@ from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
+from adaptive_kl.demo.seeds import mean_interval
 from adaptive_kl.kl.controller import KL_SCALINGS
 from adaptive_kl.tasks.policies import resolve_policy
 from adaptive_kl.testing.tiny_model import MODEL_SHAPES, save_random_model
@@ -258,9 +261,9 @@ def summarize(times: dict[str, list[dict]], memory: dict[str, dict], baselines: 
     spread."""
     baselines = baselines or {}
     lines = [
-        "| variant | median step (s) | time ratio | paired ratios, IQR | peak memory (MiB) | memory ratio "
-        "| above baseline (MiB) | tokens/completion |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | median step (s) | time ratio | paired ratios, IQR | paired ratio, 95% interval (n) "
+        "| peak memory (MiB) | memory ratio | above baseline (MiB) | tokens/completion |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, runs in times.items():
         base = baselines.get(label, STOCK)
@@ -268,11 +271,14 @@ def summarize(times: dict[str, list[dict]], memory: dict[str, dict], baselines: 
         step_time = statistics.median(t for run in runs for t in run["times"])
         paired = [t / s for run, other in zip(runs, times[base]) for t, s in zip(run["times"], other["times"])]
         low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+        # The geometric mean of the paired ratios, and its 95% t-interval over the paired steps (on the logs).
+        mean, half, n = mean_interval([math.log(ratio) for ratio in paired])
+        interval = f"{math.exp(mean):.3f} ({math.exp(mean - half):.3f}–{math.exp(mean + half):.3f}, n={n})"
         peak, above = memory[label]["peak"], memory[label]["above_baseline"]
         base_peak, base_above = memory[base]["peak"], memory[base]["above_baseline"]
         length = statistics.fmean(run["length"] for run in runs)
         lines.append(
-            f"| {label} | {step_time:.4f} | **{step_time / base_time:.3f}** | {low:.3f}–{high:.3f} "
+            f"| {label} | {step_time:.4f} | **{step_time / base_time:.3f}** | {low:.3f}–{high:.3f} | {interval} "
             f"| {peak:.0f} | **{peak / base_peak:.4f}** | {above:.0f} ({above / base_above:.3f}) | {length:.1f} |"
         )
     return lines

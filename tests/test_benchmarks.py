@@ -41,8 +41,9 @@ def test_step_overhead_reports_every_variant(tmp_path):
     rows = _rows(text)
     assert list(rows) == ["stock", "stock, again", "none", "clip", "none, kl_scaling=sqrt"]
     for (cells,) in rows.values():
-        _positive(cells[2]), _positive(cells[5])  # time and memory ratios
-        assert _positive(cells[7]) == 4.0  # tokens per completion: forced to full length
+        _positive(cells[2]), _positive(cells[6])  # time and memory ratios
+        assert re.fullmatch(r"\d\.\d{3} \(\d+\.\d{3}–\d+\.\d{3}, n=2\)", cells[4]), cells[4]  # 1 step x 2 rounds
+        assert _positive(cells[8]) == 4.0  # tokens per completion: forced to full length
     assert _positive(rows["stock"][0][2]) == 1.0
 
 
@@ -103,13 +104,13 @@ def test_reference_cost_reports_every_variant_against_its_baseline(tmp_path):
     for label in [*ours, *stock]:  # in both tables: against β = 0, and ours against stock at the same β
         assert len(rows[label]) == 2, label
     for label in stock:
-        assert _positive(rows[label][1][2]) == 1.0 and _positive(rows[label][1][5]) == 1.0
+        assert _positive(rows[label][1][2]) == 1.0 and _positive(rows[label][1][6]) == 1.0
     for label in baselines:
-        assert len(rows[label]) == 1 and _positive(rows[label][0][2]) == 1.0 and _positive(rows[label][0][5]) == 1.0
+        assert len(rows[label]) == 1 and _positive(rows[label][0][2]) == 1.0 and _positive(rows[label][0][6]) == 1.0
     for cells_list in rows.values():
         for cells in cells_list:
-            _positive(cells[2]), _positive(cells[5])
-            assert _positive(cells[7]) == 4.0
+            _positive(cells[2]), _positive(cells[6])
+            assert _positive(cells[8]) == 4.0
 
 
 def test_zero_beta_cost_reports_both_phases_and_the_memory(tmp_path):
