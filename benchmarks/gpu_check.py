@@ -671,7 +671,8 @@ def measured_run(opts, fields: dict | None) -> dict:
     finite = all(math.isfinite(v) for h in logs for v in h.values() if isinstance(v, float))
     del trainer
     gc.collect()
-    return {"step_time": statistics.median(timer.times[opts.warmup :]), "peak_mib": peak, "finite": finite}
+    times = timer.times[opts.warmup :]
+    return {"step_time": statistics.median(times), "times": times, "peak_mib": peak, "finite": finite}
 
 
 WARM_UP = "warm-up (stock, not counted)"
@@ -694,9 +695,22 @@ def cost_lines(runs: list[tuple[str, dict]], stock_label: str) -> tuple[list[str
     noise = stocks[-1]["step_time"] / stocks[0]["step_time"]
     memory_ratio = max(r["peak_mib"] for r in ours) / max(max(r["peak_mib"] for r in stocks), 1e-9)
     memory_noise = stocks[-1]["peak_mib"] / max(stocks[0]["peak_mib"], 1e-9)
-    summary = f"ours/stock step time {time_ratio:.3f} (A/A {noise:.3f}), "
+    # The interval: the timed steps of ours against those of the stock run of the same round, step by step.
+    pairs = [(o["times"], s["times"]) for o, s in zip(ours, stocks)]
+    interval = step_ratio_text([a for o, _ in pairs for a in o], [b for _, s in pairs for b in s])
+    aa = step_ratio_text(stocks[-1]["times"], stocks[0]["times"])
+    summary = f"ours/stock step time {time_ratio:.3f}, paired steps {interval} (A/A {noise:.3f}, {aa}), "
     summary += f"peak memory {memory_ratio:.4f} (A/A {memory_noise:.4f})"
     return lines, summary
+
+
+def step_ratio_text(ours: list[float], stock: list[float]) -> str:
+    """The paired times' geometric-mean ratio with its 95% t-interval and n (`loss_cost.ratio_interval`)."""
+    sys.path.insert(0, HERE)
+    from loss_cost import ratio_interval
+
+    ratio, low, high, n = ratio_interval(ours, stock)
+    return f"{ratio:.4f} (95% {low:.4f}–{high:.4f}, n={n})"
 
 
 def alternated_runs(opts, stock_label: str, ours_label: str) -> list[tuple[str, dict]]:
@@ -736,18 +750,240 @@ def cost_trl(opts) -> Outcome:
 
 
 def trl_process(opts) -> None:
-    """The second process: TRL's own trainer and ours on it, alternated; results to `--json`."""
+    """The second process (`--part`): TRL's own trainer and ours on it, alternated (`cost-trl`), or the RLOO check;
+    results to `--json`."""
+    if opts.part == "rloo":
+        rloo_process(opts)
+        return
     with open(opts.json, "w") as f:
         json.dump(alternated_runs(opts, TRL_STOCK, "ours, none, on TRL"), f)
 
 
+def cost_loss(opts) -> Outcome:
+    """The training part alone (`benchmarks/loss_cost.py`): one micro-batch's loss forward and backward through
+    Unsloth's stock trainer, the same again (the A/A) and ours (method `none`), in rotating order, `--loss-reps` times
+    after a warm-up; the ratios with their 95% intervals are the verdict."""
+    sys.path.insert(0, HERE)
+    from loss_cost import OURS, STOCK, STOCK_AGAIN, measure, summarize
+
+    from adaptive_kl.testing.batches import grouped_inputs
+    from adaptive_kl.trainers.hooks import set_accumulation_steps
+
+    fields = {STOCK: None, STOCK_AGAIN: None, OURS: {}}
+    trainers = {label: build(opts, f, completion_length=opts.completion_length) for label, f in fields.items()}
+    for trainer in trainers.values():
+        trainer.model.train()
+        set_accumulation_steps(trainer, 1)
+        trainer._prepare_inputs = lambda inputs: inputs  # the micro-batch as it is (no generation)
+    inputs = grouped_inputs(trainers[STOCK], 1, opts.completion_length, micro_batches=1)
+
+    def training_step(trainer, batch):  # the host's: its loss (Unsloth's, with ours added) and the backward
+        trainer.training_step(trainer.model, dict(batch), batch["num_items_in_batch"])
+
+    results = measure(trainers, inputs, opts.loss_reps, warmup=3, run=training_step)
+    lines = summarize(results)
+    finite = all(math.isfinite(v) for r in results.values() for values in r.values() for v in values)
+    ours, aa = (line.split(" | ") for line in lines[2:4])
+    summary = f"ours/stock {ours[2].strip('*')} (95% {ours[3]}, ±{ours[4]}%, n={ours[1]}); "
+    summary += f"A/A {aa[2].strip('*')} (95% {aa[3]}); memory {ours[7].rstrip(' |')} MiB"
+    head = (
+        f"one micro-batch of 8 completions of {opts.completion_length} tokens, loss forward and backward; β = {BETA}"
+    )
+    return Outcome("PASS" if finite else "FAIL", summary, [head, "", *lines])
+
+
+def zero_beta(opts) -> Outcome:
+    """β reaches 0 mid-run (`dynamic`, `beta_schedule_steps`, `beta_min=0`, `kl_monitor_steps=0`): from then on the
+    reference forward is skipped; its steps after the switch against stock TRL (Unsloth's) at β = 0, alternated."""
+    switch = max(2, opts.cost_steps // 2)
+    fields = {"kl_adaptation_method": "dynamic", "beta_schedule_steps": switch, "beta_min": 0.0, "kl_monitor_steps": 0}
+    runs = []
+    for _ in (1, 2):
+        runs.append(("stock, β = 0", zero_beta_run(opts, None, 0.0)))
+        runs.append(("ours, β → 0", zero_beta_run(opts, fields, BETA)))
+    stock = [r for label, r in runs if label.startswith("stock")]
+    ours = [r for label, r in runs if label.startswith("ours")]
+    after = slice(switch - 1, None)  # 0-based: the steps from the switch on
+    ratio = step_ratio_text(
+        [t for r in ours for t in r["times"][after]], [t for r in stock for t in r["times"][after]]
+    )
+    skipped = [r["skipped"] for r in ours]
+    problems = [] if all(all(s[after]) and not any(s[: switch - 1]) for s in skipped) else [f"skipped {skipped}"]
+    problems += [] if all(r["finite"] for _, r in runs) else ["non-finite logs"]
+    lines = ["| run | step times (s) | peak memory (MiB) | reference skipped by step |", "|---|---|---|---|"]
+    for label, r in runs:
+        times = ", ".join(f"{t:.3f}" for t in r["times"])
+        lines.append(f"| {label} | {times} | {r['peak_mib']:.0f} | {r['skipped']} |")
+    memory = statistics.fmean(r["peak_mib"] for r in ours) - statistics.fmean(r["peak_mib"] for r in stock)
+    memory_text = f"{memory:+.0f} MiB" if math.isfinite(memory) else "n/a (GPU only)"
+    summary = f"after the switch (step {switch}) ours/stock at β = 0 {ratio}; peak memory ours − stock {memory_text}"
+    return Outcome("FAIL" if problems else "PASS", summary + "".join(f"; {p}" for p in problems), lines)
+
+
+def zero_beta_run(opts, fields: dict | None, beta: float) -> dict:
+    """One run of `zero_beta`: every step's time, whether it skipped the reference, and the peak memory."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    trainer = build(opts, fields, opts.cost_steps, beta=beta, completion_length=opts.completion_length)
+    timer = StepTimes()
+    trainer.add_callback(timer.callback)
+    trainer.train()
+    logs = logged_steps(trainer)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else math.nan
+    finite = all(math.isfinite(v) for h in logs for v in h.values() if isinstance(v, float))
+    skipped = [h.get("adaptive_kl/reference_skipped", 0.0) == 1.0 for h in logs]
+    return {"times": timer.times, "peak_mib": peak, "finite": finite, "skipped": skipped}
+
+
+def notebook(opts) -> Outcome:
+    """The quickstart notebook's code cells, top to bottom, as one script in a fresh process (Unsloth's cells on a
+    GPU, on the call's model: `ADAPTIVE_KL_NOTEBOOK_MODEL`), 2 training steps: it must end without an error and
+    print the validation accuracy."""
+    path = os.path.join(os.path.dirname(HERE), "notebooks", "quickstart.ipynb")
+    with open(path) as f:
+        cells = json.load(f)["cells"]
+    code = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    script = os.path.join(tempfile.mkdtemp(), "quickstart.py")
+    with open(script, "w") as f:
+        f.write(code)
+    env = dict(os.environ, ADAPTIVE_KL_NOTEBOOK_STEPS="2", ADAPTIVE_KL_NOTEBOOK_MODEL=opts.model_dir, MPLBACKEND="Agg")
+    result = subprocess.run(
+        [sys.executable, script], capture_output=True, text=True, env=env, cwd=os.path.dirname(script), timeout=420
+    )
+    backend = next((line for line in result.stdout.splitlines() if line.startswith("backend:")), "backend: ?")
+    accuracy = next((line for line in result.stdout.splitlines() if line.startswith("validation accuracy")), None)
+    if result.returncode != 0 or accuracy is None:
+        tail = (result.stderr or result.stdout).splitlines()[-15:]
+        return Outcome("FAIL", f"{backend}; exit {result.returncode}", ["```", *tail, "```"])
+    return Outcome("PASS", f"{backend}; {accuracy}", [f"- {backend}", f"- {accuracy}"])
+
+
+# --- RLOO: TRL's own RLOOTrainer, in the TRL process (Unsloth does not support RLOO) -------------------------------
+
+
+def rloo(opts) -> Outcome:
+    """`AdaptiveKLRLOOTrainer` on TRL's `RLOOTrainer`, in a second process: parity of the advantages at the defaults
+    (the same generation batch scored by stock with β, ours, and stock at β = 0 and at β·(1 + 2^-20): ours' KL
+    contribution against stock's, relative, and the control's), then 3 training steps of `clip+dynamic`."""
+    path = os.path.join(tempfile.mkdtemp(), "rloo.json")
+    command = [sys.executable, os.path.abspath(__file__), *opts.argv, "--host", "trl", "--part", "rloo"]
+    result = subprocess.run([*command, "--model-dir", opts.model_dir, "--json", path], capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = result.stderr.splitlines()[-15:]
+        return Outcome("FAIL", f"the TRL process exited {result.returncode}", ["```", *tail, "```"])
+    with open(path) as f:
+        found = json.load(f)
+    problems = list(found["problems"])
+    if not found["difference"] <= RLOO_TOLERANCE:
+        problems.append(f"the KL contribution differs by {found['difference']:.2e} > {RLOO_TOLERANCE:g}")
+    summary = f"advantages' KL contribution differs by {found['difference']:.2e} (control {found['control']:.2e}, "
+    summary += f"expected {CONTROL_STEP:.1e}); clip+dynamic trained {found['steps']} steps, β {found['beta']}"
+    lines = [f"- {key}: {value}" for key, value in found.items()]
+    return Outcome("FAIL" if problems else "PASS", summary + "".join(f"; {p}" for p in problems), lines)
+
+
+RLOO_TOLERANCE = 1e-3  # relative to the KL contribution; a penalty ×1.01 reads 1e-2
+
+
+def build_rloo(opts, fields: dict | None, beta: float = BETA, steps: int = 1):
+    """An RLOO trainer on the call's policy (PEFT's LoRA, TRL unpatched): stock (`fields=None`) or ours."""
+    import torch
+    from transformers import AutoTokenizer
+    from trl import RLOOConfig, RLOOTrainer
+
+    from adaptive_kl import AdaptiveKLRLOOConfig, AdaptiveKLRLOOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(opts.model_dir)
+    length = opts.train_completion_length
+    common = dict(
+        output_dir=tempfile.mkdtemp(),
+        beta=beta,
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=length,
+        generation_kwargs={"min_new_tokens": length, "suppress_tokens": [tokenizer.pad_token_id]},
+        learning_rate=1e-4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        bf16=opts.dtype == torch.bfloat16,
+        use_cpu=opts.dry_run,
+    )
+    config_cls, trainer_cls = (
+        (RLOOConfig, RLOOTrainer) if fields is None else (AdaptiveKLRLOOConfig, AdaptiveKLRLOOTrainer)
+    )
+    return trainer_cls(
+        model=policy(opts),
+        reward_funcs=[digit_reward],
+        args=config_cls(**common, **(fields or {})),
+        train_dataset=prompts(128),
+        processing_class=tokenizer,
+    )
+
+
+def rloo_process(opts) -> None:
+    """The second process's RLOO part: the parity of one generation batch's advantages, and a short training run;
+    results to `--json`."""
+    import torch
+
+    inputs = [{"prompt": p} for p in prompts(2)["prompt"] for _ in range(4)]
+    scored = {}
+    for name, fields, beta in (
+        ("stock", None, BETA),
+        ("ours", {}, BETA),
+        ("stock, β = 0", None, 0.0),
+        ("stock, control", None, BETA * (1 + CONTROL_STEP)),
+    ):
+        trainer = build_rloo(opts, fields, beta)
+        randomize_lora_b(trainer.model)  # the policy away from its reference (the adapter disabled): a KL to compare
+        trainer.model.train()
+        torch.manual_seed(0)
+        output = trainer._generate_and_score_completions(inputs)
+        scored[name] = (output["completion_ids"].cpu(), output["advantages"].double().cpu())
+        del trainer
+    problems = []
+    if any(not torch.equal(ids, scored["stock"][0]) for ids, _ in scored.values()):
+        problems.append("the trainers sampled different completions: nothing to compare")
+    stock, zero = scored["stock"][1], scored["stock, β = 0"][1]
+    contribution = (stock - zero).norm().item()
+    if not contribution > 0:
+        problems.append("stock's penalty changed no advantage: nothing to compare")
+
+    def relative(name: str) -> float:
+        return (scored[name][1] - stock).norm().item() / max(contribution, 1e-30)
+
+    trainer = build_rloo(opts, {"kl_adaptation_method": "clip+dynamic", "reward_threshold": 0.0}, steps=3)
+    trainer.train()
+    logs = logged_steps(trainer)
+    bad = sorted({k for h in logs for k, v in h.items() if isinstance(v, float) and not math.isfinite(v)})
+    problems += [f"non-finite {bad}"] if bad else []
+    problems += [] if logs and "adaptive_kl/raw_kl" in logs[-1] else ["no adaptive_kl/raw_kl logged"]
+    beta = logs[-1].get("adaptive_kl/current_beta") if logs else None
+    found = {"difference": relative("ours"), "control": relative("stock, control"), "contribution": contribution,
+             "steps": len(logs), "beta": beta, "problems": problems}  # fmt: skip
+    with open(opts.json, "w") as f:
+        json.dump(found, f)
+
+
 # --- the call -------------------------------------------------------------------------------------------------------
 
-# The order is the priority under a budget cut: parity, one method training, the cost, then the rest.
+# The order is the priority under a budget cut: parity, one method training, the cost of the training part, the paths
+# no GPU has run (RLOO, the zero-β skip, the notebook), then the rest.
 CHECKS = {
     **{f"parity-{loss_type}": parity_check(loss_type) for loss_type in LOSS_TYPES},
     "train-none": training_check(TRAINING["train-none"]),
-    "cost": None,  # set below: defined after the training checks
+    "cost-loss": cost_loss,
+    "rloo": rloo,
+    "zero-beta": zero_beta,
+    "notebook": notebook,
+    "cost": cost,
     "parity-long": parity_long,
     **{name: training_check(fields) for name, fields in TRAINING.items() if name != "train-none"},
     "beta-trajectory": beta_trajectory,
@@ -757,7 +993,6 @@ CHECKS = {
     "4bit": four_bit,
     "cost-trl": cost_trl,
 }
-CHECKS["cost"] = cost
 SECOND_CALL = ["cost-trl"]  # left out of the default call (TRL's own trainer, a second process): `--only cost-trl`
 
 
@@ -797,11 +1032,14 @@ def parse_args(argv):
     )
     parser.add_argument("--output", help="the report (markdown), appended to as checks end")
     parser.add_argument("--perturb-kl", choices=["drop", "scale"], help=argparse.SUPPRESS)  # for the tests
+    parser.add_argument("--loss-reps", type=int, help="repetitions of cost-loss's loss passes (default: 30; 4 dry)")
     parser.add_argument("--host", choices=["unsloth", "trl"], default="unsloth", help=argparse.SUPPRESS)
+    parser.add_argument("--part", choices=["cost", "rloo"], default="cost", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)  # the TRL process's results
     opts = parser.parse_args(argv)
     opts.steps = opts.steps or 3
+    opts.loss_reps = opts.loss_reps or (4 if opts.dry_run else 30)
     opts.cost_steps = opts.cost_steps or (3 if opts.dry_run else 7)
     opts.warmup = opts.warmup if opts.warmup is not None else 1
     opts.completion_length = opts.completion_length or (8 if opts.dry_run else 64)

@@ -67,28 +67,34 @@ def elapsed_clock() -> Callable[[], Callable[[], float]]:
     return start_counter
 
 
-def loss_pass(trainer, inputs: dict, clock) -> tuple[float, float]:
-    """One forward and backward of `trainer`'s loss on `inputs`: `(seconds, peak MiB above the memory before it)`."""
-    model = trainer.model
-    model.zero_grad(set_to_none=True)
+def forward_and_backward(trainer, inputs: dict) -> None:
+    """The training part of one micro-batch: the trainer's loss, and its backward."""
+    trainer.compute_loss(trainer.model, inputs).backward()
+
+
+def loss_pass(trainer, inputs: dict, clock, run=forward_and_backward) -> tuple[float, float]:
+    """One `run(trainer, inputs)` (a loss forward and backward): `(seconds, peak MiB above the memory before it)`."""
+    trainer.model.zero_grad(set_to_none=True)
     reset_peak_memory()
     baseline = current_memory_mib()
     stop = clock()
-    trainer.compute_loss(model, inputs).backward()
+    run(trainer, inputs)
     seconds = stop()
     return seconds, peak_memory_mib() - baseline
 
 
-def measure(trainers: dict, inputs: dict, reps: int, warmup: int) -> dict[str, dict[str, list[float]]]:
+def measure(
+    trainers: dict, inputs: dict, reps: int, warmup: int, run=forward_and_backward
+) -> dict[str, dict[str, list[float]]]:
     """Each variant's `{"time": [...], "memory": [...]}` over `reps` repetitions after `warmup` untimed ones; in each
-    repetition the variants run once each, the order rotating."""
+    repetition the variants run once each, the order rotating. `run(trainer, inputs)`: the pass that is timed."""
     clock = elapsed_clock()
     labels = list(trainers)
     results = {label: {"time": [], "memory": []} for label in labels}
     for rep in range(warmup + reps):
         order = labels[rep % len(labels) :] + labels[: rep % len(labels)]
         for label in order:
-            seconds, peak = loss_pass(trainers[label], inputs, clock)
+            seconds, peak = loss_pass(trainers[label], inputs, clock, run)
             if rep >= warmup:
                 results[label]["time"].append(seconds)
                 results[label]["memory"].append(peak)
