@@ -78,9 +78,8 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
     # --- the host's extension points (`hooks.HostHooks`) -------------------------------------------------------------
 
     def _on_scored(self, batch: ScoredBatch) -> None:
-        rewards = self.rollouts.total_rewards(
-            batch.rewards_per_func, batch.mode
-        )  # (N,): the mean reward `dynamic` reads
+        # (N,): also what `dynamic` reads, the mean reward
+        rewards = self.rollouts.total_rewards(batch.rewards_per_func, batch.mode)
         if host_beta(self) == 0.0:  # stock RLOO (the config allows nothing else at β = 0): no penalty to replace
             return
         if batch.ref_logps is not None:
