@@ -8,8 +8,10 @@ runs need Unsloth (CI's TRL 1.15 environment); elsewhere they skip."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -120,14 +122,22 @@ def test_the_cost_ratios_leave_the_warm_up_run_out(gpu_check):
     """On an H200 the first TRL build in a process read 1229 MiB above its baseline and every later one 153 MiB, so a
     ratio against that first run read 0.12 for ours: the warm-up row is shown, and enters neither ratio nor A/A."""
 
-    def run(step_time, peak_mib):
-        return {"step_time": step_time, "peak_mib": peak_mib, "finite": True}
+    def run(step_time, peak_mib, times):
+        return {"step_time": step_time, "times": times, "peak_mib": peak_mib, "finite": True}
 
-    runs = [(gpu_check.WARM_UP, run(9.0, 1229.0)), ("stock", run(2.0, 150.0)), ("ours (1)", run(3.0, 160.0)),
-            ("stock", run(2.5, 153.0)), ("ours (2)", run(2.0, 158.0))]  # fmt: skip
+    runs = [(gpu_check.WARM_UP, run(9.0, 1229.0, [9.0, 9.0])), ("stock", run(2.0, 150.0, [2.0, 2.0])),
+            ("ours (1)", run(3.0, 160.0, [3.0, 3.0])), ("stock", run(2.5, 153.0, [2.5, 2.5])),
+            ("ours (2)", run(2.0, 158.0, [2.0, 2.0]))]  # fmt: skip
     lines, summary = gpu_check.cost_lines(runs, "stock")
-    # ours' median step (2.5) / stock's (2.25); A/A = 2.5 / 2.0; memory: max ours 160 / max stock 153; A/A 153 / 150
-    assert summary == "ours/stock step time 1.111 (A/A 1.250), peak memory 1.0458 (A/A 1.0200)"
+    # ours' median step (2.5) / stock's (2.25); A/A = 2.5 / 2.0; memory: max ours 160 / max stock 153; A/A 153 / 150.
+    # Paired steps (the warm-up's left out): ours/stock 3/2 twice and 2/2.5 twice; A/A 2.5/2 twice.
+    logs = [math.log(1.5)] * 2 + [math.log(0.8)] * 2
+    mean, half = statistics.fmean(logs), 3.182446 * statistics.stdev(logs) / 2  # t_{0.975,3}, n = 4
+    paired = f"{math.exp(mean):.4f} (95% {math.exp(mean - half):.4f}–{math.exp(mean + half):.4f}, n=4)"
+    aa = f"{1.25:.4f} (95% {1.25:.4f}–{1.25:.4f}, n=2)"  # two equal ratios: no spread
+    assert summary == (
+        f"ours/stock step time 1.111, paired steps {paired} (A/A 1.250, {aa}), peak memory 1.0458 (A/A 1.0200)"
+    )
     assert lines[2].startswith(f"| {gpu_check.WARM_UP} | 9.0000 | 4.500 | 1229 | 8.1933 |")
     assert len(lines) == 2 + len(runs)
 
@@ -209,7 +219,8 @@ def test_the_default_call_leaves_cost_trl_to_the_second(gpu_check):
     assert gpu_check.parse_args(["--dry-run", "--only", "cost-trl"]).skip == []
     assert gpu_check.parse_args(["--dry-run", "--skip="]).skip == []
     names = list(gpu_check.CHECKS)  # the priority under a budget cut: parity, one training check, then the cost
-    assert names.index("cost") == len(gpu_check.LOSS_TYPES) + 1 and names[len(gpu_check.LOSS_TYPES)] == "train-none"
+    first = len(gpu_check.LOSS_TYPES)
+    assert names[first : first + 6] == ["train-none", "cost-loss", "rloo", "zero-beta", "notebook", "cost"]
 
 
 @needs_unsloth
