@@ -279,7 +279,6 @@ def prompts(count: int):
 def build(opts, fields: dict | None, steps: int = 1, beta: float = BETA, load_in_4bit=False, **config):
     """A trainer on the call's policy (`policy`: as if freshly loaded): stock (`fields=None`) or ours with `fields`;
     `config` over the other config fields."""
-    import torch
     import trl
     from transformers import AutoTokenizer
 
@@ -288,26 +287,11 @@ def build(opts, fields: dict | None, steps: int = 1, beta: float = BETA, load_in
     tokenizer = AutoTokenizer.from_pretrained(opts.model_dir)
     length = config.pop("completion_length", opts.train_completion_length)
     common = dict(
-        output_dir=tempfile.mkdtemp(),
-        beta=beta,
-        max_steps=steps,
-        per_device_train_batch_size=8,
+        common_fields(opts, tokenizer, steps, beta, length),
         num_generations=8,
-        max_completion_length=length,
-        # Every variant trains on as many tokens; a random model must not sample the pad token, from which Unsloth
-        # rebuilds the completion mask.
-        generation_kwargs={"min_new_tokens": length, "suppress_tokens": [tokenizer.pad_token_id]},
-        learning_rate=1e-4,
         optim="adamw_torch",  # Unsloth's default is adamw_8bit: the same optimizer for every host
         loss_type="dapo",
         mask_truncated_completions=False,  # Unsloth's default is True: with forced lengths every token would be masked
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-        bf16=opts.dtype == torch.bfloat16,
-        use_cpu=opts.dry_run,
     )
     common.update(config)
     if fields is None:
@@ -322,6 +306,31 @@ def build(opts, fields: dict | None, steps: int = 1, beta: float = BETA, load_in
         train_dataset=prompts(128),
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
+    )
+
+
+def common_fields(opts, tokenizer, steps: int, beta: float, length: int) -> dict:
+    """The config fields of every trainer of the check, GRPO's and RLOO's: 8 completions a micro-batch forced to
+    `length` tokens, one log line a step, nothing saved, seeded, in the call's dtype."""
+    import torch
+
+    return dict(
+        output_dir=tempfile.mkdtemp(),
+        beta=beta,
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        max_completion_length=length,
+        # Every variant trains on as many tokens; a random model must not sample the pad token, from which Unsloth
+        # rebuilds the completion mask.
+        generation_kwargs={"min_new_tokens": length, "suppress_tokens": [tokenizer.pad_token_id]},
+        learning_rate=1e-4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        bf16=opts.dtype == torch.bfloat16,
+        use_cpu=opts.dry_run,
     )
 
 
@@ -891,31 +900,13 @@ RLOO_TOLERANCE = 1e-3  # relative to the KL contribution; a penalty ×1.01 reads
 
 def build_rloo(opts, fields: dict | None, beta: float = BETA, steps: int = 1):
     """An RLOO trainer on the call's policy (PEFT's LoRA, TRL unpatched): stock (`fields=None`) or ours."""
-    import torch
     from transformers import AutoTokenizer
     from trl import RLOOConfig, RLOOTrainer
 
     from adaptive_kl import AdaptiveKLRLOOConfig, AdaptiveKLRLOOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(opts.model_dir)
-    length = opts.train_completion_length
-    common = dict(
-        output_dir=tempfile.mkdtemp(),
-        beta=beta,
-        max_steps=steps,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=length,
-        generation_kwargs={"min_new_tokens": length, "suppress_tokens": [tokenizer.pad_token_id]},
-        learning_rate=1e-4,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-        bf16=opts.dtype == torch.bfloat16,
-        use_cpu=opts.dry_run,
-    )
+    common = dict(common_fields(opts, tokenizer, steps, beta, opts.train_completion_length), num_generations=4)
     config_cls, trainer_cls = (
         (RLOOConfig, RLOOTrainer) if fields is None else (AdaptiveKLRLOOConfig, AdaptiveKLRLOOTrainer)
     )
