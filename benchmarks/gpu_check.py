@@ -27,11 +27,21 @@ Checks, in the order they run (`--only`/`--skip` take names or their prefix befo
   model amplifies by its rounding (2.1e-2 for grpo in float32 on a CPU, 2.3e-2 for ours on the H100): the noise
   floor of that metric on this device and dtype. The section records the paths Unsloth's scorer took;
 - `train-none`: method `none` trains `--steps` steps; every logged value finite, the KL logged;
-- `cost`: Unsloth's stock trainer and ours (method `none`) alternated, twice each (stock against stock: the A/A row
+- `cost-loss`: the training part alone (`loss_cost.py`): one micro-batch through `training_step` of Unsloth's stock
+  trainer, the same again (the A/A) and ours, rotating, `--loss-reps` times after 3; the verdict is ours/stock with
+  its 95% t-interval over the repetitions, next to the A/A's;
+- `rloo`: `AdaptiveKLRLOOTrainer` on TRL's own `RLOOTrainer` in a second process: one generation batch's advantages
+  at the defaults against stock's, relative to the KL's contribution (≤ 1e-3; a control at β·(1 + 2^-20) shows the
+  resolution), then `clip+dynamic` trains 3 steps;
+- `zero-beta`: β reaches 0 mid-run (`dynamic`, `beta_min=0`, `kl_monitor_steps=0`): the reference is skipped exactly
+  from the switch, and those steps are timed against stock at β = 0 (with an interval), with the peak memory;
+- `notebook`: the quickstart notebook's code cells as one script in a fresh process, on the call's model
+  (`ADAPTIVE_KL_NOTEBOOK_MODEL`), 2 steps;
+- `cost`: the whole step: Unsloth's stock trainer and ours (method `none`) alternated, twice each (stock against stock: the A/A row
   that shows the noise, of step time and of memory) after a stock warm-up run that enters no ratio (a process's first
   run does some work once), 1 warm-up and 6 timed steps each on a GPU (the model is compiled by then: the parity and
-  training checks ran on it); median step time and peak memory above the memory allocated before each build. It runs
-  right after the parity checks and one training check, so that a budget cut never lands on it;
+  training checks ran on it); median step time, the paired steps' ratio with its 95% interval, and peak memory
+  above the memory allocated before each build;
 - `parity-long`: parity for `dapo` past Unsloth's offloading threshold (> 1024 completion tokens, > 8 rows: its
   offloaded log-softmax), one micro-batch; GPU only;
 - `train-<method>`: each other KL method and estimator trains as `train-none` does;
