@@ -39,9 +39,9 @@ Checks, in the order they run (`--only`/`--skip` take names or their prefix befo
   (`ADAPTIVE_KL_NOTEBOOK_MODEL`), 2 steps;
 - `cost`: the whole step: Unsloth's stock trainer and ours (method `none`) alternated, twice each (stock against
   stock: the A/A row that shows the noise, of step time and of memory) after a stock warm-up run that enters no ratio
-  (a process's first run does some work once), 1 warm-up and 6 timed steps each on a GPU (the model is compiled by then: the parity and
-  training checks ran on it); median step time, the paired steps' ratio with its 95% interval, and peak memory
-  above the memory allocated before each build;
+  (a process's first run does some work once), 1 warm-up and 6 timed steps each on a GPU (the model is compiled by
+  then: the parity and training checks ran on it); median step time, the paired steps' ratio with its 95% interval,
+  and peak memory above the memory allocated before each build;
 - `parity-long`: parity for `dapo` past Unsloth's offloading threshold (> 1024 completion tokens, > 8 rows: its
   offloaded log-softmax), one micro-batch; GPU only;
 - `train-<method>`: each other KL method and estimator trains as `train-none` does;
