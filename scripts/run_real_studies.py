@@ -9,10 +9,12 @@ survives sessions: a finished run is never redone.
 
 Each run is one `adaptive-kl compare --model smollm2 --variant ... --seed S` into
 `docs/studies/real/<study>/runs/<variant>/seed-<S>/`, which holds its own `summary.md`, `metrics.csv` and `runs.json`
-(the run, in full). A run whose `runs.json` exists is finished and skipped; one without it (killed mid-way) is rerun
-from its start. After every finished run, the study's `summary.md`, `metrics.csv` and plots are rewritten from all
-the runs found so far, with the seeds each variant has, so a stopped session loses at most the runs in flight.
-Runs are ordered seed by seed (every variant's seed 0, then seed 1, ...), so partial results stay balanced.
+(the run, in full). A run whose `runs.json` exists is finished and skipped; one without it (killed mid-way) goes on
+from its latest checkpoint: every run saves one every `CHECKPOINT_EVERY` steps (`--save-every`, `--resume`: a resumed
+run reports what the uninterrupted one does, tests/demo/test_resume.py), so a session that ends loses at most that
+many steps of each run in flight. After every finished run, the study's `summary.md`, `metrics.csv` and plots are
+rewritten from all the runs found so far, with the seeds each variant has. Runs are ordered seed by seed (every
+variant's seed 0, then seed 1, ...), so partial results stay balanced.
 
 A run in flight is claimed by its runner (`running.pid` in its directory, holding the runner's process id), so a
 second runner started later on the same machine (more cores free, say) takes the next unclaimed run instead of
@@ -135,6 +137,11 @@ STUDIES = {
 DEFAULT_SEEDS = "0,1,2"
 
 
+# Checkpointing is how a run is executed, not what it computes (saving and resuming change no logged value), so it is
+# not part of a run's command (`Run.command`): a run reused from another study is the same command either way.
+CHECKPOINT_EVERY = 25
+
+
 @dataclass(frozen=True)
 class Run:
     study: str
@@ -242,11 +249,11 @@ def _claimed_by_live_process(path: str) -> bool:
 def execute(run: Run, out: str, studies: dict, threads: int) -> int:
     directory = os.path.join(REPOSITORY, run.directory(out))
     os.makedirs(directory, exist_ok=True)
-    argv = run.command(out, studies)
+    argv = [*run.command(out, studies), "--save-every", str(CHECKPOINT_EVERY), "--resume"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # runs side by side must not fight over cores
     start = time.perf_counter()
     print(f"[{time.strftime('%H:%M:%S')}] {run.study}: {run.variant}, seed {run.seed}", flush=True)
-    with open(os.path.join(directory, "run.log"), "w") as log:
+    with open(os.path.join(directory, "run.log"), "a") as log:  # a resumed run's log goes on after the killed one's
         code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPOSITORY)
     minutes = (time.perf_counter() - start) / 60
     print(f"[{time.strftime('%H:%M:%S')}] {run.study}: {run.variant}, seed {run.seed}: exit {code} after "

@@ -41,6 +41,18 @@ def _shared_options() -> argparse.ArgumentParser:
     shared.add_argument("--quick", action="store_true", help="a few steps on a small validation set (smoke test)")
     shared.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config field for all runs")
     shared.add_argument("--no-progress", action="store_true", help="no progress bar")
+    shared.add_argument(
+        "--save-every",
+        type=int,
+        metavar="N",
+        help="save a checkpoint of each variant every N optimizer steps, keeping the latest (default: none)",
+    )
+    shared.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue each variant from the latest complete checkpoint in its output directory (--save-every "
+        "writes them), as the same command uninterrupted would; a variant without one starts afresh",
+    )
     return shared
 
 
@@ -142,7 +154,14 @@ def _varied_fields(extra: list[str]) -> dict[str, list[str]]:
 CHAT_VALIDATION_LIMIT = 200
 
 # Config fields the command sets from its own options.
-RUNNER_FIELDS = {"output_dir": "--out", "max_steps": "--steps"}
+RUNNER_FIELDS = {
+    "output_dir": "--out",
+    "max_steps": "--steps",
+    "save_strategy": "--save-every",
+    "save_steps": "--save-every",
+    "save_total_limit": "--save-every",
+    "resume_from_checkpoint": "--resume",
+}
 
 
 def _refuse_runner_fields(names) -> None:
@@ -202,7 +221,7 @@ def _check_output(out: str) -> None:
 def build(argv: list[str] | None = None):
     """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
     run."""
-    from .runner import DemoSettings, check_variants, for_model, quick, variant_trainer
+    from .runner import DemoSettings, check_resumable, check_variants, for_model, quick, variant_trainer
     from .seeds import group_name
     from .variants import (
         DEMO_METHODS,
@@ -270,12 +289,13 @@ def build(argv: list[str] | None = None):
         settings.task = opts.task
     if opts.quick:
         settings = quick(settings)
-    for name in ("steps", "eval_every", "n_validation"):
+    for name in ("steps", "eval_every", "n_validation", "save_every"):
         value = getattr(opts, name)
         if value is not None:
             if value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
             setattr(settings, name, value)
+    settings.resume = opts.resume
     if settings.unsloth and any(variant_trainer(variant, settings) == "rloo" for variant in variants):
         raise UsageError("--unsloth is for GRPO: AdaptiveKLRLOOTrainer does not support Unsloth; drop one of them")
     check_model("--model", settings.model)
@@ -283,6 +303,7 @@ def build(argv: list[str] | None = None):
     _check_output(settings.out)
     try:
         check_variants(variants, settings)
+        check_resumable(variants, settings)
     except ValueError as error:
         raise UsageError(str(error)) from None
     return settings, variants, title, not opts.no_progress

@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
             *(["", untrained] if untrained else []),
             "",
             *environment_lines("adaptive-kl " + shlex.join(argv)),
-            f"- wall time: {wall_time / 60:.1f} min for {len(runs)} runs",
+            f"- wall time: {wall_time / 60:.1f} min for {len(runs)} runs{resumed_note(runs)}",
         ]
     )
     paths = write_report(runs, settings.out, title, notes)
@@ -82,6 +82,17 @@ def main(argv: list[str]) -> int:
     if not paths["plots"]:
         print("No plots: matplotlib is not installed. pip install 'adaptive-kl[demo]' for them.")
     return 0
+
+
+def resumed_note(runs) -> str:
+    """What the wall-time line adds when runs were resumed from checkpoints: which, at which steps, and their time in
+    all (before the resumes included); empty when none was."""
+    resumed = [run for run in runs if run.resumed_at]
+    if not resumed:
+        return ""
+    where = "; ".join(f"{run.name} at step {', '.join(map(str, run.resumed_at))}" for run in resumed)
+    total = sum(run.wall_time for run in runs) / 60
+    return f" in this process, resumed from checkpoints ({where}); {total:.1f} min in all, before the resumes included"
 
 
 def untrained_note(runs) -> str | None:

@@ -134,6 +134,18 @@ class KLHealthCallback(TrainerCallback):
                 logger.warning(self._message(side, value, step))
         self._side = side
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs to judge on as the uninterrupted one does: the episodes reported so far, the
+        running window and the side of the current episode (plain JSON types)."""
+        return {"episodes": [dict(e) for e in self.episodes], "recent": list(self._recent), "side": self._side}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores what `state_dict` returned."""
+        self.episodes = [dict(e) for e in state["episodes"]]
+        self._recent.clear()
+        self._recent.extend(float(v) for v in state["recent"])
+        self._side = state["side"]
+
 
 class RetentionCallback(TrainerCallback):
     """Evaluates retention on a held-out set every `eval_steps` optimizer steps, logged with that step's reward.
@@ -151,9 +163,11 @@ class RetentionCallback(TrainerCallback):
       changed and padding cannot shift positions. Rows whose prompt or completion tokenize to nothing are rejected.
       With `kl_to_start=True` it also logs `{prefix}/kl_to_start`: the exact KL(π_θ ‖ π_start) of the next-token
       distributions at the same positions, summed over the vocabulary and averaged over completion tokens, where
-      π_start is the policy at this `train()`'s first evaluation (train begin; a resumed run starts from the resumed
-      policy, as the starting one is not in the checkpoint). It measures drift from the start whether or not the
-      trainer has a reference model (β = 0 included), on fixed contexts, so it has no sampling noise. It holds the
+      π_start is the policy at this `train()`'s first evaluation (train begin), or the one `record_start()` saw
+      before it: a resume loads the trained weights before train begin, so a resumed run that does not call
+      `record_start()` on the starting policy first measures drift from the resumed one. It measures drift from the
+      start whether or not the trainer has a reference model (β = 0 included), on fixed contexts, so it has no
+      sampling noise. It holds the
       starting policy's log-probabilities of those positions on the CPU: completion tokens × vocabulary × 4 bytes
       (0.3 MB for the embedded task; ~1 GB for 1,000 tokens of a 250k vocabulary).
     - `metric="accuracy"`: `dataset` has a string column `prompt` plus whatever columns `score_fn` needs. Greedy
@@ -162,9 +176,9 @@ class RetentionCallback(TrainerCallback):
       function (e.g. `adaptive_kl.tasks.accuracy_reward`); scores of `None` are left out, as TRL does with rewards.
       Logs `{prefix}/accuracy`, the mean score.
 
-    Schedule: once at `on_train_begin` (the baseline, stored in `self.history` only) and at `on_step_end` when
-    `global_step % eval_steps == 0` or at the last step. Each result is appended to `self.history` as
-    `{"step", <metric names>: value}` and to the trainer's metric store (`hooks.metric_store`), which
+    Schedule: once at `on_train_begin` or `record_start()` (the baseline, stored in `self.history` only) and at
+    `on_step_end` when `global_step % eval_steps == 0` or at the last step. Each result is appended to `self.history`
+    as `{"step", <metric names>: value}` and to the trainer's metric store (`hooks.metric_store`), which
     `GRPOTrainer.log` averages into the next training log entry, right after `on_step_end` of a logging step: every
     `report_to` backend receives it in the same entry as that step's `reward`. When `logging_steps` does not divide
     `eval_steps`, the value appears in the next logged entry instead (averaged with any other evaluation made before
@@ -246,6 +260,7 @@ class RetentionCallback(TrainerCallback):
         self._start_logps: dict[int, torch.Tensor] = {}
         self.history: list[dict] = []
         self._last_step: int | None = None
+        self._start_recorded = False  # `record_start()` ran: the next train begin keeps its start
         if metric == "loglik":
             self._tokenized = [
                 self._tokenize(i, p, c) for i, (p, c) in enumerate(zip(data["prompt"], data["completion"]))
@@ -265,7 +280,18 @@ class RetentionCallback(TrainerCallback):
 
     # ----------------------------------------------------------------------------------------------------- schedule
 
+    def record_start(self) -> None:
+        """Evaluates the current policy now as the start: the baseline (step 0 in `self.history`) and, with
+        `kl_to_start`, π_start. Call it on the starting policy before `trainer.train(resume_from_checkpoint=...)`:
+        the next train begin then keeps this start instead of taking the resumed policy for it."""
+        self._start_logps, self._last_step = {}, None
+        self._evaluate(0, log=False)
+        self._start_recorded = True
+
     def on_train_begin(self, args, state, control, **kwargs):
+        if self._start_recorded:  # `record_start()` measured the start before a resume loaded the trained weights
+            self._start_recorded = False
+            return
         self._start_logps, self._last_step = {}, None  # each train() starts afresh, and measures drift from its start
         self._evaluate(state.global_step, log=False)
 

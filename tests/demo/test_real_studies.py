@@ -40,7 +40,8 @@ def test_every_real_study_is_a_valid_comparison_on_the_real_model(script, tmp_pa
     )
 
 
-def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys):
+def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(script, "CHECKPOINT_EVERY", 1)  # the tiny runs' 2 steps: a checkpoint at each
     out = str(tmp_path / "studies")
     assert script.main(["--seeds", "0,1", "--out", out], studies=TINY) == 0
     runs = script.planned_runs(TINY, ["tiny"], [0, 1])
@@ -53,8 +54,10 @@ def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys):
     device = next(line for line in open(os.path.join(directories[0], "summary.md")) if line.startswith("- device:"))
     assert f"- devices of the runs: {device.removeprefix('- device:').strip()} (4 runs)" in summary
 
-    # A run killed mid-way left no runs.json: only it runs again; the others are not touched.
+    # A run killed before its report left no runs.json: only it runs again, from its latest checkpoint (here the
+    # last step's), and reports what it had; the others are not touched.
     killed = directories[1]
+    (finished,) = load_runs(killed)
     os.remove(os.path.join(killed, "runs.json"))
     before = {d: os.path.getmtime(os.path.join(d, "runs.json")) for d in directories if d != killed}
     capsys.readouterr()
@@ -62,7 +65,8 @@ def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys):
     assert "1 runs to do" in capsys.readouterr().out
     assert {d: os.path.getmtime(os.path.join(d, "runs.json")) for d in before} == before
     (rerun,) = load_runs(killed)
-    assert rerun.config["beta"] == 0.1 and len(rerun.history) == 2
+    assert rerun.config["beta"] == 0.1 and len(rerun.history) == 2 and rerun.resumed_at == [2]
+    assert rerun.history == finished.history and rerun.evaluations == finished.evaluations
 
     # Summaries are rebuilt from whatever runs exist, without training.
     os.remove(os.path.join(directories[3], "runs.json"))

@@ -3,6 +3,7 @@ logged with the reward), on fabricated logs and on the tiny model."""
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -75,6 +76,24 @@ def test_the_grace_period_stays_out_of_the_running_mean(warnings_seen):
     assert callback.episodes == []
     feed(callback, [0.5], start_step=1)  # above the band during the grace period: judged alone, and reported
     assert [(e["step"], e["side"], e["value"]) for e in callback.episodes] == [(1, "above", 0.5)]
+
+
+def test_a_restored_state_judges_on_as_the_uninterrupted_callback(warnings_seen):
+    """`state_dict` survives JSON (it goes into a checkpoint) and a callback loaded from it reports the same episodes
+    as one that never stopped: the running window and the current side come back, not only the episodes."""
+    # step 5 starts an episode above the band (mean of 0.25, 0.1, 0.3) that step 6 continues; then below, NaN, inside
+    values = [0.05, 0.3, 0.25, 0.1, 0.3, 0.3, 0.0, 0.0, 0.0, 0.4, float("nan"), 0.1]
+    uninterrupted = KLHealthCallback(grace_steps=2, window=3)
+    feed(uninterrupted, values)
+    first = KLHealthCallback(grace_steps=2, window=3)
+    feed(first, values[:5])  # stops above the band, with a full window
+    resumed = KLHealthCallback(grace_steps=2, window=3)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    feed(resumed, values[5:], start_step=6)
+    assert resumed.episodes == uninterrupted.episodes and len(resumed.episodes) >= 3
+    fresh = KLHealthCallback(grace_steps=2, window=3)  # what a resume without the state would report
+    feed(fresh, values[5:], start_step=6)
+    assert fresh.episodes != uninterrupted.episodes[len(first.episodes) :]
 
 
 def test_bounds_are_inside_the_band(warnings_seen):
@@ -228,6 +247,27 @@ def test_kl_to_start_is_the_exact_kl_to_the_starting_policy(trainer):
     expected = kl.item() / sum(len(p) for p in now)
     assert expected > 1e-3
     assert scores["retention/kl_to_start"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_record_start_keeps_the_start_through_train_begin(trainer):
+    """`record_start()` on the starting policy, then train begin on moved weights (as a resume loads them): the KL is
+    measured to the recorded start, and train begin neither re-records it nor adds a baseline."""
+    model = trainer.model
+    callback = RetentionCallback(trainer, Dataset.from_dict(SFT), batch_size=2, kl_to_start=True)
+    original = {name: p.detach().clone() for name, p in model.named_parameters()}
+    try:
+        callback.record_start()
+        assert [e["step"] for e in callback.history] == [0] and callback.history[0]["retention/kl_to_start"] == 0.0
+        perturb(model)
+        callback.on_train_begin(None, SimpleNamespace(global_step=3), None)
+        assert [e["step"] for e in callback.history] == [0]
+        assert callback.evaluate()["retention/kl_to_start"] > 1e-3
+        callback.on_train_begin(None, SimpleNamespace(global_step=0), None)  # a later train(): starts afresh
+        assert callback.history[-1]["retention/kl_to_start"] == 0.0
+    finally:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(original[name])
 
 
 def test_loglik_shards_rows_evenly_across_processes(trainer):
