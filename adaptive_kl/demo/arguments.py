@@ -161,6 +161,7 @@ RUNNER_FIELDS = {
     "save_steps": "--save-every",
     "save_total_limit": "--save-every",
     "resume_from_checkpoint": "--resume",
+    "restore_callback_states_from_checkpoint": "--resume",  # --resume restores the demo's callbacks itself
 }
 
 

@@ -105,6 +105,7 @@ def test_a_checkpoint_without_the_record_is_refused_before_any_run(runs, capsys,
         (["--save-every", "0"], "--save-every must be at least 1"),
         (["--set", "save_steps=3"], "save_steps is set by the command; use --save-every"),
         (["--set", "save_strategy=steps"], "save_strategy is set by the command; use --save-every"),
+        (["--set", "restore_callback_states_from_checkpoint=true"], "is set by the command; use --resume"),
     ],
 )
 def test_checkpoint_fields_belong_to_the_command(capsys, tmp_path, extra, message):
