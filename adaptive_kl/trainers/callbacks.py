@@ -167,9 +167,8 @@ class RetentionCallback(TrainerCallback):
       before it: a resume loads the trained weights before train begin, so a resumed run that does not call
       `record_start()` on the starting policy first measures drift from the resumed one. It measures drift from the
       start whether or not the trainer has a reference model (β = 0 included), on fixed contexts, so it has no
-      sampling noise. It holds the
-      starting policy's log-probabilities of those positions on the CPU: completion tokens × vocabulary × 4 bytes
-      (0.3 MB for the embedded task; ~1 GB for 1,000 tokens of a 250k vocabulary).
+      sampling noise. It holds the starting policy's log-probabilities of those positions on the CPU: completion
+      tokens × vocabulary × 4 bytes (0.3 MB for the embedded task; ~1 GB for 1,000 tokens of a 250k vocabulary).
     - `metric="accuracy"`: `dataset` has a string column `prompt` plus whatever columns `score_fn` needs. Greedy
       completions (`max_new_tokens` new tokens, left-padded batches) are scored by
       `score_fn(completions=[str], prompts=[str], **other_columns) -> list[float]`, the signature of a TRL reward
