@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -191,6 +194,59 @@ def test_the_real_model_study_numbers_come_from_the_committed_runs():
         assert quoted, f"{where} quotes no real-model result to check"
         missing = sorted(n for n in quoted if n not in summaries)
         assert not missing, f"numbers {where} quotes about the real model but no real study summary has: {missing}"
+
+
+TOY_STUDIES = os.path.join(ROOT, "docs", "studies")
+QUOTED = re.compile(r"(?<![\w.])[+\-−]?\d+\.\d{2,}")  # two or more decimals: results, not settings
+INTERVAL = re.compile(r"(?<![\w.])([+\-−]?\d+\.\d+) ± (\d+\.\d+)")  # a mean ± its half-width
+
+
+def toy_study_tables() -> str:
+    """The toy studies' committed tables (the summaries and the regime exploration's), and what the studies page's own
+    code blocks print from the committed `metrics.csv`."""
+    tables = ""
+    for folder, _, names in os.walk(TOY_STUDIES):
+        if os.path.relpath(folder, TOY_STUDIES).split(os.sep)[0] == "real":
+            continue
+        pages = [n for n in names if n.endswith(".md") and n != "README.md"]
+        tables += "".join(open(os.path.join(folder, n)).read() for n in pages)
+    page = open(os.path.join(TOY_STUDIES, "README.md")).read()
+    for code in re.findall(r"(?ms)^ *```python\n(.*?)^ *```", page[: page.index("## On a real model")]):
+        printed = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        tables += printed.stdout
+    return tables
+
+
+def rounds_to(value: str, quoted: str) -> bool:
+    """Whether `value` rounds to `quoted` at the decimals quoted (a half either way: 0.0435 is 0.044 to a reader), up
+    to the sign (a shortening is quoted without its −)."""
+    decimals = len(quoted.split(".")[1])
+    error = abs(abs(float(value.replace("−", "-"))) - abs(float(quoted.replace("−", "-"))))
+    return error <= 0.5 * 10**-decimals + 1e-12
+
+
+def test_the_toy_study_numbers_come_from_the_committed_runs():
+    """Every number with two or more decimals quoted about the toy studies, on the studies page (before its real-model
+    section, past its reading guide) and in the README's toy bullets, is in the committed tables or in what the page's
+    code prints from the committed `metrics.csv`, at the decimals quoted: an interval `a ± h` as one of theirs, so that
+    a mean is found with its own half-width, and a lone number as any of their numbers."""
+    page = open(os.path.join(TOY_STUDIES, "README.md")).read()
+    section = page[page.index("## β ablation") : page.index("## On a real model")]
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    bullets = [b.split("\n\n")[0] for b in readme.split("\n- ")[1:]]
+    toy_bullets = [b for b in bullets if "(toy)" in b or b.startswith("**On the toy")]
+    assert len(toy_bullets) >= 3, "the README's study bullets say nothing about the toy"
+    tables = toy_study_tables()
+    intervals, numbers = INTERVAL.findall(tables), QUOTED.findall(tables)
+    for where, quoting in (("docs/studies/README.md", section), ("README.md", "\n".join(toy_bullets))):
+        prose = re.sub(r"(?ms)^ *```.*?^ *```", "", quoting)
+        missing = {f"{a} ± {h}" for a, h in INTERVAL.findall(prose)
+                   if not any(rounds_to(x, a) and rounds_to(y, h) for x, y in intervals)}  # fmt: skip
+        alone = QUOTED.findall(INTERVAL.sub("", prose))
+        missing |= {q for q in alone if not any(rounds_to(n, q) for n in numbers)}
+        assert not missing, f"{where} quotes about the toy studies what no committed table has: {sorted(missing)}"
 
 
 # Names that look like config fields (our prefixes) in the docs but are something else, each said what it is.
