@@ -172,6 +172,12 @@ def test_the_readme_field_table_is_the_config():
     assert table == {f.name: repr(f.default).replace("'", '"') for f in ours}
 
 
+def readme_bullets() -> list[str]:
+    """The README's top-level bullets, each up to its first blank line."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    return [b.split("\n\n")[0] for b in readme.split("\n- ")[1:]]
+
+
 def test_the_real_model_study_numbers_come_from_the_committed_runs():
     """Every decimal number quoted about the real-model studies (a table cell, an interval), in the real-model section
     of `docs/studies/README.md` and in the README's bullets about the real model, is in one of the real studies'
@@ -179,9 +185,7 @@ def test_the_real_model_study_numbers_come_from_the_committed_runs():
     text = open(os.path.join(ROOT, "docs", "studies", "README.md")).read()
     section = text[text.index("## On a real model") :]
     section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    bullets = [b.split("\n\n")[0] for b in readme.split("\n- ")[1:]]
-    real_bullets = [b for b in bullets if "real model" in b and "studies/README.md#on-a-real-model" in b]
+    real_bullets = [b for b in readme_bullets() if "real model" in b and "studies/README.md#on-a-real-model" in b]
     assert real_bullets, "the README's study bullets say nothing about the real model"
     summaries = ""
     real = os.path.join(ROOT, "docs", "studies", "real")
@@ -234,9 +238,7 @@ def test_the_toy_study_numbers_come_from_the_committed_runs():
     a mean is found with its own half-width, and a lone number as any of their numbers."""
     page = open(os.path.join(TOY_STUDIES, "README.md")).read()
     section = page[page.index("## β ablation") : page.index("## On a real model")]
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    bullets = [b.split("\n\n")[0] for b in readme.split("\n- ")[1:]]
-    toy_bullets = [b for b in bullets if "(toy)" in b or b.startswith("**On the toy")]
+    toy_bullets = [b for b in readme_bullets() if "(toy)" in b or b.startswith("**On the toy")]
     assert len(toy_bullets) >= 3, "the README's study bullets say nothing about the toy"
     tables = toy_study_tables()
     intervals, numbers = INTERVAL.findall(tables), QUOTED.findall(tables)
