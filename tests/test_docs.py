@@ -172,6 +172,11 @@ def test_the_readme_field_table_is_the_config():
     assert table == {f.name: repr(f.default).replace("'", '"') for f in ours}
 
 
+TOY_STUDIES = os.path.join(ROOT, "docs", "studies")
+QUOTED = re.compile(r"(?<![\w.])[+\-−]?\d+\.\d{2,}")  # two or more decimals: results, not settings
+INTERVAL = re.compile(r"(?<![\w.])([+\-−]?\d+\.\d+) ± (\d+\.\d+)")  # a mean ± its half-width
+
+
 def readme_bullets() -> list[str]:
     """The README's top-level bullets, each up to its first blank line."""
     readme = open(os.path.join(ROOT, "README.md")).read()
@@ -181,7 +186,9 @@ def readme_bullets() -> list[str]:
 def test_the_real_model_study_numbers_come_from_the_committed_runs():
     """Every decimal number quoted about the real-model studies (a table cell, an interval), in the real-model section
     of `docs/studies/README.md` and in the README's bullets about the real model, is in one of the real studies'
-    summaries (which the runner rebuilds from the committed run files) or in a committed run's own summary."""
+    summaries (which the runner rebuilds from the committed run files) or in a committed run's own summary, and an
+    interval `a ± h` is one of theirs, so that a mean is found with its own half-width (up to the sign: a shortening is
+    quoted without its −)."""
     text = open(os.path.join(ROOT, "docs", "studies", "README.md")).read()
     section = text[text.index("## On a real model") :]
     section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
@@ -198,11 +205,9 @@ def test_the_real_model_study_numbers_come_from_the_committed_runs():
         assert quoted, f"{where} quotes no real-model result to check"
         missing = sorted(n for n in quoted if n not in summaries)
         assert not missing, f"numbers {where} quotes about the real model but no real study summary has: {missing}"
-
-
-TOY_STUDIES = os.path.join(ROOT, "docs", "studies")
-QUOTED = re.compile(r"(?<![\w.])[+\-−]?\d+\.\d{2,}")  # two or more decimals: results, not settings
-INTERVAL = re.compile(r"(?<![\w.])([+\-−]?\d+\.\d+) ± (\d+\.\d+)")  # a mean ± its half-width
+        unsigned = {(a.lstrip("+-−"), h) for a, h in INTERVAL.findall(summaries)}
+        missing = sorted(f"{a} ± {h}" for a, h in INTERVAL.findall(quoting) if (a.lstrip("+-−"), h) not in unsigned)
+        assert not missing, f"intervals {where} quotes about the real model but no real study summary has: {missing}"
 
 
 def toy_study_tables() -> str:
