@@ -174,7 +174,7 @@ def test_the_readme_field_table_is_the_config():
 
 TOY_STUDIES = os.path.join(ROOT, "docs", "studies")
 QUOTED = re.compile(r"(?<![\w.])[+\-−]?\d+\.\d{2,}")  # two or more decimals: results, not settings
-INTERVAL = re.compile(r"(?<![\w.])([+\-−]?\d+\.\d+) ± (\d+\.\d+)")  # a mean ± its half-width
+INTERVAL = re.compile(r"(?<![\w.])([+\-−]?\d+\.\d+)\s+±\s+(\d+\.\d+)")  # a mean ± its half-width, on one line or two
 
 
 def readme_bullets() -> list[str]:
