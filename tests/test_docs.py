@@ -199,13 +199,13 @@ def test_the_real_model_study_numbers_come_from_the_committed_runs():
     for folder, _, names in os.walk(real):
         if "summary.md" in names:
             summaries += open(os.path.join(folder, "summary.md")).read()
+    unsigned = {(a.lstrip("+-−"), h) for a, h in INTERVAL.findall(summaries)}
     for where, quoting in (("docs/studies/README.md", section), ("README.md", "\n".join(real_bullets))):
         # Two or more decimals: results, not settings. A `−` quoted for `-` leaves the digits, which still match.
         quoted = set(re.findall(r"(?<![\w.])[+-]?\d+\.\d{2,}", quoting))
         assert quoted, f"{where} quotes no real-model result to check"
         missing = sorted(n for n in quoted if n not in summaries)
         assert not missing, f"numbers {where} quotes about the real model but no real study summary has: {missing}"
-        unsigned = {(a.lstrip("+-−"), h) for a, h in INTERVAL.findall(summaries)}
         missing = sorted(f"{a} ± {h}" for a, h in INTERVAL.findall(quoting) if (a.lstrip("+-−"), h) not in unsigned)
         assert not missing, f"intervals {where} quotes about the real model but no real study summary has: {missing}"
 
