@@ -210,6 +210,27 @@ def test_the_real_model_study_numbers_come_from_the_committed_runs():
         assert not missing, f"intervals {where} quotes about the real model but no real study summary has: {missing}"
 
 
+def test_the_methods_table_is_built_from_the_committed_summary():
+    """The studies page's methods table is what `scripts/methods_table.py` builds from the methods study's committed
+    summary: every cell, every arm with 3 or more seeds, in order; and the script refuses a summary arm it cannot
+    name rather than leave it out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("methods_table", os.path.join(ROOT, "scripts", "methods_table.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    summary = open(os.path.join(ROOT, script.SUMMARY)).read()
+    page = open(os.path.join(ROOT, script.PAGE)).read()
+    built = script.methods_table(summary)
+    assert script.replace_table(page, built) == page, (
+        "the page's methods table is stale: python scripts/methods_table.py --write"
+    )
+    assert len(built) >= 2 + 6, "the table lost arms: none, β = 0 and the four methods have 5 seeds each"
+    unnamed = summary.replace("kl_adaptation_method=sigmoid |", "kl_adaptation_method=sigmoid, tau=0.2 |", 1)
+    with pytest.raises(ValueError, match="no name on the page"):
+        script.methods_table(unnamed)
+
+
 def toy_study_tables() -> str:
     """The toy studies' committed tables (the summaries and the regime exploration's), and what the studies page's own
     code blocks print from the committed `metrics.csv`."""
