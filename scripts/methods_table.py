@@ -62,6 +62,7 @@ def read_tables(text: str) -> dict[str, dict[str, dict[str, str]]]:
 
 
 def table_after(tables: dict, prefix: str) -> dict[str, dict[str, str]]:
+    """The one table whose caption starts with `prefix`; a summary that changed its layout fails here, loudly."""
     found = [rows for caption, rows in tables.items() if caption.startswith(prefix)]
     if len(found) != 1:
         raise ValueError(f"the summary has {len(found)} tables after a line starting {prefix!r}, not 1")
@@ -69,6 +70,7 @@ def table_after(tables: dict, prefix: str) -> dict[str, dict[str, str]]:
 
 
 def what_it_did(variant: str, activity: dict[str, str]) -> str:
+    """The table's "what it did" cell: the arm's activity from the summary's "What each method did" row."""
     if "kl_adaptation_method=clip" in variant:
         return (
             f"clipped {activity['clip fraction (mean over steps)']} of the tokens, kept "
