@@ -44,7 +44,8 @@ HEADER = (
 
 def read_tables(text: str) -> dict[str, dict[str, dict[str, str]]]:
     """The summary's markdown tables, each keyed by the line of text just before it, as
-    `{caption: {first cell: {column: cell}}}`."""
+    `{caption: {first cell: {column: cell}}}`. A row whose first cell repeats replaces the earlier one: the primary
+    endpoints' table, with two rows per comparison, is not read through this."""
     tables, caption, header, rows = {}, "", None, None
     for line in [*text.splitlines(), ""]:
         if line.startswith("|"):
@@ -99,7 +100,7 @@ def methods_table(summary: str) -> list[str]:
     unnamed = [variant for variant in means if variant not in LABELS]
     if unnamed:
         raise ValueError(f"the summary has variants with no name on the page: {unnamed}; add them to LABELS")
-    lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
+    lines = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
     for variant, label in LABELS.items():
         row = means.get(variant)
         if row is None or int(row["seeds"]) < MIN_SEEDS:
