@@ -58,6 +58,15 @@ METHODS_NONE = f"{METHODS_BASE} kl_adaptation_method=none"
 METHODS_DYNAMIC = f"{METHODS_BASE} kl_adaptation_method=dynamic dynamic_beta_decay=0.9 beta_min=0"
 METHODS_REWARD_TRIGGER = f"{METHODS_DYNAMIC} reward_threshold=0.8"
 METHODS_SATURATION = f"{METHODS_DYNAMIC} dynamic_trigger=saturation"
+# Constant β's points of the frontier study, in order of β (0 and 0.2 are the length study's runs), and the methods it
+# places against them (the methods study's arms).
+FRONTIER_LINE = [f"beta={beta} loss_type=grpo" for beta in ("0", "0.02", "0.05", "0.1", "0.2")]
+FRONTIER_METHODS = [
+    *(f"{METHODS_BASE} kl_adaptation_method={m}" for m in ("clip", "sigmoid")),
+    LENGTH_PER_TOKEN,
+    METHODS_REWARD_TRIGGER,
+    METHODS_SATURATION,
+]
 STUDIES = {
     # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
     # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
@@ -130,6 +139,43 @@ STUDIES = {
             )
             for metric in ("length_drift", "final_kl_to_start")
         ],
+        "args": LENGTH_ARGS,
+        "seeds": "0,1,2,3,4",
+    },
+    # Constant β's frontier (issue 59): does any method earn more reward than a constant β at the same drift? The
+    # methods study's setting and seeds; constant β at 0.02, 0.05 and 0.1 between the two it had (0 and 0.2, reused),
+    # every method of the methods study on the same picture (reused; the saturation arm's seeds 3-4 are made in the
+    # methods study). Seeds 0-2 of every β first, then 3-4 (the runner goes seed by seed).
+    #
+    # Primary endpoint, stated before the runs (the `frontier` entry below): for each method m and seed s,
+    # D(m, s) = R(m, s) − F_s(KL(m, s)), where R is the reward of the last quarter of steps, KL the held-out KL to
+    # the start at step 100, and F_s constant β's frontier on seed s: the piecewise-linear interpolation of R against
+    # KL through seed s's five constant-β runs (β = 0, 0.02, 0.05, 0.1, 0.2) taken in order of their KL,
+    # held flat beyond its first and last points (a method that drifts further than β = 0 is read against β = 0's
+    # reward, one that drifts less than β = 0.2 against β = 0.2's). Why this interpolation: it passes through every
+    # measured point and assumes no shape for the curve between adjacent ones (no model of reward against KL is known
+    # for this task; the β grid is close to geometric, so neighbours are near in KL); why per seed: the seed fixes the
+    # prompts' order, the sampling stream and the LoRA's start, which every arm of a seed shares, so the difference
+    # cancels what a seed does to every arm. Reported: mean ± 95% t half-width (n − 1 df) of D over the seeds, with a
+    # two-sided paired t-test whose p-values are Holm-adjusted across the methods (family-wise α = 0.05). The mirror,
+    # reported beside it: KL(m, s) − G_s(R(m, s)), the held-out KL above the least KL at which seed s's frontier (the
+    # same curve) reaches the method's reward (its KL at its highest reward when it never does). Secondary, at matched
+    # drift (the same interpolation of each metric against KL, no Holm): Δ retention log-likelihood, format-free
+    # accuracy (final) and Δ length (last − first quarter).
+    "frontier": {
+        "variants": [*FRONTIER_LINE, *FRONTIER_METHODS],
+        "reused": {
+            "beta=0 loss_type=grpo": ("length", "beta=0 loss_type=grpo"),
+            "beta=0.2 loss_type=grpo": ("length", METHODS_BASE),
+            LENGTH_PER_TOKEN: ("length", LENGTH_PER_TOKEN),
+            **{m: ("methods", m) for m in FRONTIER_METHODS if m != LENGTH_PER_TOKEN},
+        },
+        "frontier": {
+            "line": FRONTIER_LINE,
+            "x": "final_kl_to_start",
+            "y": "late_reward",
+            "secondary": ["delta_retention", "final_answer_accuracy", "length_drift"],
+        },
         "args": LENGTH_ARGS,
         "seeds": "0,1,2,3,4",
     },

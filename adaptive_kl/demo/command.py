@@ -46,12 +46,14 @@ def main(argv: list[str]) -> int:
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2
-    from ..metrics.environment import environment_lines
+    from ..metrics.environment import environment_lines, source_commit
     from .report import terminal_table, write_completions, write_report
     from .run_files import save_runs
     from .runner import run_comparison
     from .variants import TRAINER_CLASSES, TRAINER_LABELS
 
+    command = "adaptive-kl " + shlex.join(argv)
+    commit = source_commit()  # before training: the code this process imported
     start = time.perf_counter()
     runs = run_comparison(variants, settings, progress=progress)
     wall_time = time.perf_counter() - start
@@ -68,10 +70,12 @@ def main(argv: list[str]) -> int:
             f"{settings.n_validation} problems.",
             *(["", untrained] if untrained else []),
             "",
-            *environment_lines("adaptive-kl " + shlex.join(argv)),
+            *environment_lines(command),
             f"- wall time: {wall_time / 60:.1f} min for {len(runs)} runs{resumed_note(runs)}",
         ]
     )
+    for run in runs:
+        run.provenance = provenance(run, settings.seed, command, commit)
     paths = write_report(runs, settings.out, title, notes)
     save_runs(runs, settings.out)
     write_completions(runs, os.path.join(settings.out, "completions.md"))
@@ -82,6 +86,22 @@ def main(argv: list[str]) -> int:
     if not paths["plots"]:
         print("No plots: matplotlib is not installed. pip install 'adaptive-kl[demo]' for them.")
     return 0
+
+
+def provenance(run, default_seed: int, command: str, commit: dict) -> dict:
+    """What `runs.json` records of where `run` ran, so that a study can check each run against its own command: its
+    seed, the full command line, the package's git commit (and whether its source differed from it), the versions,
+    the device and the date."""
+    from ..metrics.environment import device_name, versions
+
+    return {
+        "seed": run.config.get("seed", default_seed),
+        "command": command,
+        **commit,
+        "versions": versions(),
+        "device": device_name(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def resumed_note(runs) -> str:

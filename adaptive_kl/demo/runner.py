@@ -334,6 +334,9 @@ class VariantRun:
     # What the policy wrote at each evaluation for the first validation problems: step, prompt, answer, greedy, sampled
     samples: list[dict] = field(default_factory=list)
     resumed_at: list[int] = field(default_factory=list)  # the steps it was resumed at from a checkpoint (`--resume`)
+    # Where it ran (`command.provenance`): seed, the command line, the package's commit, versions and device; empty in
+    # runs saved before it was recorded
+    provenance: dict = field(default_factory=dict)
 
 
 def retention_dataset(validation, tokenizer):
