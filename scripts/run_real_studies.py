@@ -292,10 +292,22 @@ def _claimed_by_live_process(path: str) -> bool:
     return True
 
 
+def execute_argv(run: Run, out: str, studies: dict) -> list[str]:
+    """The command line `execute` runs: the run's command with checkpointing (`--save-every`, `--resume`)."""
+    return [*run.command(out, studies), "--save-every", str(CHECKPOINT_EVERY), "--resume"]
+
+
+def recorded_command(run: Run, out: str, studies: dict) -> str:
+    """The command `runs.json`'s provenance records for `run` made by `execute`
+    (`adaptive_kl.demo.command.provenance`): `adaptive-kl compare ...`, the arguments after `python -m adaptive_kl`
+    as the shell would read them."""
+    return "adaptive-kl " + shlex.join(execute_argv(run, out, studies)[3:])
+
+
 def execute(run: Run, out: str, studies: dict, threads: int) -> int:
     directory = os.path.join(REPOSITORY, run.directory(out))
     os.makedirs(directory, exist_ok=True)
-    argv = [*run.command(out, studies), "--save-every", str(CHECKPOINT_EVERY), "--resume"]
+    argv = execute_argv(run, out, studies)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # runs side by side must not fight over cores
     start = time.perf_counter()
     print(f"[{time.strftime('%H:%M:%S')}] {run.study}: {run.variant}, seed {run.seed}", flush=True)
@@ -323,7 +335,7 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
         if finished(source_run(run, studies), out)
     ]
     found.sort(key=lambda run: (studies[name]["variants"].index(run.variant), run.seed))  # baseline variant first
-    runs, counts, wall_time = [], {}, 0.0
+    runs, counts, wall_time, provenances = [], {}, 0.0, []
     for run in found:
         (trained,) = load_runs(os.path.join(REPOSITORY, source_run(run, studies).directory(out)))
         # Named and seeded as `compare --seed` names its runs, so the report groups the seeds of a variant.
@@ -332,6 +344,7 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
         runs.append(trained)
         counts[label] = counts.get(label, 0) + 1
         wall_time += trained.wall_time
+        provenances.append(trained.provenance)
     if not runs:
         return None
     script = os.path.relpath(os.path.abspath(__file__), REPOSITORY)
@@ -357,6 +370,7 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
             f"- wall time: {wall_time / 3600:.2f} h of single-core training and evaluation over {len(runs)} "
             f"run{'s' if len(runs) > 1 else ''} "
             "(each run's own summary.md records its machine, versions and command)",
+            *provenance_lines(provenances),
         ]
     )
     endpoints = [
@@ -367,10 +381,59 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
         )
         for stated in studies[name].get("endpoints", ())
     ]
-    paths = write_report(
-        runs, os.path.join(REPOSITORY, out, name), f"Real-model study: {name}", notes, endpoints, with_activity=True
-    )
+    directory = os.path.join(REPOSITORY, out, name)
+    paths = write_report(runs, directory, f"Real-model study: {name}", notes, endpoints, with_activity=True)
+    stated = studies[name].get("frontier")
+    if stated is not None:
+        from adaptive_kl.demo.frontier import Frontier, frontier_sections, write_frontier_plot
+
+        frontier = Frontier(
+            line=tuple(", ".join(variant.split()) for variant in stated["line"]),
+            x=stated["x"],
+            y=stated["y"],
+            secondary=tuple(stated.get("secondary", ())),
+        )
+        plot = write_frontier_plot(runs, frontier, os.path.join(directory, FRONTIER_PLOT))
+        with open(paths["summary"], "a") as f:
+            f.write(frontier_sections(runs, frontier, FRONTIER_PLOT if plot else None))
     return paths["summary"]
+
+
+FRONTIER_PLOT = "frontier.png"
+UNRECORDED = "not recorded (made before provenance was recorded)"
+
+
+def provenance_lines(provenances: list[dict]) -> list[str]:
+    """The summary's note of where its runs' code came from, from each run's `runs.json` provenance (empty for runs
+    made before it was recorded): the commits with how many runs each, then a warning when the recorded runs were
+    made at different commits, or from source that differed from its commit (`source_modified`), either of which
+    can be part of a difference between arms."""
+    counts: dict[str, int] = {}
+    for provenance in provenances:
+        if not provenance:
+            label = UNRECORDED
+        elif provenance.get("commit") is None:
+            label = "no git commit (not run from a checkout)"
+        else:
+            label = f"`{provenance['commit'][:10]}`"
+        counts[label] = counts.get(label, 0) + 1
+    lines = [
+        "- commits of the runs (their runs.json provenance): "
+        + "; ".join(f"{label} ({n} run{'s' if n > 1 else ''})" for label, n in counts.items())
+    ]
+    commits = list(dict.fromkeys(p["commit"][:10] for p in provenances if p and p.get("commit")))
+    if len(commits) > 1:
+        lines.append(
+            f"- warning: the runs were made at {len(commits)} different commits ({', '.join(commits)}): a change "
+            "between them may be part of a difference between arms"
+        )
+    modified = sum(1 for p in provenances if p and p.get("source_modified"))
+    if modified:
+        lines.append(
+            f"- warning: {modified} run{'s were' if modified > 1 else ' was'} made from source that differed from "
+            "its commit (source_modified): the code that ran is not exactly any commit"
+        )
+    return lines
 
 
 def run_devices(directories: list[str]) -> str:
@@ -386,6 +449,50 @@ def run_devices(directories: list[str]) -> str:
         device = device or "not recorded"
         counts[device] = counts.get(device, 0) + 1
     return "; ".join(f"{device} ({n} run{'s' if n > 1 else ''})" for device, n in counts.items())
+
+
+# Studies begun after `runs.json` recorded provenance: every run they make themselves (not reused) must have it.
+RECORDED_STUDIES = ("frontier",)
+
+
+def provenance_problems(out: str, studies: dict) -> list[str]:
+    """What is wrong with the provenance of the finished runs under `out`, one line each (none: all is well): a run
+    directory no study's run has; a recorded command that is not the one `execute` gives the run
+    (`recorded_command`), or a recorded seed that is not the run's; a run of `RECORDED_STUDIES` made by that study
+    with no provenance. A run without provenance is otherwise accepted: it was made before provenance existed."""
+    from adaptive_kl.demo.run_files import has_runs, load_runs
+
+    own = {}  # directory → the run that makes it
+    for name in studies:
+        seeds = sorted(set(study_seeds(studies, name)) | found_seeds(name, out, studies))
+        for run in planned_runs(studies, [name], seeds):
+            source = source_run(run, studies)
+            own[os.path.normpath(os.path.join(REPOSITORY, source.directory(out)))] = source
+    problems = []
+    for name in studies:
+        root = os.path.join(REPOSITORY, out, name, "runs")
+        for variant_dir in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+            for entry in sorted(os.listdir(os.path.join(root, variant_dir))):
+                directory = os.path.normpath(os.path.join(root, variant_dir, entry))
+                if not has_runs(directory):
+                    continue
+                where = os.path.relpath(directory, REPOSITORY)
+                run = own.get(directory)
+                if run is None:
+                    problems.append(f"{where}: no run of the studies has this directory")
+                    continue
+                for trained in load_runs(directory):
+                    recorded = trained.provenance
+                    if not recorded:
+                        if run.study in RECORDED_STUDIES:
+                            problems.append(f"{where}: no provenance in runs.json (made by `{run.study}`)")
+                        continue
+                    expected = recorded_command(run, out, studies)
+                    if recorded.get("command") != expected:
+                        problems.append(f"{where}: recorded command {recorded.get('command')!r}, not {expected!r}")
+                    if recorded.get("seed") != run.seed:
+                        problems.append(f"{where}: recorded seed {recorded.get('seed')!r}, not {run.seed}")
+    return problems
 
 
 def found_seeds(name: str, out: str, studies: dict) -> set[int]:

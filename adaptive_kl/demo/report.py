@@ -15,7 +15,17 @@ from dataclasses import dataclass
 
 from ..kl.metrics import METRIC_NAMES
 from .runner import VariantRun
-from .seeds import format_interval, mean_interval, paired_differences, run_seed, seed_groups
+from .seeds import (
+    detectable_difference,
+    format_interval,
+    format_p,
+    holm,
+    mean_interval,
+    paired_differences,
+    run_seed,
+    seed_groups,
+    t_test_p,
+)
 
 
 # Leading CSV columns, in this order; any other metric a run logged follows them, sorted by name.
@@ -160,7 +170,15 @@ SUMMARY_FORMATS = (
 )  # fmt: skip
 
 
-def _markdown_table(header, rows) -> str:
+def metric_column(metric: str) -> tuple[str, str]:
+    """`(header, number format)` of a `summarize` key as the summary table writes it (e.g. `late_reward` →
+    `("reward (last quarter)", ".3f")`)."""
+    keys = summarize(VariantRun("", {}, [], [], 0.0))  # the keys, in `summarize`'s order
+    return next((header, spec) for key, header, spec in _columns(keys) if key == metric)
+
+
+def markdown_table(header, rows) -> str:
+    """A markdown table: the `header` cells, the rule, then one line per row of cells."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
@@ -203,7 +221,7 @@ def summary_table(runs: list[VariantRun], columns: tuple[str, ...] | None = None
             ]
             for run in runs
         ]
-        return _markdown_table((SUMMARY_HEADER[0], *headers), rows)
+        return markdown_table((SUMMARY_HEADER[0], *headers), rows)
     header = (SUMMARY_HEADER[0], "seeds", *headers)
     rows, differences = [], []
     (first_name, first), *others = groups.items()
@@ -219,12 +237,12 @@ def summary_table(runs: list[VariantRun], columns: tuple[str, ...] | None = None
         differences.append([name, str(len(deltas[keys[0]])), *cells])
     paired = (
         f"\nPaired differences from {first_name} (the mean over the seeds both ran of variant − {first_name}, "
-        "± the 95% half-width):\n\n" + _markdown_table(header, differences)
+        "± the 95% half-width):\n\n" + markdown_table(header, differences)
         if differences
         else ""
     )
     intro = "Means over seeds ± the half-width of the 95% t-interval over seeds.\n\n"
-    return intro + _markdown_table(header, rows) + paired
+    return intro + markdown_table(header, rows) + paired
 
 
 def _interval_cell(values: list[float], spec: str) -> str:
@@ -248,7 +266,8 @@ class PairedEndpoint:
 @dataclass(frozen=True)
 class EndpointReading:
     """What a `PairedEndpoint` measured: the metric's header and number format, `(seed, variant − against)` per seed
-    both ran, their mean ± the 95% t half-width over `n` seeds, and the reading the interval allows."""
+    both ran, their mean ± the 95% t half-width over `n` seeds, the reading the interval allows, and the two-sided
+    paired t-test's p-value (NaN below 2 seeds)."""
 
     header: str
     spec: str
@@ -257,12 +276,13 @@ class EndpointReading:
     half_width: float
     n: int
     reading: str
+    p: float = math.nan
 
 
 def read_endpoint(runs: list[VariantRun], endpoint: PairedEndpoint) -> EndpointReading:
     """The paired differences of `endpoint` on the seeds both its variants ran, and the reading their interval allows:
     a difference only where it excludes 0, else "no difference detected" with the number of seeds."""
-    header, spec = next((h, f) for k, h, f in _columns(summarize(runs[0])) if k == endpoint.metric)
+    header, spec = metric_column(endpoint.metric)
     groups = seed_groups(runs)
     variant, against = groups.get(endpoint.variant, []), groups.get(endpoint.against, [])
     by_seed = {run_seed(run): summarize(run)[endpoint.metric] for run in against}
@@ -280,8 +300,13 @@ def read_endpoint(runs: list[VariantRun], endpoint: PairedEndpoint) -> EndpointR
         higher = endpoint.variant if mean > 0 else endpoint.against
         reading = f"the interval excludes 0: {header} is higher with {higher} ({n} seeds)"
     else:
-        reading = f"the interval contains 0: no difference detected with {n} seeds"
-    return EndpointReading(header, spec, pairs, mean, half_width, n, reading)
+        detectable = format(detectable_difference([difference for _, difference in pairs]), spec.lstrip("+"))
+        reading = (
+            f"the interval contains 0: no difference detected with {n} seeds (the design detects ±{detectable} "
+            "at 80% power)"
+        )
+    p = t_test_p([difference for _, difference in pairs])
+    return EndpointReading(header, spec, pairs, mean, half_width, n, reading, p)
 
 
 def endpoint_section(runs: list[VariantRun], endpoint: PairedEndpoint) -> str:
@@ -305,6 +330,7 @@ def endpoint_section(runs: list[VariantRun], endpoint: PairedEndpoint) -> str:
         f"- seeds both ran: {result.n} ({dof})",
         f"- by seed: {by_seed_cells}",
         f"- paired difference: {format_interval(result.mean, result.half_width, signed)}",
+        f"- p (two-sided paired t-test): {format_p(result.p)}",
         f"- reading: {result.reading}",
         "",
     ]
@@ -314,12 +340,15 @@ def endpoint_section(runs: list[VariantRun], endpoint: PairedEndpoint) -> str:
 def endpoints_section(runs: list[VariantRun], endpoints: list[PairedEndpoint]) -> str:
     """Markdown for the stated endpoints: `endpoint_section` for one; for several, one table row each (variant minus
     what it is compared with, the metric, the seeds both ran, the difference on each seed, their mean ± the 95% t
-    half-width with n − 1 degrees of freedom, and the reading)."""
+    half-width with n − 1 degrees of freedom, the two-sided paired t-test's p, that p Holm-adjusted across the
+    endpoints with a test, and the reading: a difference is claimed only where the adjusted p is below 0.05)."""
     if len(endpoints) == 1:
         return endpoint_section(runs, endpoints[0])
+    results = [read_endpoint(runs, endpoint) for endpoint in endpoints]
+    adjusted = holm([result.p for result in results])
+    tested = sum(1 for p in adjusted if not math.isnan(p))
     rows = []
-    for endpoint in endpoints:
-        result = read_endpoint(runs, endpoint)
+    for endpoint, result, holm_p in zip(endpoints, results, adjusted, strict=True):
         signed = "+" + result.spec.lstrip("+")
         rows.append(
             [
@@ -328,14 +357,41 @@ def endpoints_section(runs: list[VariantRun], endpoints: list[PairedEndpoint]) -
                 str(result.n),
                 ", ".join(f"{format(difference, signed)} ({seed})" for seed, difference in result.pairs) or "—",
                 format_interval(result.mean, result.half_width, signed),
-                result.reading,
+                format_p(result.p),
+                format_p(holm_p),
+                holm_reading(endpoint, result, holm_p, tested),
             ]
         )
-    header = ("comparison", "metric", "seeds", "by seed (seed)", "paired difference", "reading")
+    header = (
+        "comparison", "metric", "seeds", "by seed (seed)", "paired difference", "p", "Holm-adjusted p", "reading"
+    )  # fmt: skip
     return (
         "\n## Primary endpoints\n\nStated before the runs: each comparison's paired difference on the seeds both "
-        "ran (mean ± the 95% half-width, t with n − 1 degrees of freedom).\n\n" + _markdown_table(header, rows)
+        "ran (mean ± the 95% half-width, t with n − 1 degrees of freedom), the two-sided paired t-test's p, and that "
+        f"p Holm-adjusted across the {tested} endpoints with a test (family-wise α = 0.05): several endpoints give "
+        "several chances of a false difference, so a difference is claimed only where the adjusted p is below "
+        "0.05.\n\n" + markdown_table(header, rows)
     )
+
+
+def holm_reading(endpoint: PairedEndpoint, result: EndpointReading, holm_p: float, family: int) -> str:
+    """The reading of one of `family` endpoints after Holm's adjustment (`holm_p`): a difference where the adjusted p
+    is below 0.05; where only the unadjusted interval excludes 0, that it does not hold under Holm; otherwise
+    `read_endpoint`'s reading (no seed, one seed, or an interval that contains 0)."""
+    if result.n < 2 or math.isnan(holm_p):
+        return result.reading
+    higher = endpoint.variant if result.mean > 0 else endpoint.against
+    if holm_p < 0.05:
+        return (
+            f"the interval excludes 0 and the difference holds under Holm: {result.header} is higher with {higher} "
+            f"({result.n} seeds)"
+        )
+    if abs(result.mean) > result.half_width:
+        return (
+            f"the interval excludes 0 (unadjusted: {result.header} higher with {higher}), but the difference does "
+            f"not hold under Holm across the {family} endpoints: none claimed with {result.n} seeds"
+        )
+    return result.reading
 
 
 # What each method does to the term, per run (docs/design.md §3, §5): the fraction of tokens `clip` cut, how much of
@@ -390,7 +446,7 @@ def activity_section(runs: list[VariantRun]) -> str:
         "whose KL `clip` cut, the mean adapted KL over the mean raw KL (for `sigmoid`, the KL-weighted mean of its "
         "gate σ(k − τ); 1 without a transform), β at the end, the steps whose β is below the step before's "
         "(`dynamic`'s decays), and the first step trained at a lower β than the first (a cell with `(n=k)` averages "
-        "the k seeds where it happened).\n\n" + _markdown_table(ACTIVITY_HEADER, rows)
+        "the k seeds where it happened).\n\n" + markdown_table(ACTIVITY_HEADER, rows)
     )
 
 

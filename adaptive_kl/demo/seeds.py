@@ -3,7 +3,10 @@
 `adaptive-kl compare ... --seed 0,1,2` runs every variant once per seed; its runs are named `<variant>, seed=<s>`
 and carry `seed` in their config. A variant's value of a summary metric is the mean over its seeds, written
 `mean ± half-width` with the half-width of the two-sided 95% t-interval over seeds (t_{0.975, n−1} · s / √n). Two
-variants are compared on the seeds they share: the mean of the per-seed differences, with its own t-interval.
+variants are compared on the seeds they share: the mean of the per-seed differences, with its own t-interval, its
+two-sided t-test p-value (`t_test_p`), Holm's adjustment of several such p-values (`holm`) and the difference the same
+design would detect at 80% power (`detectable_difference`). Student's t is computed here (`t_cdf`, `t_quantile`):
+the package does not depend on scipy.
 """
 
 from __future__ import annotations
@@ -41,6 +44,108 @@ def mean_interval(values) -> tuple[float, float, int]:
     if len(finite) < 2:
         return mean, math.nan, 1
     return mean, t_975(len(finite) - 1) * statistics.stdev(finite) / math.sqrt(len(finite)), len(finite)
+
+
+def t_cdf(t: float, degrees_of_freedom: int) -> float:
+    """P(T ≤ t) for Student's t with an integer number of degrees of freedom ν ≥ 1, from the closed finite series of
+    Abramowitz & Stegun 26.7.3 (ν odd) and 26.7.4 (ν even) for A(t|ν) = P(|T| ≤ |t|), in θ = atan(|t|/√ν):
+
+        ν = 1:     A = 2θ/π
+        ν odd:     A = (2/π)·(θ + sin θ·(cos θ + (2/3)·cos³θ + … + (2·4···(ν−3))/(1·3···(ν−2))·cos^(ν−2) θ))
+        ν even:    A = sin θ·(1 + (1/2)·cos²θ + (1·3)/(2·4)·cos⁴θ + … + (1·3···(ν−3))/(2·4···(ν−2))·cos^(ν−2) θ)
+
+    exact up to rounding (ν terms at most); ±inf give 1 and 0."""
+    if degrees_of_freedom < 1 or int(degrees_of_freedom) != degrees_of_freedom:
+        raise ValueError(f"degrees of freedom must be an integer >= 1, got {degrees_of_freedom}")
+    if math.isnan(t):
+        return math.nan
+    nu = int(degrees_of_freedom)
+    theta = math.atan(abs(t) / math.sqrt(nu))
+    sine, cosine = math.sin(theta), math.cos(theta)
+    if nu % 2:
+        # Terms cos^(2k+1) θ with the coefficient (2·4···2k)/(1·3···(2k+1)), k = 0 … (ν−3)/2.
+        total, term = 0.0, cosine
+        for k in range((nu - 1) // 2):
+            total += term
+            term *= cosine * cosine * (2 * k + 2) / (2 * k + 3)
+        inside = 2 / math.pi * (theta + sine * total)
+    else:
+        # Terms cos^(2k) θ with the coefficient (1·3···(2k−1))/(2·4···2k), k = 0 … (ν−2)/2.
+        total, term = 0.0, 1.0
+        for k in range(nu // 2):
+            total += term
+            term *= cosine * cosine * (2 * k + 1) / (2 * k + 2)
+        inside = sine * total
+    inside = min(1.0, inside)  # rounding can overshoot 1 by an ulp far in the tail
+    return 0.5 + inside / 2 if t >= 0 else 0.5 - inside / 2
+
+
+def t_quantile(probability: float, degrees_of_freedom: int) -> float:
+    """t with P(T ≤ t) = `probability` (0 < probability < 1), by bisection on `t_cdf` to 1e-12 (relative beyond 1):
+    the upper end is doubled from 1 until it brackets the quantile, then the bracket halved 200 times at most."""
+    if not 0 < probability < 1:
+        raise ValueError(f"probability must be in (0, 1), got {probability}")
+    if probability == 0.5:
+        return 0.0
+    if probability < 0.5:  # the distribution is symmetric about 0
+        return -t_quantile(1 - probability, degrees_of_freedom)
+    low, high = 0.0, 1.0
+    while t_cdf(high, degrees_of_freedom) < probability:
+        low, high = high, 2 * high
+    for _ in range(200):
+        middle = (low + high) / 2
+        if t_cdf(middle, degrees_of_freedom) < probability:
+            low = middle
+        else:
+            high = middle
+        if high - low <= 1e-12 * max(1.0, high):
+            break
+    return (low + high) / 2
+
+
+def t_test_p(values) -> float:
+    """The two-sided p-value of the one-sample t-test of mean 0 on the finite `values` (n − 1 degrees of freedom): for
+    paired differences, the paired t-test. NaN below 2 values; with no spread at all, 0 when the mean is not 0 (every
+    seed moved by the same amount) and 1 when it is."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if len(finite) < 2:
+        return math.nan
+    mean, spread = statistics.fmean(finite), statistics.stdev(finite)
+    if spread == 0:
+        return 0.0 if mean != 0 else 1.0
+    t = mean / (spread / math.sqrt(len(finite)))
+    return 2 * (1 - t_cdf(abs(t), len(finite) - 1))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values, in their order: the i-th smallest of the m p-values becomes
+    max over j ≤ i of min(1, (m − j + 1)·p_(j)), so that rejecting where the adjusted p < α keeps the family-wise error
+    at α. A NaN p-value (a comparison with no test: fewer than 2 seeds) stays NaN and is not counted in m."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    adjusted = [math.nan] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def detectable_difference(values) -> float:
+    """The smallest true mean difference the same design detects with 80% power at two-sided α = 0.05, given the
+    spread of the finite `values` (paired differences): (t_{0.975, n−1} + t_{0.80, n−1}) · s / √n. NaN below 2
+    values."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if len(finite) < 2:
+        return math.nan
+    n = len(finite)
+    return (t_975(n - 1) + t_quantile(0.80, n - 1)) * statistics.stdev(finite) / math.sqrt(n)
+
+
+def format_p(p: float) -> str:
+    """A p-value as a summary writes it: 4 decimals, `< 0.0001` below, `n/a` without a test."""
+    if math.isnan(p):
+        return "n/a"
+    return "< 0.0001" if p < 0.0001 else f"{p:.4f}"
 
 
 def group_name(run: VariantRun) -> str:

@@ -11,7 +11,7 @@ import pytest
 from repo_paths import REPO
 
 from adaptive_kl.demo.arguments import build
-from adaptive_kl.demo.run_files import load_runs
+from adaptive_kl.demo.run_files import load_runs, save_runs
 
 
 SCRIPT = os.path.join(REPO, "scripts", "run_real_studies.py")
@@ -53,6 +53,10 @@ def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys, mon
     # The study records its runs' machine and threads (from their own summaries), not the summarizing process's.
     device = next(line for line in open(os.path.join(directories[0], "summary.md")) if line.startswith("- device:"))
     assert f"- devices of the runs: {device.removeprefix('- device:').strip()} (4 runs)" in summary
+    # Each run recorded its own command as the runner gave it (provenance), and the summary lists their commit.
+    assert script.provenance_problems(out, TINY) == []
+    assert [run.provenance["seed"] for d in directories for run in load_runs(d)] == [0, 0, 1, 1]
+    assert "- commits of the runs (their runs.json provenance): " in summary
 
     # A run killed before its report left no runs.json: only it runs again, from its latest checkpoint (here the
     # last step's), and reports what it had; the others are not touched.
@@ -204,3 +208,113 @@ def test_a_reused_variant_is_run_once_in_its_own_study_and_summarized_in_both(sc
     # Started again, by either study: nothing is redone.
     assert script.main(["--seeds", "0", "--variants", "beta=0.1 kl_estimator=k2", "--out", out], studies=REUSING) == 0
     assert "0 runs to do" in capsys.readouterr().out
+
+
+# A frontier study on fabricated runs (no training): constant β at 0 and 0.1, one method, 3 seeds.
+FRONTIER = {
+    "front": {
+        "variants": ["beta=0", "beta=0.1", "beta=0.1 kl_adaptation_method=clip"],
+        "frontier": {"line": ["beta=0", "beta=0.1"], "x": "final_kl_to_start", "y": "late_reward",
+                     "secondary": ["delta_retention"]},
+        "args": TINY["tiny"]["args"],
+        "seeds": "0,1,2",
+    }
+}  # fmt: skip
+
+
+def test_a_frontier_study_summary_reads_its_methods_against_the_line_and_lists_its_commits(script, tmp_path):
+    pytest.importorskip("matplotlib")
+    from test_frontier import fake
+
+    out = str(tmp_path / "studies")
+    points = {"beta=0": (1.0, 1.0), "beta=0.1": (0.2, 0.6), "beta=0.1 kl_adaptation_method=clip": (0.6, 0.9)}
+    # Where each run's code came from: commit a on most, b on one, a modified source on one, none recorded on two.
+    commits = {0: "a" * 40, 1: "a" * 40, 2: "b" * 40}
+    for run in script.planned_runs(FRONTIER, ["front"]):
+        kl, reward = points[run.variant]
+        trained = fake(run.variant, run.seed, kl, reward + 0.01 * run.seed)
+        if run.variant != "beta=0":
+            trained.provenance = {"seed": run.seed, "commit": commits[run.seed], "source_modified": run.seed == 1}
+        directory = os.path.join(script.REPOSITORY, run.directory(out))
+        os.makedirs(directory)
+        save_runs([trained], directory)
+    summary_path = script.summarize("front", out, FRONTIER)
+    summary = open(summary_path).read()
+    assert os.path.isfile(os.path.join(out, "front", script.FRONTIER_PLOT))
+    assert "](frontier.png)" in summary and "## Constant β's frontier" in summary
+    assert "## Methods against the frontier (primary endpoint)" in summary
+    assert "## Secondary endpoints at matched drift" in summary
+    # F at 0.6, halfway from (0.2, 0.6 + 0.01s) to (1.0, 1.0 + 0.01s), is 0.8 + 0.01s: D = 0.1 on every seed.
+    section = summary[summary.index("## Methods against the frontier") :]
+    row = next(line for line in section.splitlines() if line.startswith("| beta=0.1, kl_adaptation_method=clip |"))
+    assert "+0.100 (0), +0.100 (1), +0.100 (2)" in row and "above the frontier" in row
+    assert (
+        "- commits of the runs (their runs.json provenance): not recorded (made before provenance was recorded) "
+        "(3 runs); `aaaaaaaaaa` (4 runs); `bbbbbbbbbb` (2 runs)"
+    ) in summary
+    assert "- warning: the runs were made at 2 different commits (aaaaaaaaaa, bbbbbbbbbb)" in summary
+    assert "- warning: 2 runs were made from source that differed from its commit (source_modified)" in summary
+    # Runs all at one commit get no warning; a study without a frontier entry, no frontier section.
+    assert script.provenance_lines([{"commit": "c" * 40, "source_modified": False}] * 2) == [
+        "- commits of the runs (their runs.json provenance): `cccccccccc` (2 runs)"
+    ]
+    plain = {"front": {key: value for key, value in FRONTIER["front"].items() if key != "frontier"}}
+    assert "## Constant β's frontier" not in open(script.summarize("front", out, plain)).read()
+
+
+def test_every_committed_runs_provenance_is_the_command_the_runner_gives_it(script):
+    """Each committed run that recorded its provenance recorded the command `execute` builds for it (the study's
+    arguments, its variant, seed and directory, with checkpointing) and its seed; every run the frontier study makes
+    itself recorded it."""
+    assert script.provenance_problems(script.STUDIES_DIR, script.STUDIES) == []
+
+
+def test_a_recorded_command_or_seed_that_is_not_the_runs_own_is_found(script, tmp_path):
+    """The check above can fail: a copy of a committed run given the provenance `execute` records passes, and the
+    same copy with another command (50 steps), another seed, or a frontier run of its own without provenance, or a
+    directory no run has, is reported."""
+    out = str(tmp_path / "real")
+    run = script.Run("length", "beta=0 loss_type=grpo", 0)
+    committed = os.path.join(script.REPOSITORY, run.directory(script.STUDIES_DIR))
+    (trained,) = load_runs(committed)
+    target = os.path.join(script.REPOSITORY, run.directory(out))
+    os.makedirs(target)
+    command = script.recorded_command(run, out, script.STUDIES)
+    assert command.startswith("adaptive-kl compare --model smollm2 --steps 100 ") and command.endswith(
+        f"--seed 0 --out {target} --no-progress --save-every 25 --resume"
+    )
+
+    def record(**changes) -> list[str]:
+        trained.provenance = {"seed": 0, "command": command, "commit": "a" * 40, "source_modified": False, **changes}
+        save_runs([trained], target)
+        return script.provenance_problems(out, script.STUDIES)
+
+    assert record() == []
+    (problem,) = record(command=command.replace("--steps 100", "--steps 50"))
+    assert (
+        problem.startswith(f"{os.path.relpath(target, script.REPOSITORY)}: recorded command ")
+        and "--steps 50" in problem
+    )
+    (problem,) = record(seed=1)
+    assert problem.endswith("recorded seed 1, not 0")
+    assert len(record(command="adaptive-kl compare", seed=3)) == 2
+    assert record() == []
+
+    # A run the frontier study makes itself must have provenance; a reused one (made before it existed) need not.
+    own = script.Run("frontier", "beta=0.02 loss_type=grpo", 0)
+    assert script.source_run(own, script.STUDIES) == own
+    directory = os.path.join(script.REPOSITORY, own.directory(out))
+    os.makedirs(directory)
+    trained.provenance = {}
+    save_runs([trained], directory)
+    (problem,) = script.provenance_problems(out, script.STUDIES)
+    assert (
+        problem == f"{os.path.relpath(directory, script.REPOSITORY)}: no provenance in runs.json (made by `frontier`)"
+    )
+    os.remove(os.path.join(directory, "runs.json"))
+
+    stray = os.path.join(out, "length", "runs", "beta_0.3__loss_type_grpo", "seed-0")
+    os.makedirs(stray)
+    save_runs([trained], stray)
+    (problem,) = script.provenance_problems(out, script.STUDIES)
+    assert problem.endswith("beta_0.3__loss_type_grpo/seed-0: no run of the studies has this directory")

@@ -28,7 +28,20 @@ from adaptive_kl.demo.report import (
     write_plots,
 )
 from adaptive_kl.demo.runner import VariantRun
-from adaptive_kl.demo.seeds import T_975, group_name, mean_interval, paired_differences, seed_groups, t_975
+from adaptive_kl.demo.seeds import (
+    T_975,
+    detectable_difference,
+    format_p,
+    group_name,
+    holm,
+    mean_interval,
+    paired_differences,
+    seed_groups,
+    t_975,
+    t_cdf,
+    t_quantile,
+    t_test_p,
+)
 
 
 def test_t_quantiles_are_students():
@@ -70,6 +83,53 @@ RUNS = [
     run("kl_scaling=log", 1, 0.57, 0.02),
     run("kl_scaling=log", 2, 0.51, 0.05),
 ]
+
+
+def test_students_t_is_computed_without_scipy():
+    """`t_cdf` (Abramowitz & Stegun's finite series) against the closed forms for 1 to 4 degrees of freedom and the
+    known quantiles; `t_quantile` (bisection on it) against the table `T_975` and t_{0.80,4} = 0.9410."""
+    for t in (-30.0, -2.5, -0.7, 0.0, 0.3, 1.0, 2.776445, 12.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(t * t + 2)), abs=1e-12)
+        u = 1 + t * t / 3
+        assert t_cdf(t, 3) == pytest.approx(0.5 + (t / (math.sqrt(3) * u) + math.atan(t / math.sqrt(3))) / math.pi)
+        v = 1 + t * t / 4
+        assert t_cdf(t, 4) == pytest.approx(0.5 + 3 / 8 * t / math.sqrt(v) * (1 - t * t / (12 * v)), abs=1e-12)
+    assert 2 * (1 - t_cdf(2.776445, 4)) == pytest.approx(0.05, abs=1e-6)  # t_{0.975,4}: two-sided p = 0.05
+    assert t_cdf(math.inf, 3) == 1.0 and t_cdf(-math.inf, 6) == 0.0
+    assert t_quantile(0.975, 1) == pytest.approx(12.706205, abs=1e-6)
+    for df in range(1, 31):
+        assert t_quantile(0.975, df) == pytest.approx(T_975[df - 1], abs=1e-6)
+    assert t_quantile(0.80, 4) == pytest.approx(0.9410, abs=1e-4)
+    assert t_quantile(0.80, 2) == pytest.approx(0.6 / math.sqrt(2 * 0.8 * 0.2), abs=1e-9)  # ν = 2's closed form
+    assert t_quantile(0.025, 4) == pytest.approx(-2.776445, abs=1e-6) and t_quantile(0.5, 7) == 0.0
+    assert 1.959964 < t_quantile(0.975, 1000) < T_975[-1]  # between the normal's and df = 30's
+    with pytest.raises(ValueError):
+        t_cdf(1.0, 0)
+    with pytest.raises(ValueError):
+        t_quantile(1.0, 3)
+
+
+def test_a_paired_t_test_and_the_difference_it_would_detect():
+    # (1, 2, 3): t = 2 / (1/√3) = 2√3 with 2 degrees of freedom, p = 1 − t/√(t² + 2).
+    assert t_test_p([1.0, 2.0, 3.0]) == pytest.approx(1 - 2 * math.sqrt(3) / math.sqrt(14), abs=1e-12)
+    assert t_test_p([-1.0, -2.0, -3.0]) == t_test_p([1.0, 2.0, 3.0])  # two-sided
+    assert t_test_p([0.1, 0.1, 0.1]) == 0.0 and t_test_p([0.0, 0.0]) == 1.0  # no spread
+    assert math.isnan(t_test_p([0.4])) and math.isnan(t_test_p([0.4, math.nan]))
+    # (t_{0.975,2} + t_{0.80,2}) · s / √n with s = 1: 4.302653 + 1.060660 over √3.
+    assert detectable_difference([1.0, 2.0, 3.0]) == pytest.approx((4.302653 + 1.060660) / math.sqrt(3), abs=1e-5)
+    assert math.isnan(detectable_difference([0.3]))
+    assert [format_p(p) for p in (0.0098, 0.00001, math.nan, 1.0)] == ["0.0098", "< 0.0001", "n/a", "1.0000"]
+
+
+def test_holms_adjustment_by_hand():
+    """p = 0.01, 0.04, 0.03, 0.005: sorted 0.005, 0.01, 0.03, 0.04, times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04, each
+    at least the one before (0.04 → 0.06), in the given order 0.03, 0.06, 0.06, 0.02. A NaN (no test) is not counted
+    in the family; nothing exceeds 1."""
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    adjusted = holm([0.01, math.nan, 0.04])
+    assert adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.04)
+    assert holm([0.6, 0.7]) == [1.0, 1.0] and holm([]) == []
 
 
 def test_runs_group_by_variant_without_the_seed():
@@ -155,12 +215,47 @@ def test_several_endpoints_are_one_row_each_with_the_reading_of_a_single_one():
     header, accuracy, raw_kl = rows
     assert header[:3] == ["comparison", "metric", "seeds"]
     half = 4.302653 * 0.01 / math.sqrt(3)
-    reading = "the interval excludes 0: val. accuracy (final) is higher with kl_scaling=log (3 seeds)"
+    # Paired t with 2 degrees of freedom, p = 1 − t/√(t² + 2): accuracy t = 0.06/(0.01/√3) = 6√3, p = 0.0091, the
+    # smaller of the two, doubled by Holm to 0.0183; the KL's t = √3, p = 0.2254, kept.
+    reading = (
+        "the interval excludes 0 and the difference holds under Holm: val. accuracy (final) is higher with "
+        "kl_scaling=log (3 seeds)"
+    )
     assert accuracy == [
         "kl_scaling=log − kl_scaling=none", "val. accuracy (final)", "3", "+0.050 (0), +0.070 (1), +0.060 (2)",
-        f"+0.060 ± {half:.3f}", reading,
+        f"+0.060 ± {half:.3f}", "0.0091", "0.0183", reading,
     ]  # fmt: skip
-    assert raw_kl[4:] == ["+0.0100 ± 0.0248", "the interval contains 0: no difference detected with 3 seeds"]
+    # The KL's smallest detectable difference at 80% power: (t_{0.975,2} + t_{0.80,2})·s/√3, with the closed form of
+    # 2 degrees of freedom t_{0.80,2} = 0.6·√(2 / 0.64) and s = 0.01 (the differences 0.01, 0, 0.02).
+    detectable = (4.302653 + 0.6 * math.sqrt(2 / 0.64)) * 0.01 / math.sqrt(3)
+    assert raw_kl[4:] == [
+        "+0.0100 ± 0.0248", "0.2254", "0.2254",
+        f"the interval contains 0: no difference detected with 3 seeds (the design detects ±{detectable:.4f} at 80% "
+        "power)",
+    ]  # fmt: skip
+    assert "p (two-sided paired t-test): 0.0091" in endpoint_section(RUNS, endpoint)
+
+
+def test_a_difference_whose_interval_excludes_0_is_not_claimed_when_holm_does_not_keep_it():
+    """Accuracy differences 0.05, 0.07, 0.03: t = 0.05/(0.02/√3) = 4.330 > t_{0.975,2}, p = 0.0494; beside the KL's
+    p = 0.2254, Holm doubles it to 0.0988: the interval excludes 0, the family-wise reading does not."""
+    runs = [*RUNS[:3], run("kl_scaling=log", 0, 0.45, 0.02), run("kl_scaling=log", 1, 0.57, 0.02),
+            run("kl_scaling=log", 2, 0.48, 0.05)]  # fmt: skip
+    endpoint = PairedEndpoint(variant="kl_scaling=log", against="kl_scaling=none", metric="final_accuracy")
+    rows = [
+        cells(line)
+        for line in endpoints_section(
+            runs, [endpoint, dataclasses.replace(endpoint, metric="mean_raw_kl")]
+        ).splitlines()
+        if line.startswith("| ")
+    ]
+    accuracy = dict(zip(rows[0], rows[1]))
+    assert accuracy["paired difference"] == f"+0.050 ± {4.302653 * 0.02 / math.sqrt(3):.3f}"  # 0.050 ± 0.050
+    assert (accuracy["p"], accuracy["Holm-adjusted p"]) == ("0.0494", "0.0988")
+    assert accuracy["reading"] == (
+        "the interval excludes 0 (unadjusted: val. accuracy (final) higher with kl_scaling=log), but the difference "
+        "does not hold under Holm across the 2 endpoints: none claimed with 3 seeds"
+    )
 
 
 def test_a_methods_activity_is_read_from_its_logged_steps():

@@ -1,0 +1,497 @@
+"""Methods read against constant β's frontier: does a method earn more reward than a constant β at the same drift?
+
+A frontier study (`scripts/run_real_studies.py`, its `frontier` entry) runs constant β at several values (the *line*)
+and each method on the same seeds. On seed s, constant β's frontier F_s is the piecewise-linear interpolation of the
+gain y (a `report.summarize` key: the reward of the last quarter of steps) against the drift x (the held-out KL to
+the start at the last step) through that seed's line points taken in order of x, held flat beyond the first and last
+points (`interpolate`). A method's primary reading on seed s is D = y − F_s(x): how much more it earned than constant
+β did at its drift, paired by seed because a seed fixes what every arm shares (the prompts' order, the sampling
+stream, the LoRA's start). Beside it, the mirror x − G_s(y): how much further it drifted than constant β needed for
+its reward (`reach`); and each secondary metric minus the line's interpolation of that metric at the method's x.
+
+Over the seeds (a seed counts only where the method and every line point have a finished run): mean ± the 95% t
+half-width, the two-sided one-sample t-test of D, Holm-adjusted across the methods (`seeds.holm`), and the smallest
+D the design detects with 80% power. `frontier_sections` writes the summary's sections, `write_frontier_plot` the
+picture of it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .report import markdown_table, metric_column, summarize
+from .runner import VariantRun
+from .seeds import (
+    detectable_difference,
+    format_interval,
+    format_p,
+    holm,
+    mean_interval,
+    run_seed,
+    seed_groups,
+    t_test_p,
+)
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """What a frontier study states before its runs: `line`, constant β's variants as `compare --variant` names them
+    (`"beta=0.02, loss_type=grpo"`), in order of β; `x` the drift and `y` the gain, keys of `report.summarize`; and
+    `secondary`, the keys read at matched drift. Every other variant of the study is a method."""
+
+    line: tuple[str, ...]
+    x: str = "final_kl_to_start"
+    y: str = "late_reward"
+    secondary: tuple[str, ...] = ()
+
+
+# Family-wise error rate of the primary endpoint across the methods (Holm).
+ALPHA = 0.05
+# Columns of constant β's table after x and y: what a user choosing a β weighs besides drift and reward.
+LINE_COLUMNS = ("mean_completion_length", "length_drift", "delta_retention", "final_answer_accuracy")
+
+
+def curve(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The frontier's vertices: the `(x, y)` points sorted by x, points of equal x merged into one at their mean y
+    (two β that drift alike are one measurement of the reward there, not a vertical step)."""
+    by_x: dict[float, list[float]] = {}
+    for x, y in points:
+        by_x.setdefault(x, []).append(y)
+    return [(x, sum(ys) / len(ys)) for x, ys in sorted(by_x.items())]
+
+
+def interpolate(points: Iterable[tuple[float, float]], x: float) -> float:
+    """F(x): the piecewise-linear interpolation through `curve(points)`, held flat beyond its first and last vertices
+    (the frontier says nothing past the measured drifts, so the nearest measured y stands for them). NaN without
+    points."""
+    vertices = curve(points)
+    if not vertices:
+        return math.nan
+    if x <= vertices[0][0]:
+        return vertices[0][1]
+    for (x0, y0), (x1, y1) in zip(vertices, vertices[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return vertices[-1][1]
+
+
+def reach(points: Iterable[tuple[float, float]], y: float) -> float:
+    """G(y), the mirror of `interpolate`: the least x in the measured range at which the curve F reaches y. The first
+    vertex's x when y is at or below F there (less drift is not measured); the x of the curve's highest vertex (the
+    first, if several tie) when y is above all of it; otherwise the x where the first segment that reaches y crosses
+    it, so that a curve that dips and rises again is read at its first crossing. NaN without points."""
+    vertices = curve(points)
+    if not vertices:
+        return math.nan
+    if y <= vertices[0][1]:
+        return vertices[0][0]
+    for (x0, y0), (x1, y1) in zip(vertices, vertices[1:]):
+        if y1 >= y:  # y0 < y here: the segments before this one stayed below y
+            return x0 + (x1 - x0) * (y - y0) / (y1 - y0)
+    return max(vertices, key=lambda vertex: vertex[1])[0]
+
+
+@dataclass(frozen=True)
+class PerSeed:
+    """One reading on each seed that has it, `(seed, value)` in order of seed, and their mean ± the 95% t half-width
+    (n − 1 degrees of freedom) over those `n` seeds."""
+
+    pairs: list[tuple[int, float]]
+    mean: float
+    half_width: float
+    n: int
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[int, float]]) -> PerSeed:
+        kept = sorted((seed, value) for seed, value in pairs if math.isfinite(value))
+        mean, half_width, n = mean_interval([value for _, value in kept])
+        return cls(kept, mean, half_width, n)
+
+    @property
+    def values(self) -> list[float]:
+        return [value for _, value in self.pairs]
+
+
+@dataclass(frozen=True)
+class MethodReading:
+    """A method against the frontier: its own `x` and `y` on the seeds of the primary reading; `above`, D = y − F_s(x)
+    per seed; `mirror`, x − G_s(y) per seed; `secondary`, each secondary metric minus the line's interpolation of it
+    at the method's x (key → readings); D's two-sided t-test `p`, its Holm-adjusted p across the methods
+    (`holm_p`), the D the design detects with 80% power (`detectable`), and the `reading` those allow."""
+
+    method: str
+    x: PerSeed
+    y: PerSeed
+    above: PerSeed
+    mirror: PerSeed
+    secondary: dict[str, PerSeed]
+    p: float
+    holm_p: float
+    detectable: float
+    reading: str
+
+
+def methods(runs: list[VariantRun], frontier: Frontier) -> list[str]:
+    """The study's methods: every variant of `runs` not on the line, in the order they first appear."""
+    return [name for name in seed_groups(runs) if name not in frontier.line]
+
+
+def _line_by_seed(runs: list[VariantRun], frontier: Frontier) -> dict[int, list[dict[str, float]]]:
+    """Seed → the `summarize` row of each line point on that seed, for the seeds where every line point has a run."""
+    groups = seed_groups(runs)
+    rows: dict[int, list[dict[str, float]]] = {}
+    for variant in frontier.line:
+        for run in groups.get(variant, []):
+            rows.setdefault(run_seed(run), []).append(summarize(run))
+    return {seed: line for seed, line in rows.items() if len(line) == len(frontier.line)}
+
+
+def _against_line(line: list[dict[str, float]], method: dict[str, float], x: str, metric: str) -> float:
+    """The method's `metric` minus the line's interpolation of `metric` against `x` at the method's x, on one seed;
+    NaN when the method or any line point lacks x or the metric (a seed must have the whole line)."""
+    values = [(row[x], row[metric]) for row in line] + [(method[x], method[metric])]
+    if not all(math.isfinite(value) for pair in values for value in pair):
+        return math.nan
+    return method[metric] - interpolate(values[:-1], method[x])
+
+
+def read_methods(runs: list[VariantRun], frontier: Frontier) -> list[MethodReading]:
+    """Every method read against the frontier (the primary endpoint, its mirror and the secondaries at matched
+    drift), paired by seed, with D's p-values Holm-adjusted across the methods."""
+    line_by_seed = _line_by_seed(runs, frontier)
+    groups = seed_groups(runs)
+    x, y = frontier.x, frontier.y
+    partial = []
+    for method in methods(runs, frontier):
+        paired = [(run_seed(run), summarize(run)) for run in groups[method] if run_seed(run) in line_by_seed]
+        above, mirror, own_x, own_y = [], [], [], []
+        for seed, row in paired:
+            difference = _against_line(line_by_seed[seed], row, x, y)
+            if math.isnan(difference):
+                continue
+            above.append((seed, difference))
+            curve_points = [(point[x], point[y]) for point in line_by_seed[seed]]
+            mirror.append((seed, row[x] - reach(curve_points, row[y])))
+            own_x.append((seed, row[x]))
+            own_y.append((seed, row[y]))
+        secondary = {
+            key: PerSeed.of((seed, _against_line(line_by_seed[seed], row, x, key)) for seed, row in paired)
+            for key in frontier.secondary
+        }
+        gain = PerSeed.of(above)
+        partial.append((method, PerSeed.of(own_x), PerSeed.of(own_y), gain, PerSeed.of(mirror), secondary))
+    p_values = [t_test_p(gain.values) for _, _, _, gain, _, _ in partial]
+    adjusted = holm(p_values)
+    tested = sum(1 for p in adjusted if not math.isnan(p))
+    readings = []
+    for (method, own_x, own_y, gain, mirror, secondary), p, holm_p in zip(partial, p_values, adjusted, strict=True):
+        detectable = detectable_difference(gain.values)
+        reading = _reading(gain, p, holm_p, detectable, tested, frontier)
+        readings.append(MethodReading(method, own_x, own_y, gain, mirror, secondary, p, holm_p, detectable, reading))
+    return readings
+
+
+def _reading(gain: PerSeed, p: float, holm_p: float, detectable: float, family: int, frontier: Frontier) -> str:
+    """The words D's interval and Holm allow: above or below the frontier only where the adjusted p is below
+    `ALPHA`; otherwise on it, with the seeds and the detectable difference, and whether the unadjusted interval
+    excluded 0."""
+    if gain.n == 0:
+        return "not measured yet: no seed has a finished run of the method and of every constant β"
+    if gain.n < 2:
+        return "one seed: no test, no result"
+    y_header, y_spec = metric_column(frontier.y)
+    x_header, _ = metric_column(frontier.x)
+    side = "above" if gain.mean > 0 else "below"
+    more = "more" if gain.mean > 0 else "less"
+    if holm_p < ALPHA:
+        return (
+            f"{side} the frontier: {more} {y_header} than constant β at the same {x_header} (Holm-adjusted "
+            f"p = {format_p(holm_p)}, {gain.n} seeds)"
+        )
+    reading = (
+        f"on the frontier: no difference detected with {gain.n} seeds (detectable at 80% power: "
+        f"±{format(detectable, y_spec.lstrip('+'))})"
+    )
+    if p < ALPHA:
+        reading += (
+            f"; the unadjusted interval excludes 0 ({side}, p = {format_p(p)}), but not under Holm's adjustment "
+            f"across the {family} methods (adjusted p = {format_p(holm_p)})"
+        )
+    return reading
+
+
+def _cell(values: list[float], spec: str) -> str:
+    """`mean ± half-width` of the finite `values`, with `(n=k)` when only k of them are finite."""
+    mean, half_width, count = mean_interval(values)
+    cell = format_interval(mean, half_width, spec)
+    return cell if count in (0, len(values)) else f"{cell} (n={count})"
+
+
+def beta_of(variant: str) -> str:
+    """The β a line variant is named with (`"beta=0.02, loss_type=grpo"` → `"0.02"`); the name itself without one."""
+    for part in variant.split(", "):
+        if part.startswith("beta="):
+            return part[len("beta=") :]
+    return variant
+
+
+def _beta_order(variant: str) -> float:
+    try:
+        return float(beta_of(variant))
+    except ValueError:
+        return math.inf
+
+
+def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = None) -> str:
+    """Markdown for constant β's points: one row per line point (β, seeds, then x, y and `LINE_COLUMNS`, each the
+    mean ± 95% half-width over that β's seeds), a sentence per β bounding the drift it keeps, and the plot (`plot`,
+    a file name beside the summary) when given."""
+    groups = seed_groups(runs)
+    summaries = {variant: [summarize(run) for run in groups.get(variant, [])] for variant in frontier.line}
+    keys = list(dict.fromkeys((frontier.x, frontier.y, *LINE_COLUMNS)))
+    columns = [metric_column(key) for key in keys]
+    rows = [
+        [beta_of(variant), str(len(summaries[variant]))]
+        + [_cell([row[key] for row in summaries[variant]], spec) for key, (_, spec) in zip(keys, columns)]
+        for variant in frontier.line
+    ]
+    x_header, x_spec = metric_column(frontier.x)
+    lines = [
+        "",
+        "## Constant β's frontier",
+        "",
+        "Constant β's points, the line the methods are read against (each a mean over that β's seeds ± the 95% "
+        "half-width): the table to choose a constant β from in this study's setting.",
+        "",
+        markdown_table(("β", "seeds", *(header for header, _ in columns)), rows),
+        f"What each β kept the {x_header} under, in this setting. Rule: X is the largest upper end of the 95% "
+        f"intervals of the mean {x_header} of that β and of every larger β measured, so every constant β from Y up "
+        "had a mean drift below X at 95% confidence each (a bound on the mean over seeds, not on a single run; "
+        "smaller β than Y may or may not stay under X):",
+        "",
+        *_bound_sentences(frontier, summaries, x_header, x_spec),
+    ]
+    if plot:
+        lines += [
+            "",
+            f"![Constant β's frontier and the methods]({plot})",
+            "",
+            f"{x_header} (log scale when every value is positive) against {metric_column(frontier.y)[0]}: constant "
+            "β's points (means over seeds ± the 95% half-width on both axes, a bar cut at the left edge of a log "
+            "axis reaching 0 or below) joined in order of drift, and each method's. The primary endpoint is read "
+            "on each seed's own frontier, not on this line through means.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _bound_sentences(frontier: Frontier, summaries: dict, x_header: str, x_spec: str) -> list[str]:
+    """`line_section`'s bullets: for each β, "for a <x> under X here, β ≥ Y" (or why there is no bound yet)."""
+    ordered = sorted(frontier.line, key=_beta_order)
+    upper = {}
+    for variant in ordered:
+        mean, half_width, _ = mean_interval([row[frontier.x] for row in summaries[variant]])
+        upper[variant] = mean + half_width  # NaN below 2 seeds
+    sentences = []
+    for i, variant in enumerate(ordered):
+        larger = ordered[i:]
+        missing = [v for v in larger if math.isnan(upper[v])]
+        if missing:
+            names = ", ".join(f"β = {beta_of(v)}" for v in missing)
+            sentences.append(f"- β ≥ {beta_of(variant)}: no bound yet ({names}: fewer than 2 seeds)")
+            continue
+        bound = max(upper[v] for v in larger)
+        sentences.append(f"- for a {x_header} under {format(bound, x_spec)} here, β ≥ {beta_of(variant)}")
+    return sentences
+
+
+def methods_section(readings: list[MethodReading], frontier: Frontier) -> str:
+    """Markdown for the primary endpoint: per method the seeds, its x and y, D by seed and its mean ± half-width, p,
+    the Holm-adjusted p, the detectable D, the mirror and the reading."""
+    x_header, x_spec = metric_column(frontier.x)
+    y_header, y_spec = metric_column(frontier.y)
+    signed_x, signed_y = "+" + x_spec.lstrip("+"), "+" + y_spec.lstrip("+")
+    tested = sum(1 for reading in readings if not math.isnan(reading.holm_p))
+    rows = [
+        [
+            reading.method,
+            str(reading.above.n),
+            format_interval(reading.x.mean, reading.x.half_width, x_spec),
+            format_interval(reading.y.mean, reading.y.half_width, y_spec),
+            ", ".join(f"{format(value, signed_y)} ({seed})" for seed, value in reading.above.pairs) or "—",
+            format_interval(reading.above.mean, reading.above.half_width, signed_y),
+            format_p(reading.p),
+            format_p(reading.holm_p),
+            "n/a" if math.isnan(reading.detectable) else "±" + format(reading.detectable, y_spec.lstrip("+")),
+            format_interval(reading.mirror.mean, reading.mirror.half_width, signed_x),
+            reading.reading,
+        ]
+        for reading in readings
+    ]
+    header = (
+        "method", "seeds", x_header, y_header, "D by seed (seed)", "D: above the frontier", "p", "Holm-adjusted p",
+        "detectable at 80% power", "mirror: drift beyond the frontier's", "reading",
+    )  # fmt: skip
+    return (
+        "\n## Methods against the frontier (primary endpoint)\n\n"
+        f"Stated before the runs: for each method and seed s, D = {y_header} − F_s({x_header}), where F_s is "
+        f"constant β's frontier on seed s: the piecewise-linear interpolation of {y_header} against {x_header} "
+        "through seed s's constant-β points in order of drift (points of equal drift: their mean), held flat beyond "
+        "its first and last points. A seed counts only where the method and every constant β have a finished run "
+        "(`seeds`: how many did; the method's drift and reward are over those seeds). D is the mean ± the 95% "
+        "half-width (t, n − 1 degrees of freedom) with the two-sided one-sample t-test's p, Holm-adjusted across the "
+        f"methods with a test ({tested} so far; family-wise α = {ALPHA}): above or below the frontier only where "
+        "the adjusted p is below it. Detectable: the smallest true D this many seeds would detect with 80% power, "
+        "(t_{0.975,n−1} + t_{0.80,n−1}) · s / √n. The mirror: the method's drift minus G_s(its reward), the least "
+        "drift at which seed s's frontier reaches that reward (the first point's drift when the reward is at or "
+        "below the curve there, the drift of the curve's highest point when it is above all of it): negative, less "
+        "drift than constant β needed for the same reward.\n\n" + markdown_table(header, rows)
+    )
+
+
+def secondary_section(readings: list[MethodReading], frontier: Frontier) -> str:
+    """Markdown for the secondary metrics at matched drift: per method and metric, the difference from the line's
+    interpolation at the method's drift by seed, its mean ± half-width, and what the unadjusted interval says; ""
+    without secondary metrics."""
+    if not frontier.secondary:
+        return ""
+    x_header, _ = metric_column(frontier.x)
+    rows = []
+    for reading in readings:
+        for key in frontier.secondary:
+            header, spec = metric_column(key)
+            signed = "+" + spec.lstrip("+")
+            found = reading.secondary[key]
+            if found.n == 0:
+                words = "not measured yet"
+            elif found.n < 2:
+                words = "one seed: no interval, no result"
+            elif abs(found.mean) > found.half_width:
+                words = f"the interval excludes 0: {'higher' if found.mean > 0 else 'lower'} than constant β's"
+            else:
+                words = f"the interval contains 0: no difference detected with {found.n} seeds"
+            rows.append(
+                [
+                    reading.method,
+                    header,
+                    str(found.n),
+                    ", ".join(f"{format(value, signed)} ({seed})" for seed, value in found.pairs) or "—",
+                    format_interval(found.mean, found.half_width, signed),
+                    words,
+                ]
+            )
+    header = ("method", "metric", "seeds", "by seed (seed)", "minus constant β at the same drift", "reading")
+    return (
+        "\n## Secondary endpoints at matched drift\n\n"
+        f"Each method's metric minus constant β's at the method's {x_header}, on the same seed (the same "
+        f"interpolation as D's, of the metric against {x_header}), mean ± the 95% half-width. Not adjusted for "
+        "multiplicity (no Holm): an interval that excludes 0 here describes, it does not establish a difference.\n\n"
+        + markdown_table(header, rows)
+    )
+
+
+def frontier_sections(runs: list[VariantRun], frontier: Frontier, plot: str | None = None) -> str:
+    """The summary's frontier sections: constant β's table (with `plot`, the picture's file name, when given), the
+    methods against it (the primary endpoint) and the secondaries at matched drift."""
+    readings = read_methods(runs, frontier)
+    return (
+        line_section(runs, frontier, plot)
+        + methods_section(readings, frontier)
+        + secondary_section(readings, frontier)
+    )
+
+
+MARKERS = ("s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
+
+
+def _point(group: list[VariantRun], key: str) -> tuple[float, float]:
+    """`(mean, half-width)` of `key` over the runs (half-width 0 for one run)."""
+    mean, half_width, _ = mean_interval([summarize(run)[key] for run in group])
+    return mean, 0.0 if math.isnan(half_width) else half_width
+
+
+def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -> str | None:
+    """Writes the frontier's picture to `path`: x against y, constant β as a line through its points' seed means
+    (each with 95% bars on both axes and labelled with its β), each method a marker of its own with its bars, and a
+    legend below. x is on a log scale when every drawn value is positive (the drifts span decades); a bar reaching 0
+    or below stops at the axis' left edge. Returns `path`, or None without matplotlib or without a point to draw."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = seed_groups(runs)
+    line = [
+        (beta_of(variant), _point(groups[variant], frontier.x), _point(groups[variant], frontier.y))
+        for variant in frontier.line
+        if groups.get(variant)
+    ]
+    line = [point for point in line if math.isfinite(point[1][0]) and math.isfinite(point[2][0])]
+    marks = [
+        (name, _point(groups[name], frontier.x), _point(groups[name], frontier.y)) for name in methods(runs, frontier)
+    ]
+    marks = [point for point in marks if math.isfinite(point[1][0]) and math.isfinite(point[2][0])]
+    if not line and not marks:
+        return None
+    # The legend names each method by what it adds to the settings all methods share (its title says those).
+    shared = (
+        [part for part in marks[0][0].split(", ") if all(part in name.split(", ") for name, _, _ in marks)]
+        if len(marks) > 1
+        else []
+    )
+    x_header, _ = metric_column(frontier.x)
+    y_header, _ = metric_column(frontier.y)
+    means = [x for _, (x, _), _ in line + marks]
+    logarithmic = min(means) > 0
+    # A log axis cannot show 0: bars that reach it stop at the left edge, a third of the least mean.
+    left = min(means) / 3 if logarithmic else -math.inf
+
+    def xerr(x: float, half_width: float) -> list[list[float]]:
+        return [[x - max(x - half_width, left)], [half_width]]
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    if line:
+        ordered = sorted(line, key=lambda point: point[1][0])
+        ax.plot([x for _, (x, _), _ in ordered], [y for _, _, (y, _) in ordered], "-", color="0.45", zorder=1)
+        for i, (beta, (x, x_half), (y, y_half)) in enumerate(line):
+            ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=y_half, fmt="o", color="black", ecolor="0.4",
+                        elinewidth=1, capsize=3, markersize=6, zorder=3,
+                        label="constant β (seed means)" if i == 0 else None)  # fmt: skip
+            ax.annotate(f"β = {beta}", (x, y), textcoords="offset points", xytext=(6, -13), fontsize=8, color="0.1",
+                        bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.8),
+                        zorder=5)  # fmt: skip
+    for i, (name, (x, x_half), (y, y_half)) in enumerate(marks):
+        label = ", ".join(part for part in name.split(", ") if part not in shared) or name
+        ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=y_half, fmt=MARKERS[i % len(MARKERS)], color=f"C{i % 10}",
+                    elinewidth=1, capsize=3, markersize=8, alpha=0.9, zorder=4, label=label)  # fmt: skip
+    if logarithmic:
+        ax.set_xscale("log")
+        ax.set_xlim(left=left)
+    ax.set_xlabel(f"{x_header}{' (log scale)' if logarithmic else ''}")
+    ax.set_ylabel(y_header)
+    ax.set_title("Constant β's frontier and the methods (means over seeds ± 95% half-widths)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.1, which="minor")
+    handles, labels = ax.get_legend_handles_labels()
+    if line:  # constant β last, below the methods its title introduces
+        handles, labels = handles[1:] + handles[:1], labels[1:] + labels[:1]
+    legend = ax.legend(
+        handles,
+        [textwrap.fill(label, 95, subsequent_indent="  ") for label in labels],
+        title=f"methods (each {', '.join(shared)}, with):" if shared else None,
+        title_fontsize=8,
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12),
+        frameon=False,
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight", bbox_extra_artists=[legend])
+    plt.close(fig)
+    return path

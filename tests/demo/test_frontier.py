@@ -1,0 +1,266 @@
+"""Methods read against constant β's frontier (`adaptive_kl.demo.frontier`): the interpolation and its mirror on
+hand-worked curves, and the primary endpoint on fabricated runs whose methods sit above, below and on a known
+frontier, with its sections and picture."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+from test_demo import check_png
+
+from adaptive_kl.demo.frontier import (
+    Frontier,
+    beta_of,
+    curve,
+    frontier_sections,
+    interpolate,
+    line_section,
+    methods,
+    reach,
+    read_methods,
+    write_frontier_plot,
+)
+from adaptive_kl.demo.runner import VariantRun
+from adaptive_kl.demo.seeds import group_name
+
+
+# --- the interpolation and its mirror -------------------------------------------------------------------------------
+
+# Three points, given out of order: (0.1, 0.6), (0.4, 0.8), (1.6, 1.0).
+POINTS = [(1.6, 1.0), (0.1, 0.6), (0.4, 0.8)]
+
+
+def test_the_curve_sorts_its_points_by_x_and_merges_equal_x_into_their_mean():
+    assert curve(POINTS) == [(0.1, 0.6), (0.4, 0.8), (1.6, 1.0)]
+    assert curve([(0.4, 0.7), (0.1, 0.6), (0.4, 0.9)]) == [(0.1, 0.6), (0.4, pytest.approx(0.8))]
+    assert curve([]) == []
+
+
+def test_the_frontier_is_linear_between_its_points_and_flat_beyond_them():
+    assert interpolate(POINTS, 0.1) == 0.6 and interpolate(POINTS, 1.6) == 1.0  # through every point
+    assert interpolate(POINTS, 0.4) == pytest.approx(0.8)
+    assert interpolate(POINTS, 0.25) == pytest.approx(0.7)  # halfway from 0.1 to 0.4
+    assert interpolate(POINTS, 1.0) == pytest.approx(0.9)  # halfway from 0.4 to 1.6
+    assert interpolate(POINTS, 0.01) == 0.6 and interpolate(POINTS, 0.0) == 0.6  # flat below the first point
+    assert interpolate(POINTS, 5.0) == 1.0  # and above the last
+    # Two points of equal x are one vertex at their mean: 0.7 and 0.9 at 0.4 read as 0.8.
+    tied = [(0.1, 0.6), (0.4, 0.7), (0.4, 0.9), (1.6, 1.0)]
+    assert interpolate(tied, 0.25) == pytest.approx(0.7) and interpolate(tied, 0.4) == pytest.approx(0.8)
+    # A curve that dips: (0, 1), (1, 0), (2, 2).
+    dipping = [(2.0, 2.0), (0.0, 1.0), (1.0, 0.0)]
+    assert interpolate(dipping, 0.5) == pytest.approx(0.5) and interpolate(dipping, 1.5) == pytest.approx(1.0)
+    assert interpolate([(0.3, 0.5)], 0.1) == interpolate([(0.3, 0.5)], 9.0) == 0.5  # one point: flat everywhere
+    assert math.isnan(interpolate([], 0.3))
+
+
+def test_the_mirror_is_the_least_x_at_which_the_curve_reaches_y():
+    assert reach(POINTS, 0.7) == pytest.approx(0.25) and reach(POINTS, 0.9) == pytest.approx(1.0)
+    assert reach(POINTS, 0.8) == pytest.approx(0.4)  # a point's own y: its x
+    assert reach(POINTS, 0.6) == 0.1 and reach(POINTS, 0.2) == 0.1  # at or below the curve's start: the first x
+    assert reach(POINTS, 1.3) == 1.6  # above all of it: the x of its highest point
+    # A curve that dips, (0, 1), (1, 0), (2, 2): y = 0.5 is at or below the start, reached at x = 0 already; y = 1.5
+    # first on the last segment (0.5 of the way from 0 to 2: x = 1.75).
+    dipping = [(2.0, 2.0), (0.0, 1.0), (1.0, 0.0)]
+    assert reach(dipping, 0.5) == 0.0 and reach(dipping, 1.5) == pytest.approx(1.75)
+    # A curve that rises, falls and rises less: (0, 0), (1, 2), (2, 1), (3, 1.5): y = 1 is first reached on the first
+    # segment (x = 0.5), not at the later dip; above its highest point (2 at x = 1), the x of that point.
+    humped = [(0.0, 0.0), (1.0, 2.0), (2.0, 1.0), (3.0, 1.5)]
+    assert reach(humped, 1.0) == pytest.approx(0.5) and reach(humped, 2.5) == 1.0
+    # A flat top: the first x of it.
+    assert reach([(0.0, 0.0), (1.0, 1.0), (2.0, 1.0)], 1.0) == 1.0
+    assert reach([(0.0, 0.0), (1.0, 1.0), (2.0, 1.0)], 3.0) == 1.0  # the highest point's first x
+    assert math.isnan(reach([], 0.3))
+
+
+# --- the primary endpoint on fabricated runs -------------------------------------------------------------------------
+
+LINE = ("beta=0, loss_type=grpo", "beta=0.05, loss_type=grpo", "beta=0.2, loss_type=grpo")
+FRONTIER = Frontier(
+    line=LINE,
+    x="final_kl_to_start",
+    y="late_reward",
+    secondary=("delta_retention", "final_answer_accuracy", "length_drift"),
+)
+ABOVE = "beta=0.2, loss_type=grpo, kl_adaptation_method=clip"
+BELOW = "beta=0.2, loss_type=grpo, kl_adaptation_method=sigmoid"
+ON = "beta=0.2, loss_type=grpo, kl_adaptation_method=dynamic"
+UNADJUSTED = "beta=0.2, loss_type=grpo, kl_adaptation_method=dynamic, reward_threshold=0.8"
+# D on seeds 0-4 of each method (the reward above the frontier): 10 times the spread above and below 0; about 0; and
+# one whose unadjusted p (0.040) is below 0.05 but not once Holm doubles it (the second smallest of 4 p-values is ×3,
+# the third ×2: 0.080).
+D = {
+    ABOVE: [0.10, 0.12, 0.09, 0.11, 0.10],
+    BELOW: [-0.10, -0.08, -0.12, -0.09, -0.11],
+    ON: [0.02, -0.03, 0.01, -0.01, 0.0],
+    UNADJUSTED: [0.02, 0.05, 0.0, 0.06, 0.03],
+}
+
+
+def fake(variant: str, seed: int, kl: float, reward: float, retention=0.0, accuracy=0.0, lengthening=0.0):
+    """A run of `variant` on `seed` whose summary has held-out KL `kl` (final), reward `reward` (last quarter), Δ
+    retention `retention`, format-free accuracy `accuracy` (final) and Δ length `lengthening`."""
+    lengths = [40.0, 40.0, 40.0, 40.0 + lengthening]
+    history = [{"step": step, "reward": reward, "completions/mean_length": n} for step, n in enumerate(lengths, 1)]
+    retention_log = [
+        {"step": 0, "retention/loglik": -2.0, "retention/kl_to_start": 0.0},
+        {"step": 4, "retention/loglik": -2.0 + retention, "retention/kl_to_start": kl},
+    ]
+    evaluations = [
+        {"step": 0, "val_accuracy": 0.0, "val_answer_accuracy": 0.25},
+        {"step": 4, "val_accuracy": 0.0, "val_answer_accuracy": accuracy},
+    ]
+    return VariantRun(f"{variant}, seed={seed}", {"seed": seed}, history, evaluations, 1.0, retention=retention_log)
+
+
+def line_point(variant: str, seed: int) -> tuple[float, float]:
+    """Seed s's constant-β points: (0.1k, 0.6), (0.4k, 0.8) and (1.6k, 1.0) for β = 0.2, 0.05, 0, with k = 1 + s/10,
+    and every reward 0.01·s higher: halfway between the first two, at x = 0.25k, the frontier is 0.7 + 0.01·s."""
+    k = 1 + seed / 10
+    kl, reward = {LINE[2]: (0.1, 0.6), LINE[1]: (0.4, 0.8), LINE[0]: (1.6, 1.0)}[variant]
+    return kl * k, reward + 0.01 * seed
+
+
+def fabricated_runs() -> list[VariantRun]:
+    runs = []
+    accuracy = {LINE[2]: 0.2, LINE[1]: 0.4, LINE[0]: 0.0}  # 0.3 halfway between the first two
+    for seed in range(6):
+        for variant in LINE:
+            if seed == 5 and variant == LINE[1]:
+                continue  # seed 5 lacks a constant β: no method's seed 5 counts
+            kl, reward = line_point(variant, seed)
+            runs.append(fake(variant, seed, kl, reward, retention=0.1, accuracy=accuracy[variant]))
+    for method, differences in D.items():
+        for seed, difference in enumerate(differences):
+            k = 1 + seed / 10
+            runs.append(fake(method, seed, 0.25 * k, 0.7 + 0.01 * seed + difference, retention=-0.1, accuracy=0.3,
+                             lengthening=5.0 + seed))  # fmt: skip
+    runs.append(fake(ON, 5, 0.3, 0.9))  # seed 5 has no β = 0.05: left out
+    return runs
+
+
+def test_the_methods_are_the_variants_not_on_the_line():
+    assert methods(fabricated_runs(), FRONTIER) == list(D)
+
+
+def test_methods_above_below_and_on_the_frontier_are_read_as_such():
+    readings = {reading.method: reading for reading in read_methods(fabricated_runs(), FRONTIER)}
+    for method, differences in D.items():
+        reading = readings[method]
+        assert reading.above.n == 5 and [seed for seed, _ in reading.above.pairs] == [0, 1, 2, 3, 4]
+        assert reading.above.values == pytest.approx(differences)  # D = reward − (0.7 + 0.01·s): the difference
+        half = 2.776445 * statistics.stdev(differences) / math.sqrt(5)
+        assert reading.above.mean == pytest.approx(statistics.fmean(differences))
+        assert reading.above.half_width == pytest.approx(half, rel=1e-6)
+        assert reading.x.values == pytest.approx([0.25 * (1 + s / 10) for s in range(5)])
+        # At the method's drift, the line's retention is 0.1 and its accuracy 0.3: the method's −0.1 and 0.3 differ
+        # by −0.2 and 0; the line's Δ length is 0, the method's 5 + s.
+        assert reading.secondary["delta_retention"].values == pytest.approx([-0.2] * 5)
+        assert reading.secondary["final_answer_accuracy"].values == pytest.approx([0.0] * 5)
+        assert reading.secondary["length_drift"].values == pytest.approx([5.0, 6.0, 7.0, 8.0, 9.0])
+        detectable = (2.776445 + 0.940965) * statistics.stdev(differences) / math.sqrt(5)
+        assert reading.detectable == pytest.approx(detectable, rel=1e-5)
+    above, below, on, unadjusted = (readings[m] for m in D)
+    assert above.reading.startswith("above the frontier: more reward (last quarter) than constant β")
+    assert below.reading.startswith("below the frontier: less reward (last quarter)")
+    assert above.holm_p < 0.05 and below.holm_p < 0.05
+    assert on.reading == "on the frontier: no difference detected with 5 seeds (detectable at 80% power: ±0.032)"
+    assert unadjusted.p == pytest.approx(0.04006, abs=1e-4) and unadjusted.holm_p == pytest.approx(2 * unadjusted.p)
+    assert unadjusted.reading.startswith("on the frontier: no difference detected with 5 seeds")
+    assert "the unadjusted interval excludes 0 (above, p = 0.0401)" in unadjusted.reading
+    assert "but not under Holm's adjustment across the 4 methods (adjusted p = 0.0801)" in unadjusted.reading
+    # The mirror, by hand on two seeds. Seed 0 (k = 1): reward 0.8 is β = 0.05's, reached at 0.4; 0.25 − 0.4.
+    # Seed 2 (k = 1.2): reward 0.81 on the segment from (0.12, 0.62) to (0.48, 0.82), at 0.12 + 0.36·0.19/0.2.
+    mirror = dict(above.mirror.pairs)
+    assert mirror[0] == pytest.approx(-0.15) and mirror[2] == pytest.approx(0.3 - (0.12 + 0.36 * 0.95))
+
+
+def test_a_seed_counts_only_with_the_method_and_every_line_point():
+    runs = fabricated_runs()
+    # Seed 1's β = 0 is gone: no method's seed 1 counts; the clip arm's seed 3 lost its held-out KL (not measured).
+    runs = [run for run in runs if run.name != f"{LINE[0]}, seed=1"]
+    clip3 = next(run for run in runs if run.name == f"{ABOVE}, seed=3")
+    clip3.retention = []
+    readings = {reading.method: reading for reading in read_methods(runs, FRONTIER)}
+    assert [seed for seed, _ in readings[ON].above.pairs] == [0, 2, 3, 4]
+    assert [seed for seed, _ in readings[ABOVE].above.pairs] == [0, 2, 4]
+    one_seed = [run for run in runs if group_name(run) != BELOW or run.config["seed"] == 0]
+    reading = next(r for r in read_methods(one_seed, FRONTIER) if r.method == BELOW)
+    assert reading.above.n == 1 and reading.reading == "one seed: no test, no result" and math.isnan(reading.p)
+    no_line = read_methods([run for run in runs if group_name(run) != LINE[1]], FRONTIER)
+    assert all(r.above.n == 0 and r.reading.startswith("not measured yet") for r in no_line)
+    assert all(math.isnan(r.holm_p) for r in no_line)
+
+
+# --- what the summary and the picture show --------------------------------------------------------------------------
+
+
+def test_the_line_section_tabulates_each_beta_and_bounds_the_drift_it_kept():
+    runs = fabricated_runs()
+    text = line_section(runs, FRONTIER)
+    rows = {cells[0]: cells for cells in table_rows(text)}
+    assert list(rows)[:1] == ["β"] and set(rows) == {"β", "0", "0.05", "0.2"}
+    assert rows["0.2"][1] == "6" and rows["0.05"][1] == "5"
+    # β = 0.2's KL over seeds 0-5: 0.1·(1 + s/10), mean 0.125; the bound is its interval's upper end, and β = 0.05's
+    # the larger of its own and β = 0.2's.
+    low = [0.1 * (1 + s / 10) for s in range(6)]
+    mid = [0.4 * (1 + s / 10) for s in range(5)]
+    upper_low = statistics.fmean(low) + 2.570582 * statistics.stdev(low) / math.sqrt(6)
+    upper_mid = statistics.fmean(mid) + 2.776445 * statistics.stdev(mid) / math.sqrt(5)
+    assert rows["0.2"][2] == f"{statistics.fmean(low):.4f} ± {2.570582 * statistics.stdev(low) / math.sqrt(6):.4f}"
+    assert f"- for a held-out KL to start (final) under {upper_low:.4f} here, β ≥ 0.2" in text
+    assert f"- for a held-out KL to start (final) under {max(upper_low, upper_mid):.4f} here, β ≥ 0.05" in text
+    # With one seed of β = 0.05 there is no bound from it down.
+    single = [run for run in runs if not (LINE[1] in run.name and run.config["seed"] > 0)]
+    text = line_section(single, FRONTIER)
+    assert "- β ≥ 0.05: no bound yet (β = 0.05: fewer than 2 seeds)" in text
+    assert "- β ≥ 0: no bound yet (β = 0.05: fewer than 2 seeds)" in text
+    assert "![" not in text and "](frontier.png)" in line_section(runs, FRONTIER, "frontier.png")
+    assert beta_of("beta=0.02, loss_type=grpo") == "0.02" and beta_of("kl_scaling=log") == "kl_scaling=log"
+
+
+def table_rows(text: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| ")
+    ]
+
+
+def test_the_sections_state_the_endpoint_and_read_every_method():
+    text = frontier_sections(fabricated_runs(), FRONTIER)
+    for heading in (
+        "## Constant β's frontier",
+        "## Methods against the frontier (primary endpoint)",
+        "## Secondary endpoints at matched drift",
+    ):
+        assert heading in text
+    methods_table = text[text.index("## Methods against") : text.index("## Secondary")]
+    rows = {cells[0]: cells for cells in table_rows(methods_table)}
+    header = rows.pop("method")
+    assert list(rows) == list(D)
+    above = dict(zip(header, rows[ABOVE]))
+    assert above["seeds"] == "5"
+    assert above["D by seed (seed)"] == "+0.100 (0), +0.120 (1), +0.090 (2), +0.110 (3), +0.100 (4)"
+    assert above["D: above the frontier"] == f"+0.104 ± {2.776445 * statistics.stdev(D[ABOVE]) / math.sqrt(5):.3f}"
+    assert above["reading"].startswith("above the frontier")
+    assert dict(zip(header, rows[ON]))["Holm-adjusted p"] == "0.8276"  # the largest p: times 1, as it was
+    assert "Not adjusted for multiplicity (no Holm)" in text
+    secondary = table_rows(text[text.index("## Secondary") :])
+    assert len(secondary) == 1 + 3 * len(D)
+    retention = next(row for row in secondary if row[:2] == [ABOVE, "Δ retention"])
+    assert retention[2:] == ["5", ", ".join(f"-0.2000 ({s})" for s in range(5)), "-0.2000 ± 0.0000",
+                             "the interval excludes 0: lower than constant β's"]  # fmt: skip
+
+
+def test_the_frontier_plot_is_written_on_a_log_or_linear_axis(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = fabricated_runs()
+    path = write_frontier_plot(runs, FRONTIER, str(tmp_path / "frontier.png"))
+    assert path == str(tmp_path / "frontier.png")
+    check_png(path)
+    # A drift of 0 (a method that never moved) cannot go on a log axis: the axis is linear.
+    still = [*runs, fake("beta=0.2, loss_type=grpo, kl_scaling=log", 0, 0.0, 0.5)]
+    check_png(write_frontier_plot(still, FRONTIER, str(tmp_path / "linear.png")))
+    assert write_frontier_plot([], FRONTIER, str(tmp_path / "none.png")) is None
