@@ -1,11 +1,11 @@
-"""adaptive-kl: adaptive KL regularization for TRL's GRPO trainer.
+"""adaptive-kl: adaptive KL regularization for TRL's GRPO and RLOO trainers.
 
 The package is layered; each layer imports only from those above it in this list:
 
 - `adaptive_kl.kl`: the formula sheet (estimators, transforms, aggregation, the KL term, metrics, β rules), torch only;
   `adaptive_kl.metrics` (diversity) and `adaptive_kl.models` (where models come from) beside it;
-- `adaptive_kl.trainers`: the config, the trainer, checkpoint state, the TRL hook layer, the Unsloth backend and the
-  callbacks;
+- `adaptive_kl.trainers`: the configs and trainers (GRPO and RLOO), checkpoint state, the TRL hook layer, the Unsloth
+  backend and the callbacks;
 - `adaptive_kl.experimental`: algorithm variants (`experimental.binomial`);
 - `adaptive_kl.tasks`: the math tasks (problems, answers, rewards, GSM8K, accuracy) and the named policies;
 - `adaptive_kl.usage`: the command line's input checks, shared by its subcommands;
@@ -37,7 +37,7 @@ _EXPORTS = {
     "RetentionCallback": "trainers.callbacks",
     "BetaController": "kl.controller",
     "HashedNgramEmbedder": "metrics.diversity",
-    # Experimental: documented under `adaptive_kl.experimental.binomial`, kept here so that existing imports work.
+    # Experimental (documented under `adaptive_kl.experimental.binomial`): importable from here, left out of __all__.
     "BinomialKLConfig": "experimental.binomial",
     "BinomialKLTrainer": "experimental.binomial",
 }

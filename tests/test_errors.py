@@ -205,6 +205,9 @@ CASES = {
             str(c.tmp), beta=0.04, kl_scaling="exp", kl_scaling_rate=1.5, use_cpu=True, bf16=False
         )
     ),
+    "api-kl-log-ratio-clip-too-large": lambda c, m: raised(
+        lambda: AdaptiveKLGRPOConfig(str(c.tmp), beta=0.04, kl_log_ratio_clip=100.0, use_cpu=True, bf16=False)
+    ),
     "api-saturation-threshold-zero": lambda c, m: raised(
         lambda: AdaptiveKLGRPOConfig(str(c.tmp), beta=0.04, saturation_threshold=0.0, use_cpu=True, bf16=False)
     ),
@@ -344,8 +347,8 @@ def test_host_without_the_hooked_methods_is_refused(tmp_path):
     old_host = type("GRPOTrainer", (), {"_tag_names": [], **{name: lambda self: None for name in methods[1:]}})
     # The fake host has no training loop either, so the training attribute it sets is named after the method.
     with pytest.raises(UnsupportedTRLError, match=rf"has no \['{methods[0]}'(, '\w+')*\].*trl>=1\.15,<1\.17"):
-        check_host(old_host, _config(tmp_path), "AdaptiveKLGRPOTrainer", own_loss=True)
-    check_host(GRPOTrainer, _config(tmp_path), "AdaptiveKLGRPOTrainer", own_loss=True)  # all there
+        check_host(old_host, "grpo", _config(tmp_path), "AdaptiveKLGRPOTrainer", own_loss=True)
+    check_host(GRPOTrainer, "grpo", _config(tmp_path), "AdaptiveKLGRPOTrainer", own_loss=True)  # all there
 
 
 # --- sync_ref_model -------------------------------------------------------------------------------------------------

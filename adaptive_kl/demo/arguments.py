@@ -38,7 +38,13 @@ def _shared_options() -> argparse.ArgumentParser:
     shared.add_argument("--n-validation", type=int, help="validation problems (default 200)")
     shared.add_argument("--seed", default="0", help="seed of the trainer and the train problems (compare: a list)")
     shared.add_argument("--out", default="adaptive-kl-demo", help="output directory (created if missing)")
-    shared.add_argument("--quick", action="store_true", help="a few steps on a small validation set (smoke test)")
+    shared.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test: a few steps on a small validation set (6 steps, 48 problems); with --model, 2 steps, 8 "
+        "problems and a graded reward beside the task's (each completion's similarity to the reference working), so "
+        "that a group's completions do not all tie and the run trains",
+    )
     shared.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config field for all runs")
     shared.add_argument("--no-progress", action="store_true", help="no progress bar")
     shared.add_argument(

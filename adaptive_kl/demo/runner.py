@@ -24,7 +24,7 @@ from peft import LoraConfig
 from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from ..tasks import TASK_REWARDS, load_gsm8k, score_completions
+from ..tasks import TASK_REWARDS, load_gsm8k, score_completions, working_similarity_reward
 from ..tasks.chat import chat_datasets
 from ..tasks.general import general_retention_dataset
 from ..tasks.policies import resolve_policy
@@ -57,6 +57,7 @@ class DemoSettings:
     fixed: dict = field(default_factory=dict)  # config fields set for every variant
     save_every: int | None = None  # checkpoint every this many optimizer steps (the latest kept); None: no checkpoints
     resume: bool = False  # continue each variant from the latest complete checkpoint in its output directory
+    graded_reward: bool = False  # add `working_similarity_reward` to the task's (a real model's `--quick`: `quick`)
 
     @property
     def embedded(self) -> bool:
@@ -84,9 +85,11 @@ def for_model(settings: DemoSettings) -> DemoSettings:
 
 def quick(settings: DemoSettings) -> DemoSettings:
     """The `--quick` budget: a few steps and a small validation set, for smoke tests (< 90 s for five variants on the
-    embedded policy; 2 steps and 8 problems on a real one)."""
+    embedded policy; 2 steps and 8 problems on a real one, with the graded `working_similarity_reward` beside the
+    task's rewards: in 2 steps a fresh policy rarely writes the answer marker, every completion of a group would earn
+    the same task reward, and a run whose groups all tie trains nothing)."""
     if settings.policy_demo is not None:
-        return dataclasses.replace(settings, steps=2, eval_every=2, n_validation=8)
+        return dataclasses.replace(settings, steps=2, eval_every=2, n_validation=8, graded_reward=True)
     return dataclasses.replace(settings, steps=6, eval_every=3, n_validation=48)
 
 
@@ -372,7 +375,7 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     trainer = trainer_cls(
         model=model,
         processing_class=tokenizer,
-        reward_funcs=list(TASK_REWARDS),
+        reward_funcs=task_rewards(settings, train),
         args=args,
         train_dataset=train,
         peft_config=peft_config,
@@ -419,6 +422,13 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         samples=validation_callback.samples,
         resumed_at=record.resumed_at,
     )
+
+
+def task_rewards(settings: DemoSettings, train) -> list:
+    """The reward functions of a run: the task's (`TASK_REWARDS`), and the graded `working_similarity_reward` when the
+    settings ask for it and the task has reference workings (the chat task's `solution`)."""
+    graded = settings.graded_reward and "solution" in train.column_names
+    return [*TASK_REWARDS, *([working_similarity_reward] if graded else [])]
 
 
 def merged_by_step(*histories: list[dict]) -> list[dict]:

@@ -3,12 +3,13 @@ peft or accelerate; `docs/design.md` gives the semantics).
 
 | module | what |
 |---|---|
-| `estimators` | per-token estimates k1, k2, k3, k1+, k3+ of the log-ratio r; transforms f(k); importance ratio |
+| `estimators` | per-token estimates k1, k2, k3, k1+, k3+ of r, its opt-in clamp; transforms f(k); importance ratio |
 | `aggregation` | Agg(·): the host's loss-type aggregation and the length-normalized mean |
 | `term` | the whole KL term of one micro-batch, estimate → transform → aggregate, and its statistics |
 | `metrics` | the additive statistics behind the `adaptive_kl/*` metrics |
 | `controller` | β_t: step scaling, reward- or saturation-triggered decay, target-KL controllers (`BetaController`) |
-| `placement` | KL in the reward: the sequence penalty, total rewards and GRPO group advantages; zero-std groups |
+| `placement` | KL in the reward: the penalty (and its zero), total rewards, GRPO's and RLOO's advantages |
+| `groups` | zero-std groups (TRL's `nanstd` to the bit): the saturation trigger's statistic, the KL mask |
 | `validation` | checks of user-given numbers |
 """
 
@@ -34,7 +35,14 @@ from .estimators import (
 )
 from .groups import group_reward_std, zero_std_group_fraction, zero_std_groups
 from .metrics import METRIC_NAMES, kl_metrics, kl_statistics
-from .placement import KL_PLACEMENTS, group_advantages, sequence_kl_penalty, total_rewards
+from .placement import (
+    KL_PLACEMENTS,
+    group_advantages,
+    leave_one_out_advantages,
+    sequence_kl_penalty,
+    total_rewards,
+    zero_penalty,
+)
 from .term import adapted_kl_term
 
 
@@ -61,12 +69,14 @@ __all__ = [
     "kl_estimate",
     "kl_metrics",
     "kl_statistics",
+    "leave_one_out_advantages",
     "length_normalized_mean",
     "sequence_kl_penalty",
     "step_scale",
     "token_sum_normalizer",
     "total_rewards",
     "transform_kl",
+    "zero_penalty",
     "zero_std_groups",
     "zero_std_group_fraction",
 ]

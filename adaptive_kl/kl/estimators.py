@@ -20,12 +20,12 @@ ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+")
 # the gradient of k1 in the reward (Liu et al. 2025, "Rethinking KL Regularization in RLHF", arXiv:2510.01555).
 STRAIGHT_THROUGH_ESTIMATORS = ("k1+", "k3+")
 
-# The log-ratio of an estimator that exponentiates it (k3, k3+) is clamped to ±LOG_RATIO_CLAMP first. exp(20) ≈ 4.9e8
-# is finite in float32 and bfloat16, and no realistic policy drifts that far from its reference on a sampled token;
-# outside the range the estimate is constant (zero gradient), which keeps a single degenerate token from producing
-# inf/NaN. k1 and k2 need no clamp (r and r²/2 of a finite log-ratio are finite), and are not clamped: k1 in the
-# reward is then TRL's RLOO penalty to the bit, whatever the log-ratio.
-LOG_RATIO_CLAMP = 20.0
+# The estimators that exponentiate the log-ratio (k3, k3+), and so overflow where it is far below 0: exp(−r) is inf in
+# float32 below r ≈ −88.7. TRL's GRPO loss computes k3 and the importance ratio exp(log π − log π_old) from the raw
+# log-ratio, so this package does too by default (`log_ratio_clip=None`): a policy far from its reference trains as
+# stock TRL does. `kl_log_ratio_clip` (a config field) opts in to clamping that log-ratio to ±c first; Unsloth's loss
+# clamps both to ±20 (`trainers.unsloth`), which its backend passes. k1 and k2 need no clamp (r and r²/2 of a finite
+# log-ratio are finite) and never get one.
 EXPONENTIAL_ESTIMATORS = ("k3", "k3+")
 
 
@@ -34,23 +34,26 @@ def upcast_half(values: torch.Tensor) -> torch.Tensor:
     return values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
 
 
-def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
-    """Clamps ``r`` to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]``, upcasting half precision to float32.
+def clamp_log_ratio(log_ratio: torch.Tensor, bound: float | None) -> torch.Tensor:
+    """Clamps ``r`` to ``[-bound, bound]`` (no clamp for `None`), upcasting half precision to float32. Outside the
+    range the clamped value is constant: a clamped token carries no gradient.
 
     Args:
-        log_ratio (`torch.Tensor` of shape `(B, T)`): `log π_θ − log π_ref` at the sampled tokens.
+        log_ratio (`torch.Tensor` of shape `(B, T)`): a log-ratio at the sampled tokens.
+        bound (`float` or `None`): c > 0, or `None`.
 
     Returns:
-        `torch.Tensor` of shape `(B, T)`: the clamped log-ratio (float32 when the input was float16/bfloat16).
+        `torch.Tensor` of shape `(B, T)` (float32 when the input was float16/bfloat16).
     """
-    return upcast_half(log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = upcast_half(log_ratio)
+    return log_ratio if bound is None else log_ratio.clamp(-bound, bound)
 
 
 def masked_log_ratio(
     per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """r = log π − log π_ref at the tokens `mask` counts, 0 at the others: whatever a padding token's log-probabilities
-    are (−inf included), they reach no estimate, value or gradient (k1 and k2 are not clamped).
+    are (−inf included), they reach no estimate, value or gradient.
 
     Args:
         per_token_logps, ref_per_token_logps (`torch.Tensor` of shape `(B, T)`): log π and log π_ref.
@@ -62,10 +65,10 @@ def masked_log_ratio(
     return torch.where(mask > 0, per_token_logps - ref_per_token_logps, 0.0)
 
 
-def estimator_log_ratio(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
-    """The log-ratio `estimator` is computed from: upcast from half precision, and clamped (`clamp_log_ratio`) only
-    for the estimators that exponentiate it (`EXPONENTIAL_ESTIMATORS`)."""
-    return clamp_log_ratio(log_ratio) if estimator in EXPONENTIAL_ESTIMATORS else upcast_half(log_ratio)
+def estimator_log_ratio(log_ratio: torch.Tensor, estimator: str, log_ratio_clip: float | None = None) -> torch.Tensor:
+    """The log-ratio `estimator` is computed from: upcast from half precision, and clamped to ±`log_ratio_clip` only
+    for the estimators that exponentiate it (`EXPONENTIAL_ESTIMATORS`) and only when a bound is given."""
+    return clamp_log_ratio(log_ratio, log_ratio_clip if estimator in EXPONENTIAL_ESTIMATORS else None)
 
 
 # k1, k2, k3: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html (there with
@@ -113,14 +116,15 @@ def k3_plus(log_ratio: torch.Tensor) -> torch.Tensor:
 _ESTIMATOR_FNS = {"k1": k1, "k2": k2, "k3": k3, "k1+": k1_plus, "k3+": k3_plus}
 
 
-def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token KL estimate ``k = est(r)``, with ``r`` clamped to ±`LOG_RATIO_CLAMP` for k3 and k3+ only
-    (`estimator_log_ratio`).
+def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3", log_ratio_clip: float | None = None) -> torch.Tensor:
+    """Per-token KL estimate ``k = est(r)``.
 
     Args:
         log_ratio (`torch.Tensor` of shape `(B, T)`): `log π_θ − log π_ref` at the sampled tokens.
         estimator (`str`): one of `"k1"`, `"k2"`, `"k3"`, or the straight-through `"k1+"`, `"k3+"` (the value of
             k1/k3, the gradient of k2).
+        log_ratio_clip (`float`, *optional*): for k3 and k3+, clamp ``r`` to ±this value first (`clamp_log_ratio`);
+            `None` (TRL's arithmetic): no clamp.
 
     Returns:
         `torch.Tensor` of shape `(B, T)`.
@@ -129,7 +133,7 @@ def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
         fn = _ESTIMATOR_FNS[estimator]
     except KeyError:
         raise ValueError(f"kl_estimator must be one of {ESTIMATORS}, got {estimator!r}.") from None
-    return fn(estimator_log_ratio(log_ratio, estimator))
+    return fn(estimator_log_ratio(log_ratio, estimator, log_ratio_clip))
 
 
 # The transforms `clip` and `sigmoid` are the seed "Adaptive KL Divergence for GRPO Training"'s (no published source).
@@ -167,23 +171,30 @@ def transform_kl(
 
 
 def importance_ratio(
-    per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, mask: torch.Tensor, level: str = "token"
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    level: str = "token",
+    log_ratio_clip: float | None = None,
 ) -> torch.Tensor:
-    """The importance ratio π_θ/π_old that `use_bias_correction_kl` multiplies the estimate by (differentiable).
+    """The importance ratio π_θ/π_old that `use_bias_correction_kl` multiplies the estimate by (differentiable), as
+    TRL's loss computes it (`coef_1`).
 
     Args:
         per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_θ, carrying gradient.
         old_per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_old (detached).
         mask (`torch.Tensor` of shape `(B, T)`): completion mask.
         level (`str`): `"token"` (one ratio per token) or `"sequence"` (exp of the masked mean log-ratio).
+        log_ratio_clip (`float`, *optional*): clamp the log-ratio to ±this value before the exponential; `None`
+            (TRL's arithmetic): no clamp.
 
     Returns:
         `torch.Tensor` of shape `(B, T)` for `"token"`, `(B, 1)` for `"sequence"`.
     """
     log_ratio = per_token_logps - old_per_token_logps
     if level == "token":
-        return torch.exp(clamp_log_ratio(log_ratio))
+        return torch.exp(clamp_log_ratio(log_ratio, log_ratio_clip))
     if level == "sequence":
         mean_log_ratio = (log_ratio * mask).sum(-1) / token_counts(mask, -1).clamp(min=1.0)
-        return torch.exp(clamp_log_ratio(mean_log_ratio).unsqueeze(-1))
+        return torch.exp(clamp_log_ratio(mean_log_ratio, log_ratio_clip).unsqueeze(-1))
     raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {level!r}.")

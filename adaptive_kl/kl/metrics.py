@@ -20,7 +20,7 @@ STAT_NAMES = (
     "raw_kl",  # Σ m·k
     "adapted_kl",  # Σ m·f(k)
     "clipped",  # Σ m·[k > c]
-    "host_kl",  # Σ m·k3 (what TRL logs as `kl`)
+    "host_kl",  # Σ m·(the per-token KL TRL's GRPO loss logs as `kl`: k3, bias-corrected like the loss)
     "sequences",  # number of sequences in the batch
     "seq_kl",  # Σ_i Σ_t m·k
     "corr_n",  # sequences with L_i > 0 (those that enter the correlation)
@@ -58,7 +58,9 @@ def kl_statistics(
         adapted_kl (`torch.Tensor` of shape `(B, T)`): f(k).
         mask (`torch.Tensor` of shape `(B, T)`): completion mask.
         clip_threshold (`float`, *optional*): c when the clip transform is active (tokens with k > c are counted).
-        host_kl (`torch.Tensor` of shape `(B, T)`, *optional*): TRL's k3 estimate, when it differs from `raw_kl`.
+        host_kl (`torch.Tensor` of shape `(B, T)`, *optional*): the per-token KL TRL's GRPO loss logs as `kl` (k3, and
+            bias-corrected like its loss), when it differs from `raw_kl`; `None`: `raw_kl` (a host that logs its own
+            KL, as RLOO does, reads nothing from this entry).
 
     Returns:
         `torch.Tensor` of shape `(len(STAT_NAMES),)`.
@@ -112,7 +114,7 @@ def pearson_from_moments(n: float, sx: float, sy: float, sxx: float, syy: float,
 
 
 def kl_metrics(stats: torch.Tensor, *, beta: float, beta_scale: float) -> dict[str, float]:
-    """Turns summed statistics into the `adaptive_kl/*` metrics (plus TRL's `kl`)."""
+    """Turns summed statistics into the `adaptive_kl/*` metrics."""
     s = dict(zip(STAT_NAMES, stats.tolist()))
     tokens = max(s["tokens"], 1.0)
     return {
@@ -125,5 +127,10 @@ def kl_metrics(stats: torch.Tensor, *, beta: float, beta_scale: float) -> dict[s
         "adaptive_kl/kl_length_corr": pearson_from_moments(
             s["corr_n"], s["corr_x"], s["corr_y"], s["corr_xx"], s["corr_yy"], s["corr_xy"]
         ),
-        "kl": s["host_kl"] / tokens,
     }
+
+
+def host_kl_mean(stats: torch.Tensor) -> float:
+    """TRL's GRPO `kl` of one micro-batch from its statistics (summed over processes): the token mean of the host's
+    per-token KL, Σ m·k / max(Σ m, 1), which TRL appends once per micro-batch and averages over the logging window."""
+    return stats[STAT_INDEX["host_kl"]].item() / max(stats[STAT_INDEX["tokens"]].item(), 1.0)

@@ -37,6 +37,7 @@ def sequence_kl_penalty(
     clip_threshold: float = 1.0,
     target: float = 0.1,
     length_normalized: bool = False,
+    log_ratio_clip: float | None = None,
 ) -> torch.Tensor:
     """P_i = β · Σ_t m_it f(k_it), or β · Σ_t m_it f(k_it) / L_i when `length_normalized`; detached.
 
@@ -48,16 +49,30 @@ def sequence_kl_penalty(
         beta (`float`): β_t.
         estimator, transform, clip_threshold, target: the per-token estimate k and transform f (see `adaptive_kl.kl`).
         length_normalized (`bool`): the per-sequence mean instead of the sum.
+        log_ratio_clip (`float`, *optional*): clamp k3's log-ratio to ±this value first (`kl_log_ratio_clip`).
 
     Returns:
-        `torch.Tensor` of shape `(B,)` in float32 or wider.
+        `torch.Tensor` of shape `(B,)`, in `penalty_dtype(per_token_logps.dtype)`.
     """
     with torch.no_grad():
-        kl = kl_estimate(masked_log_ratio(per_token_logps, ref_per_token_logps, mask), estimator)
+        kl = kl_estimate(masked_log_ratio(per_token_logps, ref_per_token_logps, mask), estimator, log_ratio_clip)
         adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
         mask = mask.to(adapted.dtype)
         per_sequence = sequence_means(adapted, mask) if length_normalized else sequence_sums(adapted, mask)
         return beta * per_sequence
+
+
+def penalty_dtype(logps_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of `sequence_kl_penalty` computed from log-probabilities of `logps_dtype`: float32, or float64 for
+    float64 ones (half precision is upcast before the estimate)."""
+    return torch.promote_types(logps_dtype, torch.float32)
+
+
+def zero_penalty(rows: int, logps_dtype: torch.dtype, device=None) -> torch.Tensor:
+    """The `(rows,)` penalty of a batch scored without the reference (β_t = 0 for every step it serves): exactly 0, in
+    the dtype `sequence_kl_penalty` would give from log-probabilities of `logps_dtype` (`penalty_dtype`), so that the
+    penalized rewards, and their advantages, are those of the full path bit for bit (in bfloat16 they would round)."""
+    return torch.zeros(rows, dtype=penalty_dtype(logps_dtype), device=device)
 
 
 def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
@@ -148,20 +163,21 @@ def penalty_statistics(
     transform: str | None = None,
     clip_threshold: float = 1.0,
     target: float = 0.1,
+    log_ratio_clip: float | None = None,
 ) -> torch.Tensor:
     """The `adaptive_kl/*` statistics (`adaptive_kl.kl.metrics.kl_statistics`) of the tokens a penalty in the reward
-    was computed from, with k1 as the host's `kl` (what RLOO logs): for the metrics and the β controllers.
+    was computed from: for the metrics and the β controllers (RLOO logs its own `kl`).
 
     Args:
         per_token_logps, ref_per_token_logps, mask (`torch.Tensor` of shape `(B, T)`): as for `sequence_kl_penalty`.
-        estimator, transform, clip_threshold, target: the per-token estimate k and transform f.
+        estimator, transform, clip_threshold, target, log_ratio_clip: the per-token estimate k and transform f.
 
     Returns:
         `torch.Tensor` of shape `(len(STAT_NAMES),)`, for these sequences only (the caller reduces it).
     """
     with torch.no_grad():
         log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
-        kl = kl_estimate(log_ratio, estimator)
+        kl = kl_estimate(log_ratio, estimator, log_ratio_clip)
         adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
         clipped_at = clip_threshold if transform == "clip" else None
-        return kl_statistics(kl, adapted, mask, clip_threshold=clipped_at, host_kl=log_ratio)
+        return kl_statistics(kl, adapted, mask, clip_threshold=clipped_at)

@@ -32,6 +32,8 @@ def adapted_kl_term(
     old_per_token_logps: torch.Tensor | None = None,
     importance_sampling_level: str = "token",
     kl_bound: float | None = None,
+    log_ratio_clip: float | None = None,
+    importance_log_ratio_clip: float | None = None,
     sequence_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Agg(f(k)) for one micro-batch, and the statistics of `adaptive_kl.kl.metrics.kl_statistics`.
@@ -50,6 +52,10 @@ def adapted_kl_term(
             detached current log-probabilities).
         importance_sampling_level (`str`): `"token"` or `"sequence"` ratio for the bias correction.
         kl_bound (`float`, *optional*): bound |k| ≤ kl_bound on the (bias-corrected) estimate, as Unsloth's loss has.
+        log_ratio_clip (`float`, *optional*): clamp the log-ratio of k3/k3+ to ±this value before it is exponentiated
+            (`kl_log_ratio_clip`; Unsloth's loss: ±20); `None`, TRL's arithmetic: no clamp.
+        importance_log_ratio_clip (`float`, *optional*): the same for the log-ratio of the bias correction's
+            importance ratio (`kl_log_ratio_clip`; Unsloth's loss: ±20 only for vLLM's rollout log-probabilities).
         sequence_mask (`torch.Tensor` of shape `(B,)`, *optional*): bool, False for the sequences whose f(k) is left
             out of the term (`kl_mask_zero_std_groups`). Their f(k) is set to 0 before the aggregation, whose
             normalizers still count every token of `mask` (the host's policy loss keeps them): the term is exactly the
@@ -61,11 +67,12 @@ def adapted_kl_term(
         statistics vector of shape `(len(STAT_NAMES),)` for this process only (the caller reduces it).
     """
     log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
-    kl = kl_estimate(log_ratio, estimator)
-    host_kl = None if estimator == "k3" else kl_estimate(log_ratio.detach(), "k3")  # what TRL logs as `kl`
+    kl = kl_estimate(log_ratio, estimator, log_ratio_clip)
+    # What the host logs as `kl`: k3 of the same log-ratio
+    host_kl = None if estimator == "k3" else kl_estimate(log_ratio.detach(), "k3", log_ratio_clip)
     if use_bias_correction:
         old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
-        ratio = importance_ratio(per_token_logps, old, mask, importance_sampling_level)
+        ratio = importance_ratio(per_token_logps, old, mask, importance_sampling_level, importance_log_ratio_clip)
         kl = kl * ratio
         host_kl = None if host_kl is None else host_kl * ratio.detach()
     if kl_bound is not None:

@@ -8,7 +8,7 @@ math tasks and the policies a command line names.
 | `gsm8k` | GSM8K as a dataset of the task (hub id or local file) |
 | `general` | the chat task's general-prompt retention set |
 | `answers` | final-answer extraction in GSM8K's `####` convention |
-| `rewards` | the task's reward functions (`format_reward`, `accuracy_reward`) |
+| `rewards` | the task's reward functions (`format_reward`, `accuracy_reward`; the quick run's graded one) |
 | `evaluation` | validation accuracy by greedy decoding |
 | `policies` | named policies (`smollm2`): what `--model` accepts besides a hub id or a local path |
 
@@ -34,6 +34,7 @@ _EXPORTS = {
     "TASK_REWARDS": "rewards",
     "accuracy_reward": "rewards",
     "format_reward": "rewards",
+    "working_similarity_reward": "rewards",
 }
 
 __all__ = sorted(_EXPORTS)

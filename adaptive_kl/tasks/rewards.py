@@ -12,10 +12,15 @@ The task's "reward based on correct answer format and accuracy" is the sum of th
 
 An answer is only ever found through a marker, so a correct answer implies the format, and a completion earns 0 (no
 answer in the format), 1 (formatted but wrong) or 2 (formatted and right).
+
+`working_similarity_reward` is graded instead (a completion's similarity to the reference working, in [0, 1]): the
+real-model smoke run (`adaptive-kl compare --model smollm2 --quick`) adds it, because in its 2 steps a fresh policy
+rarely writes a marker, every completion of a group then earns the same task reward, and nothing would train.
 """
 
 from __future__ import annotations
 
+from difflib import SequenceMatcher
 from typing import Any
 
 from .answers import answers_match, completion_text, extract_answer, has_answer_format
@@ -34,6 +39,16 @@ def accuracy_reward(completions: list[Any], answer: list[str | int | float], **k
     return [
         float(answers_match(extract_answer(completion_text(completion)), gold))
         for completion, gold in zip(completions, answer, strict=True)
+    ]
+
+
+def working_similarity_reward(completions: list[Any], solution: list[str], **kwargs) -> list[float]:
+    """For each completion, how close its text is to the problem's reference working (the dataset column `solution`,
+    e.g. `"7+12=19 #### 19"`): difflib's similarity ratio, 2·matches / total length, in [0, 1]. Two different
+    completions almost never get the same value, so a group's advantages are not all 0."""
+    return [
+        SequenceMatcher(None, completion_text(completion), reference, autojunk=False).ratio()
+        for completion, reference in zip(completions, solution, strict=True)
     ]
 
 

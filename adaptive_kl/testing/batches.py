@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..trainers.hooks import group_size, score_policy, set_accumulation_steps
+from ..trainers.hooks import host_rewards, score_policy, set_accumulation_steps
 
 
 def fabricated_inputs(trainer, seed: int = 0) -> dict:
@@ -35,7 +35,7 @@ def grouped_inputs(trainer, num_prompts: int, completion_length: int, seed: int 
     old policies. `num_items_in_batch` counts the tokens of `micro_batches` such micro-batches (the optimizer step's).
     """
     g = torch.Generator().manual_seed(seed)
-    group = group_size(trainer, "train")
+    group = host_rewards(trainer, "train").group_size
     rows, vocab = num_prompts * group, trainer.model.config.vocab_size
     pad = trainer.processing_class.pad_token_id
     prompt_ids = not_pad(torch.randint(3, vocab - 1, (num_prompts, 8), generator=g), pad)

@@ -25,7 +25,7 @@ from ..kl.estimators import ESTIMATORS, STRAIGHT_THROUGH_ESTIMATORS  # noqa: E40
 from ..kl.placement import KL_PLACEMENTS  # noqa: E402
 from ..kl.validation import require  # noqa: E402
 from .embedding import HASHED, MINILM, check_embedder  # noqa: E402
-from .kl_fields import (  # noqa: E402, F401 (names this module has always offered)
+from .kl_fields import (  # noqa: E402, F401 (the config's vocabulary, importable with it)
     KL_METHODS,
     KL_TRANSFORMS,
     PARAMETER_READERS,
@@ -57,6 +57,11 @@ class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig):
         kl_adaptation_method (`str`, *optional*, defaults to `"none"`):
             `"none"`, `"clip"`, `"sigmoid"`, `"length_normalized"`, `"dynamic"`, or several joined by `"+"` (at most
             one of clip/sigmoid), e.g. `"dynamic+length_normalized"`.
+        kl_log_ratio_clip (`float` or `None`, *optional*, defaults to `None`):
+            Clamp the log-ratio to [−c, c] before it is exponentiated: k3's and k3+'s r, and with
+            `use_bias_correction_kl` the importance log-ratio. A token beyond it gets a finite estimate and no
+            gradient, so one degenerate token cannot make the KL inf or NaN (docs/errors.md). `None`: no clamp, TRL's
+            arithmetic (on Unsloth, its loss's ±20). In (0, 88].
         kl_clip_threshold (`float`, *optional*, defaults to `1.0`):
             `clip`: per-token KL above this value is clipped (and carries no gradient).
         kl_target (`float`, *optional*, defaults to `0.1`):

@@ -2,53 +2,56 @@
 
 The host computes its own loss with β = 0 (the policy term, untouched), and this class adds `β_t · Agg(f(k))` computed
 from the log-probabilities the host already computed for that loss: no copy of the host's loss, no extra forward
-pass. The KL term's path: `compute_loss` → `hooks.HostHooks.host_loss_without_kl` (what the host's loss scored) →
-`_host_kl_inputs` (its aggregation, `hooks.host_loss_settings`) → `kl.term.adapted_kl_term`.
+pass. The KL term's path: `compute_loss` (`lifecycle.AdaptiveKLRun`) → `_loss_and_kl_statistics` →
+`hooks.HostHooks.host_loss_without_kl` (what the host's loss scored) → `_host_kl_inputs` (its aggregation,
+`hooks.host_loss_settings`) → `kl.term.adapted_kl_term`. With `kl_placement="reward"` the KL is instead a penalty on
+each completion's reward (`_score_kl`), and the loss only measures it.
 
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
 Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`. Everything taken from the
-host goes through `adaptive_kl.trainers.hooks` (its table `HOST_INTERNALS`). The other concerns are collaborators with
-their own state, built and driven through a run by `lifecycle.AdaptiveKLRun` (shared with the RLOO trainer):
-`zero_beta` (the reference skipped and released while β is 0 for good), `resetter` (reference resets), `rollouts` (each
-scored generation batch: KL in the reward, the zero-std KL mask, diversity), `monitoring` (the statistics the
-controller and the `adaptive_kl/*` metrics read) and `state` (checkpoints and resume).
+host goes through `adaptive_kl.trainers.hooks`; what both trainers do is `lifecycle.AdaptiveKLRun`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from contextlib import nullcontext
 
 import torch
+from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
-from ..kl.placement import sequence_kl_penalty
+from ..kl.groups import zero_std_groups
+from ..kl.placement import group_advantages
 from ..kl.term import adapted_kl_term
+from ..metrics.diversity import diversity_metrics
 from .config import AdaptiveKLGRPOConfig
 from .embedding import build_embedder
 from .hooks import (
+    MULTIMODAL_INPUTS,
     HostHooks,
-    ScoredBatch,
+    HostScoring,
     check_carries_gradient,
     check_host,
-    check_host_attributes,
     completion_loss_mask,
-    host_built_without_reference,
+    grpo_scale_rewards,
     host_loss_settings,
+    host_models,
+    host_rewards,
     metric_store,
-    resolve_args,
+    score_policy,
 )
 from .inputs import check_train_dataset, train_dataset_argument
-from .lifecycle import AdaptiveKLRun
+from .lifecycle import AdaptiveKLRun, ScoredBatch, local_rows
 from .unsloth import (
+    UNSLOTH_LOG_RATIO_CLAMP,
     capturing_efficient_grpo,
     prepare_unsloth_host,
     unsloth_kl_term_inputs,
     unsupported_unsloth,
     with_keyword_only,
 )
-from .zero_beta import reference_never_scored
 
 
 class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
@@ -69,44 +72,105 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         reference_resets (`ReferenceResets`): when the reference is reset; saved in every checkpoint too.
     """
 
+    host_class, host_family, config_class = GRPOTrainer, "grpo", AdaptiveKLGRPOConfig
+    logs_host_kl = True  # the host's loss runs with β = 0, so it logs no `kl`: this trainer does, as TRL would
+
     def __init__(self, model, reward_funcs=None, args=None, *more, diversity_embedder=None, **kwargs):
-        args = resolve_args(GRPOTrainer, AdaptiveKLGRPOConfig, model, args, "AdaptiveKLGRPOTrainer", "GRPO")
-        check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=args.beta > 0)
-        check_train_dataset(
-            train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
-        )
-        self._unsloth_module = prepare_unsloth_host(GRPOTrainer, args.kl_placement, args.kl_mask_zero_std_groups)
-        on_unsloth = self._unsloth_module is not None
-        loads_no_reference = reference_never_scored(args, model, kwargs.get("peft_config"), on_unsloth)
-        with host_built_without_reference(self, args) if loads_no_reference else nullcontext():
-            super().__init__(model, reward_funcs, args, *more, **kwargs)
-        check_host_attributes(self)
-        if diversity_embedder is None and args.diversity_metrics:
-            diversity_embedder = build_embedder(args.diversity_embedder)
+        super().__init__(model, reward_funcs, args, *more, **kwargs)
+        if diversity_embedder is None and self.args.diversity_metrics:
+            diversity_embedder = build_embedder(self.args.diversity_embedder)
         self.diversity_embedder = diversity_embedder
-        self._build_kl_state(args, loads_no_reference)
 
     __init__.__signature__ = with_keyword_only(
         inspect.signature(GRPOTrainer.__init__),
         [inspect.Parameter("diversity_embedder", inspect.Parameter.KEYWORD_ONLY, default=None)],
     )
 
+    def _prepare_host(self, args, more: tuple, kwargs: dict) -> None:
+        check_host(GRPOTrainer, "grpo", args, "AdaptiveKLGRPOTrainer", own_loss=args.beta > 0)
+        check_train_dataset(
+            train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
+        )
+        self._unsloth_module = prepare_unsloth_host(GRPOTrainer, args.kl_placement, args.kl_mask_zero_std_groups)
+        if self._unsloth_module is not None:
+            self.host_log_ratio_clip = UNSLOTH_LOG_RATIO_CLAMP
+
     kl_in_reward = property(lambda self: self.args.kl_placement == "reward")
 
-    # --- the host's extension points (`hooks.HostHooks`) -------------------------------------------------------------
+    # --- a scored generation batch -----------------------------------------------------------------------------------
 
-    def _on_scored(self, batch: ScoredBatch) -> None:
-        rewards = self.rollouts.total_rewards(batch.rewards_per_func, batch.mode)
+    def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
+        # TRL's GRPO keeps the log-probabilities it scored in its output: the sampling policy's when it needs them
+        # (off-policy), the reference's when its β is not 0 and the reference was scored.
+        output, mode = scoring.output, scoring.mode
         keep = None
         if self.args.kl_mask_zero_std_groups:
-            keep = self.rollouts.kl_group_mask(batch.output, rewards, batch.mode)
+            keep = self._kl_group_mask(output, batch.rewards, mode)
         if self.kl_in_reward:
-            penalty = self._kl_penalty(batch) if batch.ref_logps is not None else None
-            if penalty is not None and keep is not None:  # decided on the task rewards: those groups keep 0 advantages
+            mask = completion_loss_mask(output)
+            ref_logps = output.get("ref_per_token_logps")
+            policy_logps = output.get("old_per_token_logps")
+            if policy_logps is None and ref_logps is not None:  # on-policy: TRL did not score the sampling policy
+                policy_logps = self._sampling_policy_logps(output, mode)
+            logps_dtype = policy_logps.dtype if policy_logps is not None else self._scoring_dtype()
+            penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, logps_dtype)
+            if keep is not None:  # decided on the task rewards: those groups keep 0 advantages
                 penalty = torch.where(keep, penalty, torch.zeros_like(penalty))
-            self.rollouts.penalize(batch.output, rewards, penalty, batch.mode)
+            group_size, scaling = host_rewards(self, mode).group_size, grpo_scale_rewards(self)
+            penalties, _ = self._penalize(
+                output, batch.rewards, penalty, mode, lambda rewards: group_advantages(rewards, group_size, scaling)
+            )
+            batch = dataclasses.replace(batch, penalty=penalties)
         if self.args.diversity_metrics:
-            self.rollouts.log_diversity(batch.output, batch.mode)
+            self._log_diversity(output, mode)
+        return batch
+
+    def _scoring_dtype(self) -> torch.dtype:
+        """The dtype of the policy's output embedding: what the penalty of a batch scored without the reference takes
+        its dtype from (`kl.placement.penalty_dtype`) when TRL scored no log-probabilities for it. TRL's scores are in
+        that dtype or in float32, which the penalty's dtype does not tell apart."""
+        return host_models(self).policy.get_output_embeddings().weight.dtype
+
+    def _sampling_policy_logps(self, output: dict, mode: str) -> torch.Tensor:
+        """`(B, T)` log π at the sampled tokens under the policy that sampled them, by one no-grad forward of the
+        policy (on-policy, `num_iterations == 1`: TRL skips it, and the policy has not changed since it sampled)."""
+        args = self.args
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+        multimodal = {key: output[key] for key in MULTIMODAL_INPUTS if key in output}
+        with torch.no_grad():
+            return score_policy(
+                self, self.model, input_ids, attention_mask, output["completion_ids"].size(1), batch_size, **multimodal
+            )
+
+    def _kl_group_mask(self, output: dict, rewards: torch.Tensor, mode: str) -> torch.Tensor:
+        """`kl_mask_zero_std_groups`: the `(B,)` bool mask of this process's completions whose KL counts, False for
+        those of a group whose total `rewards` (`(N,)`, every process's) all agree. It is decided here, per group of
+        the whole generation batch, and put in `output["kl_group_mask"]`: a tensor of first dimension B, it follows
+        each completion through TRL's shuffle and split into micro-batches. Logs the fraction of completions masked."""
+        masked = zero_std_groups(rewards, host_rewards(self, mode).group_size)  # (N,): groups may span processes
+        rows = len(output["completion_ids"])
+        keep = ~local_rows(masked, rows, self.accelerator.process_index).to(output["completion_ids"].device)
+        output["kl_group_mask"] = keep
+        metric_store(self, mode)["adaptive_kl/kl_masked_fraction"].append(masked.double().mean().item())
+        return keep
+
+    def _log_diversity(self, output: dict, mode: str) -> None:
+        """`diversity/*` of the generation batch, over every process's completions (groups may span processes)."""
+        tokenizer = self.processing_class
+        pad = tokenizer.pad_token_id if hasattr(tokenizer, "pad_token_id") else None
+        ids = []
+        for row, mask in zip(output["completion_ids"], output["completion_mask"].bool()):
+            if not mask.any() and pad is not None:  # masked whole by mask_truncated_completions: the tokens, unpadded
+                mask = row != pad
+            ids.append(row[mask].tolist())
+        ids = gather_object(ids)
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        group_size = host_rewards(self, mode).group_size
+        metrics = diversity_metrics(ids, texts, group_size, embedder=self.diversity_embedder)
+        for name, value in metrics.items():
+            metric_store(self, mode)[name].append(value)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.args.diversity_metrics:
@@ -134,6 +198,11 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         kl_term, stats = self._adapted_kl_term(host_inputs)
         return loss + beta * kl_term, stats  # Unsloth's backward ignores its incoming gradient: add, never scale
 
+    def _adapted_kl_term(self, host_inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Agg(f(k)) of one micro-batch from the host's inputs (`_host_kl_inputs`) and the config's estimate and
+        transform, and its statistics (this process's)."""
+        return adapted_kl_term(**host_inputs, **self.kl_options())
+
     def _host_kl_inputs(self, captured: dict, inputs: dict, mode: str, training: bool) -> dict:
         """The log-probabilities, mask and aggregation of the host's loss that the KL term must share."""
         if self._unsloth_module is not None:
@@ -141,6 +210,8 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
                 raise unsupported_unsloth("its GRPO loss no longer calls UnslothEfficientGRPO.apply")
             kl_inputs = unsloth_kl_term_inputs(captured["efficient_grpo"])
             check_carries_gradient(kl_inputs["per_token_logps"], training, "Unsloth's policy log-probabilities")
+            if self.args.kl_log_ratio_clip is not None:  # the user's clamp, in place of Unsloth's
+                kl_inputs["importance_log_ratio_clip"] = self.args.kl_log_ratio_clip
             return kl_inputs
         per_token_logps = self.captured_policy_logps(captured, training)
         settings = host_loss_settings(self, mode)
@@ -163,20 +234,7 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             token_normalizer=token_normalizer,
             use_bias_correction=self.args.use_bias_correction_kl,
             importance_sampling_level=settings.importance_sampling_level,
-            # `_on_scored` put it in every scored batch: numerator rows only, the normalizers are the host's
+            importance_log_ratio_clip=self.args.kl_log_ratio_clip,
+            # `_score_kl` put it in every scored batch: numerator rows only, the normalizers are the host's
             sequence_mask=inputs["kl_group_mask"] if self.args.kl_mask_zero_std_groups else None,
         )
-
-    def _adapted_kl_term(self, host_inputs: dict):
-        """Agg(f(k)) for one micro-batch, with the host's normalizers, and its statistics summed over processes."""
-        term, stats = adapted_kl_term(**host_inputs, **self.kl_options())
-        return term, self.accelerator.reduce(stats, reduction="sum")
-
-    def _kl_penalty(self, batch: ScoredBatch) -> torch.Tensor:
-        """KL in the reward: the `(B,)` detached penalties β_t·Σ_t f(k) of the generation batch's sequences, with the
-        β of the first optimizer step it serves."""
-        policy_logps = batch.policy_logps
-        if policy_logps is None:  # on-policy: TRL did not score the sampling policy
-            policy_logps = self.rollouts.sampling_policy_logps(batch.output, batch.mode)
-        beta = self.generation_batches[batch.mode].beta
-        return sequence_kl_penalty(policy_logps, batch.ref_logps, batch.mask, beta=beta, **self.kl_options())

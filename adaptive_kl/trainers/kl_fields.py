@@ -18,11 +18,14 @@ from dataclasses import MISSING, dataclass, field, fields
 from types import SimpleNamespace
 
 from ..kl.controller import ADAPTIVE_ERROR_CLIP, DEFAULT_KL_SCALING_RATE, DYNAMIC_TRIGGERS, KL_CONTROLLERS, KL_SCALINGS
+from ..kl.estimators import EXPONENTIAL_ESTIMATORS
 from ..kl.validation import is_finite_number, is_int, require
 
 
 KL_METHODS = ("none", "clip", "sigmoid", "length_normalized", "dynamic")
 KL_TRANSFORMS = ("clip", "sigmoid")
+# The largest `kl_log_ratio_clip`: exp(88) ≈ 1.7e38 is still finite in float32 (its largest value is 3.4e38).
+MAX_LOG_RATIO_CLIP = 88.0
 
 
 def _dynamic(config) -> bool:
@@ -35,6 +38,11 @@ def _dynamic_trigger(trigger: str):
 
 def _beta_adapts(config) -> bool:
     return _dynamic(config) or config.kl_controller != "fixed"
+
+
+def _exponentiates_log_ratio(config) -> bool:
+    # The GRPO config's bias correction exponentiates the importance log-ratio; RLOO's config has no such field.
+    return config.kl_estimator in EXPONENTIAL_ESTIMATORS or getattr(config, "use_bias_correction_kl", False)
 
 
 # Parameters read only under a setting: field → (whether the config reads it, apart from β > 0; what makes it read).
@@ -69,6 +77,10 @@ PARAMETER_READERS = {
         "skip_zero_beta_reference=True",
     ),
     "resume_without_kl_state": (_beta_adapts, "a β that adapts (dynamic or a target-KL controller)"),
+    "kl_log_ratio_clip": (
+        _exponentiates_log_ratio,
+        "an estimator that exponentiates the log-ratio (kl_estimator 'k3' or 'k3+') or use_bias_correction_kl=True",
+    ),
 }
 
 
@@ -119,6 +131,14 @@ class AdaptiveKLFields:
         metadata={
             "help": "KL adaptation: 'none', 'clip', 'sigmoid', 'length_normalized', 'dynamic', or several joined by "
             "'+' (at most one of clip/sigmoid), e.g. 'dynamic+length_normalized'."
+        },
+    )
+    kl_log_ratio_clip: float | None = field(
+        default=None,
+        metadata={
+            "help": "Clamp the log-ratio to [-c, c] before it is exponentiated (k3/k3+, and the importance ratio of "
+            "use_bias_correction_kl): a token beyond it gets a finite estimate and no gradient, so one degenerate "
+            "token cannot make the KL inf or NaN. None (TRL's arithmetic): no clamp. In (0, 88]."
         },
     )
     kl_clip_threshold: float = field(
@@ -389,7 +409,14 @@ def check_kl_scaling(config) -> None:
 
 
 def check_kl_coefficient(config) -> None:
-    """Checks of the fields of β_t (`beta`, the controllers, `dynamic`) and of the transforms' parameters."""
+    """Checks of the fields of β_t (`beta`, the controllers, `dynamic`) and of the estimate's and the transforms'
+    parameters."""
+    clip = config.kl_log_ratio_clip
+    require(
+        clip is None or (is_finite_number(clip) and 0 < clip <= MAX_LOG_RATIO_CLIP),
+        f"kl_log_ratio_clip must be None (no clamp, TRL's arithmetic) or a number in (0, {MAX_LOG_RATIO_CLIP:g}] "
+        f"(exp of it must be finite in float32), got {clip!r}.",
+    )
     require(
         config.kl_controller in KL_CONTROLLERS,
         f"kl_controller must be one of {KL_CONTROLLERS}, got {config.kl_controller!r}.",

@@ -1,103 +1,259 @@
-"""`AdaptiveKLRun`: what every adaptive-KL trainer does around its host's run, whatever the host (GRPO, RLOO).
+"""`AdaptiveKLRun`: the base `AdaptiveKLGRPOTrainer` and `AdaptiveKLRLOOTrainer` share, where one generation batch goes
+from the host's hook to the loss.
 
-It builds the collaborators that carry the KL state (`beta_controller`, `resetter`, `zero_beta`, `rollouts`,
-`kl_monitor`, `run_warnings`), answers the host's extension points that concern them (`hooks.HostHooks`: a new
-generation batch, whether it scores the reference, checkpoints saved and loaded), and runs what is the same for every
-host: the β each generation batch is scored with, each micro-batch's loss up to where the KL enters, the end of each
-optimizer step (the controller's update, the warnings and the KL-triggered reset), the metrics at each log line, and
-the start of each `train()` call, afresh or from a checkpoint's state. The collaborators do not reach into each other:
-this base passes them what they need. The trainers add only what differs: where the KL enters (GRPO's loss or reward,
-RLOO's reward) and what their host logs.
+A trainer is `class T(AdaptiveKLRun, HostHooks, <TRL trainer>)` and adds only what differs between hosts. Through one
+generation batch:
+
+1. The host is about to generate (`_on_generation_batch`): a reference reset that fell due is applied.
+2. `_scores_reference`: whether the host scores the reference (not while β_t is 0 for good: `zero_beta`).
+3. The host scored the batch (`_on_scored`): the task rewards are summed, with what the β controllers read (the mean
+   reward, the fraction of zero-std groups) and the β of the first optimizer step the batch serves; the trainer then
+   names its host's log-probabilities and, where the KL is in the reward, subtracts the penalty (`_kl_penalty`) from
+   the rewards and replaces the host's advantages (`_penalize`). The result is one `ScoredBatch`, kept per mode in
+   `scored_batches` for the steps it serves.
+4. Each micro-batch (`compute_loss`): the trainer's `_loss_and_kl_statistics` (the host's loss, plus the KL term
+   where the KL is in the loss) and the KL's statistics, which `kl_monitor` sums.
+5. The optimizer step's last micro-batch (`_end_of_step`): the controller's update from the step's KL statistics or
+   the scored batch's mean reward or zero-std fraction, and the KL-triggered reference reset's decision.
+
+The collaborators hold their own state and take the values they use, never the trainer: `beta_controller` (β_t),
+`reference_resets` (when the reference is reset), `zero_beta` (the reference skipped while β is 0), `kl_monitor` (the
+KL statistics per step and per log line) and `run_warnings`. What is done to the host's models goes through `hooks`.
 """
 
 from __future__ import annotations
 
+import gc
+import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from ..kl.controller import BetaController
-from ..kl.metrics import STAT_INDEX
-from .hooks import host_beta, metric_store
+from ..kl.groups import zero_std_group_fraction
+from ..kl.metrics import STAT_INDEX, host_kl_mean
+from ..kl.placement import sequence_kl_penalty, total_rewards, zero_penalty
+from .hooks import (
+    HostScoring,
+    check_host_attributes,
+    host_beta,
+    host_built_without_reference,
+    host_models,
+    host_rewards,
+    metric_store,
+    release_reference_model,
+    replace_logged_advantages,
+    resolve_args,
+)
 from .monitoring import KLMonitor
-from .reference import warn_if_reference_is_base
-from .resetter import ReferenceResetter
-from .rollouts import RolloutScoring
+from .reference import (
+    ReferenceResets,
+    apply_reference_reset,
+    load_reference,
+    prepare_reference_resets,
+    restore_trained_adapter,
+    save_reference,
+    warn_if_reference_is_base,
+)
 from .run_warnings import RunWarnings
 from .state import AdaptiveKLStateCallback, check_resumed_kl_state
-from .zero_beta import ZeroBetaReference
+from .zero_beta import ZeroBetaReference, reference_never_scored
 
 
 @dataclass(frozen=True)
-class GenerationBatch:
-    """The generation batch a mode is training (or evaluating) on: the first optimizer step it serves, and the β_t and
-    schedule factor of that step, which a KL in the reward was computed with for every step the batch serves."""
+class ScoredBatch:
+    """One generation batch as the trainer scored it: what every optimizer step it serves reads.
+
+    Attributes:
+        step (`int`): the first optimizer step it serves (the next one, in evaluation).
+        beta (`float`): β_t of that step; a penalty in the reward is computed with it, for every step the batch serves.
+        scale (`float`): β_t's schedule factor at that step.
+        rewards (`torch.Tensor` of shape `(N,)`): the total task rewards of every process's completions, as TRL logs
+            `reward` (NaN where no reward function scored one).
+        mean_reward (`float`): their mean, NaN when none was scored: what a reward-triggered β (`dynamic`) reads.
+        zero_std_fraction (`float`): the fraction of groups whose rewards all agree, NaN when no group has two scored:
+            what a saturation-triggered β reads.
+        penalty (`torch.Tensor` of shape `(N,)` or `None`): the KL penalties subtracted from the rewards, every
+            process's, where the KL is in the reward.
+    """
 
     step: int
     beta: float
     scale: float
+    rewards: torch.Tensor
+    mean_reward: float
+    zero_std_fraction: float
+    penalty: torch.Tensor | None = None
+
+
+def local_rows(values: torch.Tensor, rows: int, process_index: int) -> torch.Tensor:
+    """This process's `rows` rows of `values` `(N, ...)`, gathered over processes in process order, as TRL slices its
+    advantages."""
+    start = process_index * rows
+    return values[start : start + rows]
 
 
 class AdaptiveKLRun:
-    """Mixin placed before `hooks.HostHooks` and the host trainer in an adaptive-KL trainer's bases.
+    """Base placed before `hooks.HostHooks` and the host trainer in an adaptive-KL trainer's bases.
 
-    A trainer implements `_loss_and_kl_statistics` (the micro-batch's loss with its KL, and the KL's statistics) and
-    sets `kl_in_reward` (whether its KL is a penalty in the reward, computed once per generation batch).
+    A trainer sets `host_class` (the TRL trainer it subclasses), `host_family` (`"grpo"` or `"rloo"`), `config_class`,
+    `kl_in_reward` (its KL is a penalty in the reward, computed once per generation batch) and `logs_host_kl` (it logs
+    TRL's `kl` itself, because its host's loss runs without the KL); and implements `_prepare_host` (its checks before
+    the host is built), `_score_kl` (what the KL does to a scored batch) and `_loss_and_kl_statistics` (a micro-batch's
+    loss with its KL).
 
-    Attributes (set by `_build_kl_state`):
+    Attributes (set at construction):
         beta_controller (`BetaController`): owns β_t; saved in every checkpoint and restored on resume.
         reference_resets (`ReferenceResets`): when the reference is reset; saved in every checkpoint too.
-        generation_batches (`dict[str, GenerationBatch]`): per mode, the generation batch in use.
+        scored_batches (`dict[str, ScoredBatch]`): per mode, the generation batch in use.
     """
 
-    def _build_kl_state(self, args, loads_no_reference: bool) -> None:
-        """Builds the collaborators, once the host is built; `loads_no_reference`: the host was built without its
-        reference (`zero_beta.reference_never_scored`)."""
+    host_class: type
+    host_family: str
+    config_class: type
+    kl_in_reward: bool
+    logs_host_kl: bool
+    host_log_ratio_clip: float | None = None  # the clamp of the log-ratio the host's own loss applies (Unsloth: ±20)
+    _unsloth_module = None  # the generated module of Unsloth's trainer the host is, if it is one
+
+    def __init__(self, model, reward_funcs=None, args=None, *more, **kwargs):
+        name = type(self).__name__
+        args = resolve_args(
+            self.host_class, self.host_family, self.config_class, model, args, name, self.host_family.upper()
+        )
+        self._prepare_host(args, more, kwargs)
+        on_unsloth = self._unsloth_module is not None
+        loads_no_reference = reference_never_scored(args, model, kwargs.get("peft_config"), on_unsloth)
+        with host_built_without_reference(self, args) if loads_no_reference else nullcontext():
+            super().__init__(model, reward_funcs, args, *more, **kwargs)
+        check_host_attributes(self, self.host_family)
         if args.beta > 0:
             warn_if_reference_is_base(self.model)
         self.beta_controller = BetaController.from_args(args)
-        self.resetter = ReferenceResetter.from_args(self, args)
-        self.reference_resets = self.resetter.resets
+        self.reference_resets = ReferenceResets(every_steps=args.ref_reset_steps, kl_threshold=args.ref_reset_kl)
+        if self.reference_resets.enabled:
+            models = host_models(self)
+            prepare_reference_resets(
+                models.policy, models.sharding_engine, models.zero_stage, clears_optimizer=args.ref_reset_optimizer
+            )
         self.run_warnings = RunWarnings(is_main_process=self.accelerator.is_main_process)
-        self.zero_beta = ZeroBetaReference(self, self.beta_controller, released=loads_no_reference)
-        self.rollouts = RolloutScoring(self, self.run_warnings)
+        main = self.accelerator.is_main_process
+        self.zero_beta = ZeroBetaReference(args, self.beta_controller, main, released=loads_no_reference)
         self.kl_monitor = KLMonitor()
-        self.generation_batches: dict[str, GenerationBatch] = {}
+        self.scored_batches: dict[str, ScoredBatch] = {}
         self.add_callback(AdaptiveKLStateCallback(self.beta_controller, resets=self.reference_resets))
+
+    def _prepare_host(self, args, more: tuple, kwargs: dict) -> None:
+        """Before the host's `__init__`: the trainer's checks of its host and arguments (`hooks.check_host` first)."""
+        raise NotImplementedError
 
     # --- how f(k) is computed --------------------------------------------------------------------------------------
 
     def kl_transform_options(self) -> dict:
         """The per-token estimate k and transform f of the config: `estimator`, `transform`, `clip_threshold`,
-        `target` (the keyword arguments of `kl.placement` and `kl.term`)."""
+        `target`, `log_ratio_clip` (the keyword arguments of `kl.placement` and `kl.term`)."""
         args = self.args
+        clip = args.kl_log_ratio_clip if args.kl_log_ratio_clip is not None else self.host_log_ratio_clip
         return dict(
             estimator=args.kl_estimator,
             transform=args.kl_transform,
             clip_threshold=args.kl_clip_threshold,
             target=args.kl_target,
+            log_ratio_clip=clip,
         )
 
     def kl_options(self) -> dict:
         """`kl_transform_options`, and whether each sequence's KL is its per-token mean (`length_normalized`)."""
         return dict(self.kl_transform_options(), length_normalized="length_normalized" in self.args.kl_methods)
 
-    # --- the host's extension points (`hooks.HostHooks`) -------------------------------------------------------------
+    # --- a generation batch ----------------------------------------------------------------------------------------
 
     def _on_generation_batch(self, mode: str) -> None:
-        self.resetter.before_generation()
-        step = self.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
-        controller = self.beta_controller
-        self.generation_batches[mode] = GenerationBatch(step, controller.beta(step), controller.scale(step))
+        if self.model.training and self.reference_resets.pending:
+            models = host_models(self)
+            optimizer = models.optimizer if self.args.ref_reset_optimizer else None
+            apply_reference_reset(models.policy, models.reference, optimizer)
+            self.reference_resets.applied(self.state.global_step)
 
     def _scores_reference(self, mode: str) -> bool:
-        return self.zero_beta.scores_reference(mode)
+        step = self.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
+        if self.zero_beta.scores_reference(mode, step, self.state.logging_steps):
+            return True
+        if self.zero_beta.may_release(host_models(self)):
+            release_reference_model(self)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            self.zero_beta.mark_released(step)
+        return False
+
+    def _on_scored(self, scoring: HostScoring) -> None:
+        mode = scoring.mode
+        step = self.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
+        rewards_of = host_rewards(self, mode)
+        self._warn_infinite_rewards(scoring.rewards_per_func, rewards_of.names)
+        rewards = total_rewards(scoring.rewards_per_func, rewards_of.weights)  # (N,)
+        batch = ScoredBatch(
+            step=step,
+            beta=self.beta_controller.beta(step),
+            scale=self.beta_controller.scale(step),
+            rewards=rewards,
+            mean_reward=torch.nanmean(rewards).item(),
+            zero_std_fraction=zero_std_group_fraction(rewards, rewards_of.group_size),
+        )
+        self.scored_batches[mode] = self._score_kl(scoring, batch)
+
+    def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
+        """What the trainer's KL does to the scored batch: its penalty in the reward and the advantages it changes, in
+        `scoring.output`; returns `batch` with its penalty."""
+        raise NotImplementedError
+
+    def _kl_penalty(self, policy_logps, ref_logps, mask, beta: float, logps_dtype: torch.dtype) -> torch.Tensor:
+        """The `(B,)` detached penalties β_t·Σ_t f(k) of this process's sequences (`kl.placement.sequence_kl_penalty`);
+        for a batch scored without the reference (`ref_logps` is `None`: β_t = 0 for every step it serves), the zero
+        penalty in the dtype the full path would have from log-probabilities of `logps_dtype` (`zero_penalty`), so
+        that the run is bitwise the one without the skip, on every dtype."""
+        if ref_logps is None:
+            return zero_penalty(len(mask), logps_dtype, mask.device)
+        return sequence_kl_penalty(policy_logps, ref_logps, mask, beta=beta, **self.kl_options())
+
+    def _penalize(self, output: dict, rewards: torch.Tensor, penalty: torch.Tensor, mode: str, advantages_of):
+        """Replaces the advantages of `output` by those of the `(N,)` `rewards` minus the `(B,)` `penalty` of this
+        process's sequences, gathered; `advantages_of` maps the `(N,)` penalized rewards to advantages (GRPO's group
+        advantages, RLOO's leave-one-out ones). Returns the `(N,)` penalties and penalized rewards."""
+        penalties = self.accelerator.gather(penalty)  # in the global order of the rewards
+        penalized = rewards.to(penalties.dtype) - penalties
+        advantages = advantages_of(penalized)
+        rows = len(output["completion_ids"])
+        output["advantages"] = local_rows(advantages, rows, self.accelerator.process_index).to(
+            output["advantages"].dtype
+        )
+        replace_logged_advantages(self, advantages)
+        metric_store(self, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
+        return penalties, penalized
+
+    def _warn_infinite_rewards(self, rewards_per_func: torch.Tensor, names: list[str]) -> None:
+        counts = torch.isinf(rewards_per_func).sum(dim=0).tolist()  # per reward function
+        if any(counts):
+            named = ", ".join(f"{name} ({count})" for name, count in zip(names, counts) if count)
+            self.run_warnings.warn(
+                "infinite_rewards",
+                f"Reward functions returned ±inf for some of the {len(rewards_per_func)} completions of a generation "
+                f"batch: {named}. TRL takes only None (NaN) as 'no reward'; an infinite reward makes the advantages "
+                "of its group non-finite, so those completions do not train, and a reward-triggered β (dynamic) "
+                "skips the step. Return finite rewards, or None where a function does not apply.",
+            )
+
+    # --- checkpoints -------------------------------------------------------------------------------------------------
 
     def _on_checkpoint_saved(self, checkpoint: str) -> None:
-        self.resetter.checkpoint_saved(checkpoint)
+        if self.reference_resets.num_resets > 0:  # the reference's weights now differ from the loaded model's
+            models = host_models(self)
+            save_reference(checkpoint, models.policy, models.reference)
 
     def _on_checkpoint_loaded(self, checkpoint: str) -> None:
-        self.resetter.checkpoint_loaded(checkpoint)
+        restore_trained_adapter(host_models(self).policy, checkpoint)
 
     def _on_callback_state_loaded(self) -> None:
         # With `restore_callback_states_from_checkpoint=True` Transformers re-instantiates callbacks from their
@@ -108,8 +264,6 @@ class AdaptiveKLRun:
 
     # --- each micro-batch --------------------------------------------------------------------------------------------
 
-    kl_in_reward: bool  # set by each trainer: its KL is a penalty in the reward
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if host_beta(self) == 0.0:  # nothing adaptive was asked for (the configs enforce it): stock TRL
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -117,6 +271,10 @@ class AdaptiveKLRun:
         step = self.state.global_step + 1  # the optimizer step in progress (the next one, in evaluation)
         beta, scale = self.applied_beta(mode, step)
         loss, stats = self._loss_and_kl_statistics(model, inputs, return_outputs, num_items_in_batch, mode, beta)
+        if stats is not None:
+            stats = self.accelerator.reduce(stats, reduction="sum")
+            if self.logs_host_kl:  # as TRL logs it: one token mean per micro-batch, averaged at the log
+                metric_store(self, mode)["kl"].append(host_kl_mean(stats))
         self.kl_monitor.record(stats, mode, beta, scale)
         if mode == "train" and self.accelerator.sync_gradients:  # its last micro-batch: β changes for the next step
             self._end_of_step(step)
@@ -126,8 +284,8 @@ class AdaptiveKLRun:
         """`(β_t, its schedule factor)` that the KL of a micro-batch of `mode` at optimizer step `step` is applied
         with: in the loss, the step's own; in the reward, that of the first step its generation batch serves, which
         the penalty was computed with (they differ when one batch serves several optimizer steps and β changes)."""
-        if self.kl_in_reward and mode in self.generation_batches:
-            batch = self.generation_batches[mode]
+        if self.kl_in_reward and mode in self.scored_batches:
+            batch = self.scored_batches[mode]
             return batch.beta, batch.scale
         return self.beta_controller.beta(step), self.beta_controller.scale(step)
 
@@ -139,18 +297,20 @@ class AdaptiveKLRun:
         self, model, inputs, return_outputs, num_items_in_batch, mode: str, beta: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and the KL's statistics
-        (`kl.metrics.STAT_NAMES`, summed over processes); None when the batch was scored without the reference."""
+        (`kl.metrics.STAT_NAMES`, this process's); None when the batch was scored without the reference."""
         raise NotImplementedError
 
     def _end_of_step(self, step: int) -> None:
         """After the last micro-batch of optimizer step `step`: the controller's update from the step's statistics
-        (or the mean reward, or the fraction of zero-std groups, for `dynamic`), the warning when it could not update,
-        and the KL-triggered reference reset's decision."""
+        (or the scored batch's mean reward, or its fraction of zero-std groups, for `dynamic`), the warning when it
+        could not update, and the KL-triggered reference reset's decision."""
         stats = self.kl_monitor.end_step()
         stats = stats if stats is not None else torch.zeros(len(STAT_INDEX))
         tokens = stats[STAT_INDEX["tokens"]].item()
-        mean_kl = stats[STAT_INDEX["raw_kl"]].item() / tokens if tokens > 0 else float("nan")
-        mean_reward, zero_std_fraction = self.rollouts.mean_reward, self.rollouts.zero_std_fraction
+        mean_kl = stats[STAT_INDEX["raw_kl"]].item() / tokens if tokens > 0 else math.nan
+        scored = self.scored_batches.get("train")
+        mean_reward = scored.mean_reward if scored is not None else math.nan
+        zero_std_fraction = scored.zero_std_fraction if scored is not None else math.nan
         controller = self.beta_controller
         skipped = controller.num_skipped_updates
         saturation = controller.dynamic and controller.dynamic_trigger == "saturation"
@@ -183,7 +343,6 @@ class AdaptiveKLRun:
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
         metrics = metric_store(self, mode)
-        kept = {key: metrics.pop(key) for key in self.host_metrics_kept if key in metrics}
         if self.kl_monitor.write_metrics(metrics, mode) and mode == "train":
             controller, resets = self.beta_controller, self.reference_resets
             if controller.has_training_state:
@@ -191,14 +350,9 @@ class AdaptiveKLRun:
             if resets.enabled:
                 metrics["adaptive_kl/ref_resets"] = [float(resets.num_resets)]
                 metrics["adaptive_kl/ref_reset_step"] = [float(resets.last_reset_step)]
-        for key in self.host_metrics_kept:  # the host's value where it logged one, none where it did not
-            metrics.pop(key, None)
-        metrics.update(kept)
         if mode == "eval":
             self.zero_beta.evaluation_logged()
         super().log(logs, start_time)
-
-    host_metrics_kept: tuple[str, ...] = ()  # the host's metrics that ours would replace, kept as the host logs them
 
     # --- a run -------------------------------------------------------------------------------------------------------
 
@@ -208,9 +362,37 @@ class AdaptiveKLRun:
         self.zero_beta.start_run(resume_from_checkpoint)
         self.kl_monitor.start_run()
         self.run_warnings.start_run()
-        self.generation_batches = {}
+        self.scored_batches = {}
+        resumed = None
         if resume_from_checkpoint:
-            check_resumed_kl_state(self, resume_from_checkpoint)
+            resumed = check_resumed_kl_state(self.args, self.beta_controller, resume_from_checkpoint)
+        if resumed is not None and resumed.saved is not None:  # its state is loaded by the state callback
+            self._load_saved_reference(resumed.checkpoint, resumed.reference_reset_state)
         else:
-            self.beta_controller.reset()
+            if resumed is not None and self.beta_controller.has_training_state:
+                self.run_warnings.warn(
+                    "fresh_beta",
+                    f"Resuming from {resumed.checkpoint}, which has no adaptive-KL controller state: β starts afresh "
+                    f"at beta={self.args.beta} (resume_without_kl_state=True).",
+                )
+            self.beta_controller.reset()  # a fixed β_base is a function of the step: nothing is lost
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _load_saved_reference(self, checkpoint: str, reset_state: dict | None) -> None:
+        """On resume: the reference's weights saved in `checkpoint`, when its run (`reset_state`) had reset the
+        reference.
+
+        Raises:
+            ValueError: the checkpoint's run reset the reference, but this run sets no resets.
+        """
+        num_resets = int(reset_state["num_resets"]) if reset_state is not None else 0
+        if num_resets == 0:
+            return
+        if not self.reference_resets.enabled:
+            raise ValueError(
+                f"{checkpoint} was saved after {num_resets} reference reset(s), but this run sets no resets "
+                "(ref_reset_steps=0, ref_reset_kl=0): its reference would silently go back to the loaded model. "
+                "Resume with the run's ref_reset_steps / ref_reset_kl."
+            )
+        models = host_models(self)
+        load_reference(checkpoint, models.policy, models.reference)

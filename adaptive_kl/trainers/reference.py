@@ -95,6 +95,48 @@ class ReferenceResets:
         self.pending = state["pending"]
 
 
+# --- a reset, applied to a trainer's models --------------------------------------------------------------------------
+
+
+def prepare_reference_resets(policy, sharding_engine: str | None, zero_stage: int | None, clears_optimizer: bool):
+    """Before a run with resets: refuses what a reset cannot handle, and gives a PEFT `policy` (unwrapped) the `"ref"`
+    adapter a reset copies into.
+
+    Raises:
+        ValueError: FSDP or DeepSpeed ZeRO-3 (sharded parameters), `ref_reset_optimizer` under DeepSpeed (its
+            optimizer state lives in its engine), or a LoRA adapter with `target_parameters` on peft < 0.20.
+    """
+    import peft  # only here: this module is imported before TRL and Transformers are checked
+    from packaging.version import Version
+
+    if sharding_engine == "fsdp" or (sharding_engine == "deepspeed" and zero_stage == 3):
+        raise ValueError(
+            "Reference resets (ref_reset_steps, ref_reset_kl) are not supported with FSDP or DeepSpeed ZeRO-3, "
+            "whose sharded parameters a reset would have to gather: use DDP or ZeRO-1/2, or no resets."
+        )
+    if clears_optimizer and sharding_engine == "deepspeed":
+        raise ValueError(
+            "ref_reset_optimizer=True is not supported with DeepSpeed, whose optimizer state lives in its engine: "
+            "set ref_reset_optimizer=False."
+        )
+    if isinstance(policy, peft.PeftModel) and REFERENCE_ADAPTER not in policy.peft_config:
+        config = policy.peft_config[policy.active_adapter]
+        if getattr(config, "target_parameters", None) and Version(peft.__version__) < Version("0.20.0"):
+            raise ValueError(
+                "Reference resets of a LoRA adapter with target_parameters need a second adapter, which "
+                "peft<0.20 cannot add (peft#3340): upgrade peft, or use no resets."
+            )
+        add_reference_adapter(policy)
+
+
+def apply_reference_reset(policy, ref_model, optimizer=None) -> None:
+    """The reference becomes the policy (`copy_policy_to_reference`); with an `optimizer` (`ref_reset_optimizer`),
+    each parameter's moments start afresh at its next step."""
+    copy_policy_to_reference(policy, ref_model)
+    if optimizer is not None:
+        optimizer.state.clear()
+
+
 # --- the reference's parameters -----------------------------------------------------------------------------------
 
 
@@ -118,12 +160,17 @@ def freeze_reference_adapter(model) -> None:
 
 
 def restore_trained_adapter(model, checkpoint: str) -> None:
-    """Loads the trained (active) adapter of a PEFT `model` with a `"ref"` adapter from `checkpoint`'s root.
+    """Loads the trained (active) adapter of a PEFT `model` with a `"ref"` adapter from `checkpoint`'s root (any other
+    model: nothing to do).
 
     PEFT saves every adapter but the default one in a sub-folder. Transformers 5.17's resume, seeing sub-folders,
     loads only those and never the trained adapter at the root: the policy would silently restart from its initial
     adapter (Transformers 5.23 loads both; loading it again there is harmless).
     """
+    from peft import PeftModel  # only here: this module is imported before TRL and Transformers are checked
+
+    if not isinstance(model, PeftModel) or REFERENCE_ADAPTER not in model.peft_config:
+        return
     if not any(os.path.isfile(os.path.join(checkpoint, name)) for name in ADAPTER_FILES):
         return
     active = model.active_adapter

@@ -3,44 +3,39 @@
 TRL's RLOO scores each generation batch with the sampling policy and the reference, subtracts β·Σ_t k1 from each
 completion's reward and takes the leave-one-out advantages. This trainer keeps all of that (the host's β stays on, so
 it computes the reference log-probabilities and logs `kl` as usual), and replaces the advantages afterwards
-(`_on_scored`): from the same rewards and the log-probabilities the host computed while scoring (`hooks.ScoredBatch`,
-no extra forward), it subtracts the adapted penalty β_t·Σ_t f(k) (`kl.placement.sequence_kl_penalty`), recomputes the
-leave-one-out advantages (`kl.placement.leave_one_out_advantages`) and logs TRL's `frac_reward_zero_std` from the
-rewards they use. With method `"none"` and `kl_estimator="k1"` the penalty is the host's, so the advantages and logs
-are the host's to float precision. The loss is the host's, untouched.
+(`_score_kl`): from the same rewards and the log-probabilities the host computed while scoring (no extra forward), it
+subtracts the adapted penalty β_t·Σ_t f(k) (`lifecycle.AdaptiveKLRun._kl_penalty`), recomputes the leave-one-out
+advantages (`kl.placement.leave_one_out_advantages`) and logs TRL's `frac_reward_zero_std` from the rewards they use.
+With method `"none"` and `kl_estimator="k1"` the penalty is the host's, so the advantages and logs are the host's bit
+for bit. The loss is the host's, untouched; the KL statistics of each micro-batch come from the penalty's tokens,
+which travel with the batch.
 
-The rest is `lifecycle.AdaptiveKLRun`'s, shared with `AdaptiveKLGRPOTrainer`: the β each generation batch is scored
-with, the statistics recorded per micro-batch from the penalty's tokens (which travel with the batch), the end of each
-optimizer step, the metrics, and the collaborators `zero_beta` (a generation batch scored without the reference while
-β_t is 0 for every step it serves, and the reference released once β is 0 for good), `resetter` (reference resets),
-`rollouts` (the mean reward, zero-std groups) and `state` (the β controller and the resets in every checkpoint).
+What both trainers do is `lifecycle.AdaptiveKLRun`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from contextlib import nullcontext
 
 import torch
 from trl import RLOOTrainer
 
-from ..kl.placement import leave_one_out_advantages, penalty_statistics, sequence_kl_penalty
+from ..kl.groups import group_reward_std
+from ..kl.placement import leave_one_out_advantages, penalty_statistics
 from .hooks import (
     HostHooks,
-    ScoredBatch,
+    HostScoring,
     check_host,
-    check_host_attributes,
     completion_loss_mask,
-    group_size,
     host_beta,
-    host_built_without_reference,
-    normalizes_advantages,
-    resolve_args,
-    reward_clip_range,
+    host_rewards,
+    metric_store,
+    rloo_advantage_settings,
+    unsupported_trl,
 )
-from .lifecycle import AdaptiveKLRun
+from .lifecycle import AdaptiveKLRun, ScoredBatch
 from .rloo_config import AdaptiveKLRLOOConfig, check_no_unsloth
-from .zero_beta import reference_never_scored
 
 
 # Keys this trainer adds to each scored batch: `(B, T)` tensors, so TRL's shuffle and split carry them with their
@@ -60,53 +55,60 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
         reference_resets (`ReferenceResets`): when the reference is reset; saved in every checkpoint too.
     """
 
+    host_class, host_family, config_class = RLOOTrainer, "rloo", AdaptiveKLRLOOConfig
+    kl_in_reward = True
+    logs_host_kl = False  # RLOO's `kl` (k1, per generation batch) stays TRL's: ours is `adaptive_kl/raw_kl`
+
     def __init__(self, model, reward_funcs, args=None, *more, **kwargs):
-        check_no_unsloth("AdaptiveKLRLOOTrainer")
-        args = resolve_args(RLOOTrainer, AdaptiveKLRLOOConfig, model, args, "AdaptiveKLRLOOTrainer", "RLOO")
-        check_host(RLOOTrainer, args, "AdaptiveKLRLOOTrainer", own_loss=False)  # the loss is the host's, untouched
-        loads_no_reference = reference_never_scored(args, model, kwargs.get("peft_config"), on_unsloth=False)
-        with host_built_without_reference(self, args) if loads_no_reference else nullcontext():
-            super().__init__(model, reward_funcs, args, *more, **kwargs)
-        check_host_attributes(self)
-        self._build_kl_state(args, loads_no_reference)
+        super().__init__(model, reward_funcs, args, *more, **kwargs)
 
     __init__.__signature__ = inspect.signature(RLOOTrainer.__init__)
 
-    kl_in_reward = True
-    host_metrics_kept = ("kl",)  # RLOO's `kl` (k1, per generation batch) stays TRL's: ours is `adaptive_kl/raw_kl`
+    def _prepare_host(self, args, more: tuple, kwargs: dict) -> None:
+        check_no_unsloth("AdaptiveKLRLOOTrainer")
+        check_host(RLOOTrainer, "rloo", args, "AdaptiveKLRLOOTrainer", own_loss=False)  # the loss is the host's
 
-    # --- the host's extension points (`hooks.HostHooks`) -------------------------------------------------------------
+    # --- a scored generation batch -----------------------------------------------------------------------------------
 
-    def _on_scored(self, batch: ScoredBatch) -> None:
-        # (N,): also what `dynamic` reads, the mean reward
-        rewards = self.rollouts.total_rewards(batch.rewards_per_func, batch.mode)
+    def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
         if host_beta(self) == 0.0:  # stock RLOO (the config allows nothing else at β = 0): no penalty to replace
-            return
-        if batch.ref_logps is not None:
-            beta = self.generation_batches[batch.mode].beta
-            penalty = sequence_kl_penalty(
-                batch.policy_logps, batch.ref_logps, batch.mask, beta=beta, **self.kl_options()
-            )
-        else:
-            # Scored without the reference (`_scores_reference`): β_t = 0 for every step the batch serves, so the
-            # penalty is exactly 0. Its advantages still come from the path below, as those of the same run without
-            # the skip (whose penalty is 0·Σ f(k)), so that the run is bitwise unchanged.
-            dtype = torch.promote_types(batch.policy_logps.dtype, torch.float32)  # `sequence_kl_penalty`'s
-            penalty = torch.zeros(len(batch.policy_logps), dtype=dtype, device=batch.policy_logps.device)
-        clip = reward_clip_range(self)
-        if clip:  # the host clamps the task reward, then subtracts its penalty: so do we
-            rewards = rewards.clamp(min=clip[0], max=clip[1])
-        penalized = self.rollouts.penalize(
-            batch.output, rewards, penalty, batch.mode,
-            advantages_of=lambda penalized: leave_one_out_advantages(
-                penalized, group_size(self, batch.mode), normalizes_advantages(self)
-            ),
+            return batch
+        policy_logps, ref_logps = self._named_logps(scoring)
+        output, mode = scoring.output, scoring.mode
+        mask = completion_loss_mask(output)
+        penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, policy_logps.dtype)
+        settings, group_size = rloo_advantage_settings(self), host_rewards(self, mode).group_size
+        rewards = batch.rewards
+        if settings.reward_clip_range:  # the host clamps the task reward, then subtracts its penalty: so do we
+            rewards = rewards.clamp(min=settings.reward_clip_range[0], max=settings.reward_clip_range[1])
+        penalties, penalized = self._penalize(
+            output, rewards, penalty, mode,
+            lambda rewards: leave_one_out_advantages(rewards, group_size, settings.normalize),
         )  # fmt: skip
         # TRL logs the zero-std groups of the rewards it penalized with its own fixed β; ours are those the advantages
-        # use, whatever the path (with or without the reference skipped, any method).
-        self.rollouts.replace_logged_zero_std_fraction(penalized, batch.mode)
-        if batch.ref_logps is not None:  # without them, the loss records its micro-batches as scored without it
-            batch.output[SAMPLING_LOGPS], batch.output[REFERENCE_LOGPS] = batch.policy_logps, batch.ref_logps
+        # use, whatever the path (with or without the reference skipped, any method), as TRL counts them.
+        std = group_reward_std(penalized, group_size)
+        zero_std = torch.isclose(std, torch.zeros_like(std)).float().mean()  # a float32 mean, as TRL's
+        metric_store(self, mode)["frac_reward_zero_std"][-1] = zero_std.item()
+        if ref_logps is not None:  # without them, the loss records its micro-batches as scored without the reference
+            output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
+        return dataclasses.replace(batch, penalty=penalties)
+
+    def _named_logps(self, scoring: HostScoring) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(policy, reference)` `(B, T)` log-probabilities of the batch: TRL's RLOO keeps only their sums in its
+        output, and scores the sampling policy, then the reference when it scores it (its β is not 0).
+
+        Raises:
+            UnsupportedTRLError: the host scored the batch another number of times.
+        """
+        expected = 2 if scoring.reference_scored else 1
+        if len(scoring.logps) != expected:
+            what = "the policy, then the reference" if scoring.reference_scored else "the policy only (β = 0)"
+            raise unsupported_trl(
+                f"{type(self).__name__} expects the host to score a generation batch with {what} "
+                f"(_get_per_token_logps_and_entropies, {expected} times), but it did {len(scoring.logps)}"
+            )
+        return scoring.logps[0], scoring.logps[1] if scoring.reference_scored else None
 
     # --- the KL statistics -------------------------------------------------------------------------------------------
 
@@ -120,4 +122,4 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
             completion_loss_mask(inputs),
             **self.kl_transform_options(),
         )
-        return loss, self.accelerator.reduce(stats, reduction="sum")
+        return loss, stats

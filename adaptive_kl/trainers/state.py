@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -156,29 +157,36 @@ def missing_kl_state_message(checkpoint: str, beta: float) -> str:
     )
 
 
-def check_resumed_kl_state(trainer, resume_from_checkpoint) -> None:
-    """Before `trainer` resumes from `resume_from_checkpoint`, before anything is loaded: refuses a damaged saved β
-    state, and a missing one (a stock TRL checkpoint) when β's trajectory depends on it, unless
-    `resume_without_kl_state=True` (β then starts afresh). A sound state is loaded later, by `on_train_begin`; the
-    reset reference's weights it saved are loaded now (`ReferenceResetter.load_saved_reference`).
+def check_resumed_kl_state(args, controller: BetaController, resume_from_checkpoint) -> ResumedKLState | None:
+    """Before a run resumes from `resume_from_checkpoint`, before anything is loaded: what the checkpoint saved of
+    ours, checked. A damaged saved β state is refused, and a missing one (a stock TRL checkpoint) when β's trajectory
+    depends on it (`controller.has_training_state`), unless `args.resume_without_kl_state=True`. A sound state is
+    loaded later, by `AdaptiveKLStateCallback.on_train_begin`.
+
+    Returns:
+        `ResumedKLState`, or `None` when there is no checkpoint to resume from (Transformers says so).
 
     Raises:
         ValueError: the state is damaged, or missing without the opt-in.
     """
-    args, controller = trainer.args, trainer.beta_controller
     checkpoint = resolve_checkpoint(resume_from_checkpoint, args.output_dir)
     if checkpoint is None:
-        return  # Transformers says so
+        return None
     saved = read_checkpoint_kl_state(checkpoint)
-    if saved is not None:
-        trainer.resetter.load_saved_reference(checkpoint, saved["reference_reset_state"])
-        return
-    if controller.has_training_state:
-        if not args.resume_without_kl_state:
-            raise ValueError(missing_kl_state_message(checkpoint, args.beta))
-        trainer.run_warnings.warn(
-            "fresh_beta",
-            f"Resuming from {checkpoint}, which has no adaptive-KL controller state: β starts afresh at "
-            f"beta={args.beta} (resume_without_kl_state=True).",
-        )
-    controller.reset()  # a fixed β_base is a function of the step: nothing is lost
+    if saved is None and controller.has_training_state and not args.resume_without_kl_state:
+        raise ValueError(missing_kl_state_message(checkpoint, args.beta))
+    return ResumedKLState(checkpoint, saved)
+
+
+@dataclass(frozen=True)
+class ResumedKLState:
+    """What a resume starts from: the checkpoint, and what it saved of ours (`read_checkpoint_kl_state`; `None`: it
+    saved nothing, and β starts afresh)."""
+
+    checkpoint: str
+    saved: dict | None
+
+    @property
+    def reference_reset_state(self) -> dict | None:
+        """The reference resets' state the checkpoint saved (`None` without resets or state)."""
+        return None if self.saved is None else self.saved["reference_reset_state"]

@@ -52,14 +52,27 @@ APPLY_PARAMETERS = (
 )
 BETA_POSITION = APPLY_PARAMETERS.index("beta")
 
-# Unsloth's loss bounds its per-token KL estimate (after the bias correction) to [-10, 10]; TRL's does not.
+# Unsloth's loss bounds its per-token KL estimate (after the bias correction) to [-10, 10], and clamps k3's log-ratio
+# to [-20, 20] before it exponentiates it (the importance log-ratio too, for vLLM's rollout log-probabilities); TRL's
+# does neither.
 UNSLOTH_KL_BOUND = 10.0
+UNSLOTH_LOG_RATIO_CLAMP = 20.0
 
 # Code the shim and `unsloth_kl_term_inputs` rely on, as (function, fragment, what it means); whitespace-insensitive.
 REQUIRED_SOURCE = (
     ("grpo_accumulated_loss", "UnslothEfficientGRPO.apply(", "the loss goes through UnslothEfficientGRPO.apply"),
     ("grpo_compute_loss", "loss_i = loss_i + beta * kl_i", "β enters only as beta * kl_i in the per-token loss"),
     ("grpo_compute_loss", "kl_i = torch.clamp(kl_i, min = -10.0, max = 10.0)", "the KL estimate is bounded to ±10"),
+    (
+        "grpo_compute_loss",
+        "kl_log_ratio = torch.clamp(ref - new, min = -20.0, max = 20.0)",
+        "k3's log-ratio is clamped to ±20",
+    ),  # fmt: skip
+    (
+        "grpo_compute_loss",
+        "log_ratio = torch.clamp(log_ratio, min = -20.0, max = 20.0)",
+        "the importance log-ratio is clamped to ±20 (for vLLM's rollout log-probabilities: rollout_logps_as_old)",
+    ),  # fmt: skip
     ("grpo_compute_loss", "loss = ((loss_i * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()", "grpo/sapo"),
     ("grpo_compute_loss", "loss = (loss_i * mask).sum() / mask.sum().clamp(min=1.0)", "bnpo's local token count"),
     ("grpo_compute_loss", "loss = (loss_i * mask).sum() / (loss_i.size(0) * max_completion_length)", "dr_grpo"),
@@ -323,4 +336,5 @@ def unsloth_kl_term_inputs(call: dict) -> dict:
         use_bias_correction=options.get("use_bias_correction_kl", False),
         importance_sampling_level=options.get("importance_sampling_level", "token"),
         kl_bound=UNSLOTH_KL_BOUND,
+        importance_log_ratio_clip=UNSLOTH_LOG_RATIO_CLAMP if options.get("rollout_logps_as_old", False) else None,
     )

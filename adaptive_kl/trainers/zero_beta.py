@@ -9,15 +9,13 @@ full-model reference is freed, or not loaded at all on a resume past the switch.
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
 
-import torch
 from peft import PeftModel
 from transformers.utils import logging
 
 from ..kl.controller import BetaController
-from .hooks import host_beta, reference_model, release_reference_model, sharding_engine
+from .hooks import HostModels
 from .state import resumes_past_the_switch
 
 
@@ -51,59 +49,64 @@ def reference_never_scored(args, model, peft_config, on_unsloth: bool) -> bool:
 
 @dataclass
 class ZeroBetaReference:
-    """Decides, batch by batch, whether the reference is scored, and frees it once nothing will read it again.
+    """Decides, batch by batch, whether the reference is scored, and when a full-model reference may be freed.
 
     Args:
-        trainer (`AdaptiveKLGRPOTrainer` or `AdaptiveKLRLOOTrainer`): the trainer whose reference this is.
+        args: the trainer's config (`skip_zero_beta_reference`, `kl_monitor_steps`, the resets, `beta`, ...).
         controller (`BetaController`): the trainer's β, which says from which step it is 0 for good.
+        is_main_process (`bool`): whether this process tells what it did (once, for every process).
         released (`bool`): the reference model is gone: freed, or never loaded (`reference_never_scored`).
         monitored_window (`int` or `None`): the last window of `kl_monitor_steps` optimizer steps measured anyway.
         eval_monitored (`bool`): whether the evaluation in progress measured its first batch.
     """
 
-    trainer: object = field(repr=False)
+    args: object = field(repr=False)
     controller: BetaController = field(repr=False)
+    is_main_process: bool = True
     released: bool = False
     monitored_window: int | None = None
     eval_monitored: bool = False
 
     def __post_init__(self):
-        args = self.trainer.args
-        if self.released and self.trainer.accelerator.is_main_process:
+        if self.released and self.is_main_process:
+            args = self.args
             logger.warning(
                 f"Resuming from {args.resume_from_checkpoint}, where β is 0 for good (kl_adaptation_method='dynamic', "
                 f"beta_schedule_steps={args.beta_schedule_steps}, beta_min=0) and kl_monitor_steps=0: the reference "
                 "model is not loaded."
             )
 
-    def scores_reference(self, mode: str) -> bool:
-        """Whether the generation batch about to be scored needs the reference log-probabilities: not when β_t is 0
-        for every optimizer step it serves (the first one decides: see `BetaController.is_zero_from`), unless the KL
-        is monitored on this batch or a KL-triggered reference reset reads every step's KL."""
-        trainer, args = self.trainer, self.trainer.args
-        step = trainer.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
-        if host_beta(trainer) == 0.0:  # stock TRL: no reference at all
+    def scores_reference(self, mode: str, step: int, logging_steps: int | None) -> bool:
+        """Whether the generation batch about to be scored, whose first optimizer step is `step`, needs the reference
+        log-probabilities: not when β_t is 0 for every optimizer step it serves (the first one decides: see
+        `BetaController.is_zero_from`), unless the KL is monitored on this batch (`logging_steps`: the default
+        monitoring interval) or a KL-triggered reference reset reads every step's KL.
+
+        Raises:
+            ValueError: the batch needs the reference, but it was released.
+        """
+        args = self.args
+        if args.beta == 0.0:  # stock TRL: no reference at all
             return True
         if (
             not args.skip_zero_beta_reference
             or args.ref_reset_kl > 0
             or not self.controller.is_zero_from(step)
-            or self.monitor_due(mode, step)
+            or self.monitor_due(mode, step, logging_steps)
         ):
             if self.released:
                 raise ValueError(
                     f"Optimizer step {step} needs the reference model (β is not 0 there), but {self.why_none}"
                 )
             return True
-        self.release_if_unused()
         return False
 
-    def monitor_due(self, mode: str, step: int) -> bool:
+    def monitor_due(self, mode: str, step: int, logging_steps: int | None) -> bool:
         """Whether this skippable batch is measured anyway (`kl_monitor_steps`): the first one of each window of that
         many optimizer steps (windows aligned with the log lines by default), and the first one of each evaluation."""
-        every = self.trainer.args.kl_monitor_steps
+        every = self.args.kl_monitor_steps
         if every is None:
-            every = max(int(self.trainer.state.logging_steps or 1), 1)
+            every = max(int(logging_steps or 1), 1)
         if every == 0:
             return False
         if mode == "eval":
@@ -119,32 +122,30 @@ class ZeroBetaReference:
         return (
             "this trainer holds no reference model: it was freed once β reached 0 for good, or not loaded because "
             "args.resume_from_checkpoint was past the switch (skip_zero_beta_reference=True, kl_monitor_steps=0). "
-            f"Train from a checkpoint saved at step {self.trainer.args.beta_schedule_steps - 1} or later "
+            f"Train from a checkpoint saved at step {self.args.beta_schedule_steps - 1} or later "
             "(train(resume_from_checkpoint=...)), build a new trainer to train from elsewhere, or set "
             "kl_monitor_steps > 0 to keep the reference."
         )
 
-    def release_if_unused(self) -> None:
-        """Frees a full-model reference once β is 0 for good and nothing else reads it: no monitoring, no reference
-        resets, no `sync_ref_model`, no sharded engine that owns it. A PEFT reference is the base model itself."""
-        trainer, args = self.trainer, self.trainer.args
-        if (
-            self.released
-            or reference_model(trainer) is None
-            or not reference_unread_at_zero_beta(args)
-            or sharding_engine(trainer) is not None
-        ):
-            return
-        release_reference_model(trainer)
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    def may_release(self, models: HostModels) -> bool:
+        """Whether a skipped batch's trainer may free its full-model reference now: it has one, and nothing else reads
+        it (no monitoring, no reference resets, no `sync_ref_model`, no sharded engine that owns it). A PEFT
+        reference is the base model itself."""
+        return (
+            not self.released
+            and models.reference is not None
+            and reference_unread_at_zero_beta(self.args)
+            and models.sharding_engine is None
+        )
+
+    def mark_released(self, step: int) -> None:
+        """The reference was freed before optimizer step `step`: no batch may ask for it again."""
         self.released = True
-        if trainer.accelerator.is_main_process:
+        if self.is_main_process:
             logger.warning(
-                f"β is 0 from optimizer step {trainer.state.global_step + 1} on (kl_adaptation_method='dynamic', "
-                f"beta_schedule_steps={args.beta_schedule_steps}, beta_min=0) and kl_monitor_steps=0: the reference "
-                "model is no longer scored, and its memory was freed."
+                f"β is 0 from optimizer step {step} on (kl_adaptation_method='dynamic', "
+                f"beta_schedule_steps={self.args.beta_schedule_steps}, beta_min=0) and kl_monitor_steps=0: the "
+                "reference model is no longer scored, and its memory was freed."
             )
 
     def start_run(self, resume_from_checkpoint) -> None:
@@ -153,7 +154,7 @@ class ZeroBetaReference:
         Raises:
             ValueError: the reference is gone and the run does not resume past the switch.
         """
-        if self.released and not resumes_past_the_switch(self.trainer.args, resume_from_checkpoint):
+        if self.released and not resumes_past_the_switch(self.args, resume_from_checkpoint):
             raise ValueError(f"Cannot train from resume_from_checkpoint={resume_from_checkpoint!r}: {self.why_none}")
         self.monitored_window, self.eval_monitored = None, False
 

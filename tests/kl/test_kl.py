@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from adaptive_kl.kl.estimators import (
     ESTIMATORS,
-    LOG_RATIO_CLAMP,
     clamp_log_ratio,
     clip_kl,
     importance_ratio,
@@ -28,6 +27,7 @@ from adaptive_kl.kl.estimators import (
 
 
 SETTINGS = settings(max_examples=100, deadline=None)
+CLIP = 20.0  # an opt-in clamp of the log-ratio (`kl_log_ratio_clip`): Unsloth's value
 LOG_RATIOS = [-5.0, -1.0, -0.3, -1e-3, 0.0, 1e-3, 0.25, 1.0, 3.0, 7.5]
 
 # Closed forms of docs/design.md §2, in plain Python floats.
@@ -92,21 +92,22 @@ def test_estimator_gradient_wrt_log_ratio_matches_closed_form(name):
     np.testing.assert_allclose(grad.numpy(), [CLOSED_FORM_GRAD[name](x) for x in LOG_RATIOS], rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("clip", [None, CLIP])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("name,value_of", [("k1+", "k1"), ("k3+", "k3")])
-def test_straight_through_is_the_value_of_one_and_the_gradient_of_k2_bit_for_bit(name, value_of, dtype):
-    """k1+/k3+ report exactly k1/k3 and backpropagate exactly k2's gradient, tokens with |r| > 20 included (clamped
-    for k3+, whose gradient there is 0; k1+ and k2 are not clamped)."""
+def test_straight_through_is_the_value_of_one_and_the_gradient_of_k2_bit_for_bit(name, value_of, dtype, clip):
+    """k1+/k3+ report exactly k1/k3 and backpropagate exactly k2's gradient, tokens with |r| > 20 included; with the
+    opt-in clamp at 20, k3+'s gradient there is 0 (k1+ and k2 are never clamped)."""
     logp = torch.tensor([-0.3, -2.0, -0.01, -5.0, -1.2, -30.0, -0.5], dtype=dtype)
     ref_logp = torch.tensor([-0.5, -1.0, -0.02, -4.0, -3.0, -0.1, -28.0], dtype=dtype)
     values, grads = {}, {}
     for estimator in (name, value_of, "k2"):
         policy = logp.clone().requires_grad_()
-        estimate = kl_estimate(policy - ref_logp, estimator)
+        estimate = kl_estimate(policy - ref_logp, estimator, clip)
         (grads[estimator],) = torch.autograd.grad(estimate.sum(), policy)
         values[estimator] = estimate.detach()
     assert torch.equal(values[name], values[value_of])
-    if name == "k3+":  # k2's gradient of the clamped log-ratio: k2's own inside the clamp, 0 beyond it
+    if name == "k3+" and clip is not None:  # k2's gradient of the clamped log-ratio: k2's own inside, 0 beyond
         assert torch.equal(grads[name][:5], grads["k2"][:5])
         assert grads[name][5] == 0 and grads[name][6] == 0
     else:
@@ -172,7 +173,8 @@ def test_unbiased_estimator_monte_carlo_mean_converges_to_exact_kl(name):
 @SETTINGS
 @given(log_ratio_lists, st.sampled_from([torch.float32, torch.float64]))
 def test_k3_is_nonnegative(values, dtype):
-    k = kl_estimate(torch.tensor(values, dtype=dtype), "k3")
+    """k3 ≥ 0 for any log-ratio; finite with the opt-in clamp (without it, exp(−r) overflows as TRL's does)."""
+    k = kl_estimate(torch.tensor(values, dtype=dtype), "k3", CLIP)
     assert torch.isfinite(k).all()
     assert (k >= 0).all()
 
@@ -199,47 +201,75 @@ def test_unknown_estimator_raises_naming_the_field():
 
 def test_clamp_bounds_log_ratio_and_keeps_in_range_values():
     r = _f64([-1e6, -100.0, -20.5, -3.0, 0.0, 2.5, 19.99, 100.0, math.inf])
-    out = clamp_log_ratio(r)
-    c = LOG_RATIO_CLAMP
+    out = clamp_log_ratio(r, CLIP)
+    c = CLIP
     assert out.tolist() == [-c, -c, -c, -3.0, 0.0, 2.5, 19.99, c, c]
     assert out.dtype == torch.float64
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_clamp_upcasts_half_precision_to_float32(dtype):
-    out = clamp_log_ratio(torch.tensor([-100.0, 0.5, 100.0], dtype=dtype))
+    out = clamp_log_ratio(torch.tensor([-100.0, 0.5, 100.0], dtype=dtype), CLIP)
     assert out.dtype == torch.float32
-    assert out.tolist() == [-LOG_RATIO_CLAMP, 0.5, LOG_RATIO_CLAMP]
+    assert out.tolist() == [-CLIP, 0.5, CLIP]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", ["k1", "k2", "k3"])
 def test_extreme_log_ratios_give_finite_estimates(name, dtype):
-    """±100 would overflow exp in float32/bfloat16 (exp(100) ≈ 2.7e43): k3 clamps its log-ratio and stays finite; k1
-    and k2, which do not exponentiate, are finite unclamped and keep the log-ratio's value (TRL's RLOO penalty)."""
+    """±100 would overflow exp in float32/bfloat16 (exp(100) ≈ 2.7e43): with the opt-in clamp k3 clamps its log-ratio
+    and stays finite; k1 and k2, which do not exponentiate, are finite unclamped and keep the log-ratio's value (TRL's
+    RLOO penalty)."""
     assert not torch.isfinite(torch.exp(torch.tensor([100.0], dtype=dtype))).all()  # the hazard is real
     r = torch.tensor([[-100.0, 100.0], [-1e4, 1e4]], dtype=dtype)
-    k = kl_estimate(r, name)
+    k = kl_estimate(r, name, CLIP)
     assert k.dtype == torch.float32
     assert torch.isfinite(k).all()
-    c = LOG_RATIO_CLAMP
+    c = CLIP
     working = [max(-c, min(c, x)) for x in r.flatten().double().tolist()] if name == "k3" else r.flatten().tolist()
     expected = [CLOSED_FORM[name](x) for x in working]
     np.testing.assert_allclose(k.flatten().double().numpy(), expected, rtol=1e-6)
 
 
-def test_k1_in_the_reward_is_not_clamped():
-    """One token at r = 24.8: k1 is 24.8 (TRL's RLOO penalty), not the clamp's 20; k3 stays clamped."""
+def test_k1_is_never_clamped():
+    """One token at r = 24.8 with the clamp at 20: k1 is 24.8 (TRL's RLOO penalty), not the clamp's 20; k3 is
+    clamped."""
     r = _f64([[24.8, -0.1]])
-    assert kl_estimate(r, "k1").tolist() == [[24.8, -0.1]]
-    assert kl_estimate(r, "k3")[0, 0].item() == pytest.approx(math.expm1(-LOG_RATIO_CLAMP) + LOG_RATIO_CLAMP)
+    assert kl_estimate(r, "k1", CLIP).tolist() == [[24.8, -0.1]]
+    assert kl_estimate(r, "k3", CLIP)[0, 0].item() == pytest.approx(math.expm1(-CLIP) + CLIP)
 
 
 def test_estimate_has_zero_gradient_outside_clamp_range():
     r = _f64([-50.0, -19.0, 0.5, 19.0, 50.0]).requires_grad_()
-    (grad,) = torch.autograd.grad(kl_estimate(r, "k3").sum(), r)
+    (grad,) = torch.autograd.grad(kl_estimate(r, "k3", CLIP).sum(), r)
     assert grad[0].item() == 0.0 and grad[-1].item() == 0.0
     np.testing.assert_allclose(grad[1:-1].numpy(), [1.0 - math.exp(-x) for x in (-19.0, 0.5, 19.0)], rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_by_default_k3_is_trls_arithmetic_past_any_clamp(dtype):
+    """Without `log_ratio_clip` (the default) k3 is TRL's exp(ref − logp) − (ref − logp) − 1 on the raw log-ratio, far
+    past ±20 too (to rounding: we evaluate it as expm1(−r) + r), and overflows where TRL's does: a policy far from its
+    reference trains as stock does. Its gradient, 1 − exp(−r), is not cut off."""
+    logp = torch.tensor([-1.0, -30.0, -2.0, -0.5, -3.0], dtype=dtype)
+    ref = torch.tensor([-26.0, -1.0, -50.0, -0.4, -3.0], dtype=dtype)  # r = 25, −29, 48, −0.1, 0
+    trl = torch.exp(ref - logp) - (ref - logp) - 1
+    ours = kl_estimate(logp - ref, "k3")
+    torch.testing.assert_close(ours, trl, rtol=4 * torch.finfo(dtype).eps, atol=4 * torch.finfo(dtype).eps)
+    assert ours[1] > 1e12 and ours[2] == pytest.approx(47.0)  # not expm1(∓20) ± 20, the clamp's
+    r = (logp - ref).requires_grad_()
+    (grad,) = torch.autograd.grad(kl_estimate(r, "k3").sum(), r)
+    torch.testing.assert_close(grad, 1 - torch.exp(-(logp - ref)), rtol=1e-5, atol=1e-12)
+    far = torch.tensor([-100.0], dtype=torch.float32)  # exp(100) overflows float32, in TRL's formula too
+    assert kl_estimate(far, "k3").isinf().all() and (torch.exp(-far) + far - 1).isinf().all()
+
+
+def test_by_default_the_importance_ratio_is_trls_unclamped():
+    """Without `log_ratio_clip` the bias correction's ratio is TRL's exp(log π − log π_old), also past 20."""
+    logp, old = _f64([[-1.0, -2.0]]), _f64([[-26.0, -2.5]])
+    ratio = importance_ratio(logp, old, _f64([[1.0, 1.0]]), "token")
+    assert ratio.tolist() == torch.exp(logp - old).tolist()
+    assert importance_ratio(logp, old, _f64([[1.0, 1.0]]), "token", CLIP)[0, 0].item() == math.exp(CLIP)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -343,8 +373,9 @@ def test_unknown_transform_raises():
     st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
 )
 def test_adapted_estimate_is_finite_nonnegative_and_at_most_raw(values, estimator, transform, dtype):
-    """Estimator then transform, for any log-ratio and dtype: 0 ≤ f(k) ≤ k and everything finite."""
-    k = kl_estimate(torch.tensor(values, dtype=dtype), estimator)
+    """Estimator then transform, for any log-ratio and dtype with the opt-in clamp: 0 ≤ f(k) ≤ k and everything
+    finite."""
+    k = kl_estimate(torch.tensor(values, dtype=dtype), estimator, CLIP)
     f = transform_kl(k, transform, clip_threshold=0.5, target=0.2)
     assert torch.isfinite(f).all()
     assert (f >= 0).all()

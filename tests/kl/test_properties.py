@@ -35,14 +35,20 @@ from adaptive_kl.kl.controller import (
     stepwise_kl_update,
 )
 from adaptive_kl.kl.estimators import (
-    LOG_RATIO_CLAMP,
     clip_kl,
     estimator_log_ratio,
     importance_ratio,
     kl_estimate,
     transform_kl,
 )
-from adaptive_kl.kl.metrics import STAT_INDEX, STAT_NAMES, kl_metrics, kl_statistics, pearson_from_moments
+from adaptive_kl.kl.metrics import (
+    STAT_INDEX,
+    STAT_NAMES,
+    host_kl_mean,
+    kl_metrics,
+    kl_statistics,
+    pearson_from_moments,
+)
 from adaptive_kl.kl.term import adapted_kl_term
 
 
@@ -68,9 +74,10 @@ def _sigma(x: float) -> float:
 
 
 def _closed_form_estimate(r: float, estimator: str) -> float:
-    """docs/design.md §2 in Python floats: k3's log-ratio clamped to ±LOG_RATIO_CLAMP, k1's and k2's not."""
+    """docs/design.md §2 in Python floats, with the opt-in clamp: k3's log-ratio clamped to ±CLIP, k1's and k2's
+    not."""
     if estimator == "k3":
-        r = min(max(r, -LOG_RATIO_CLAMP), LOG_RATIO_CLAMP)
+        r = min(max(r, -CLIP), CLIP)
     if estimator == "k3":
         return math.expm1(-r) + r
     return {"k1": r, "k2": 0.5 * r * r}[estimator]
@@ -134,7 +141,8 @@ def _moments(xs, ys):
 
 
 # Log-ratios: ordinary values mixed with hostile ones (±100, far beyond the clamp, exactly at it, just past it).
-HOSTILE_LOG_RATIOS = [-1e4, -100.0, -20.5, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP, 20.5, 100.0, 1e4]
+CLIP = 20.0  # the opt-in clamp of the log-ratio (`kl_log_ratio_clip`) these properties hold with: Unsloth's value
+HOSTILE_LOG_RATIOS = [-1e4, -100.0, -20.5, -CLIP, CLIP, 20.5, 100.0, 1e4]
 mixed_log_ratios = st.lists(
     st.one_of(st.floats(min_value=-5.0, max_value=5.0), st.sampled_from(HOSTILE_LOG_RATIOS)), min_size=1, max_size=24
 )
@@ -163,8 +171,8 @@ def test_k2_k3_are_nonnegative_and_vanish_only_at_zero(values, estimator, dtype)
     """k2, k3 ≥ 0 everywhere (float32 rounding of tiny |r| included), = 0 at r = 0, and > 0 once |r| is above the
     rounding level (K3_POSITIVE_FROM, K2_POSITIVE_FROM)."""
     r = torch.tensor(values, dtype=dtype)
-    k = kl_estimate(r, estimator)
-    working = estimator_log_ratio(r, estimator)  # what the estimator sees, in its working dtype (bfloat16 → float32)
+    k = kl_estimate(r, estimator, CLIP)
+    working = estimator_log_ratio(r, estimator, CLIP)  # what the estimator sees, in its working dtype (bf16 → float32)
     assert torch.isfinite(k).all()
     assert (k >= 0).all(), r[k < 0]
     assert (k[working == 0] == 0).all()
@@ -186,9 +194,9 @@ def test_k2_k3_increase_with_abs_log_ratio_on_each_side(low, relative_gap, absol
     """On each side of 0, est(r) is nondecreasing in |r| (up to k3's ulp(r) cancellation error), strictly increasing
     in float64 for separated |r| below k3's clamp (k2 has none), and k3 is constant beyond its clamp."""
     high = low * (1.0 + relative_gap) + absolute_gap
-    k_low, k_high = kl_estimate(torch.tensor([side * low, side * high], dtype=dtype), estimator).tolist()
+    k_low, k_high = kl_estimate(torch.tensor([side * low, side * high], dtype=dtype), estimator, CLIP).tolist()
     eps = torch.finfo(dtype).eps
-    bound = LOG_RATIO_CLAMP if estimator == "k3" else math.inf
+    bound = CLIP if estimator == "k3" else math.inf
     assert k_high >= k_low - 4 * eps * min(high, bound)
     clamped_high = min(high, bound)
     if dtype == torch.float64 and low >= 1e-6 and clamped_high >= low * (1 + 1e-6):
@@ -201,10 +209,10 @@ def test_k2_k3_increase_with_abs_log_ratio_on_each_side(low, relative_gap, absol
 @given(mixed_log_ratios, st.sampled_from(["k1", "k2", "k3"]), st.sampled_from([torch.float32, torch.bfloat16]))
 def test_hostile_log_ratios_give_finite_estimates_and_gradients(values, estimator, dtype):
     """±100 mixed with ordinary values, in float32/bfloat16: the estimate is the float64 closed form (k3 on the clamped
-    log-ratio, k1 and k2 on the log-ratio itself), its gradient is finite, 0 beyond k3's ±LOG_RATIO_CLAMP clamp, and
+    log-ratio, k1 and k2 on the log-ratio itself), its gradient is finite, 0 beyond k3's ±CLIP clamp, and
     has the sign of r elsewhere (1 for k1)."""
     r = torch.tensor(values, dtype=dtype, requires_grad=True)
-    k = kl_estimate(r, estimator)
+    k = kl_estimate(r, estimator, CLIP)
     (grad,) = torch.autograd.grad(k.sum(), r)
     assert k.dtype == torch.float32
     assert torch.isfinite(k).all() and torch.isfinite(grad).all()
@@ -212,8 +220,8 @@ def test_hostile_log_ratios_give_finite_estimates_and_gradients(values, estimato
     for r_i, k_i, g_i in zip(working.tolist(), k.double().tolist(), grad.double().tolist()):
         expected = _closed_form_estimate(r_i, estimator)
         # float32 relative rounding, plus k3's absolute cancellation error ≈ ulp(r)
-        assert abs(k_i - expected) <= 1e-6 * abs(expected) + 4 * 1.2e-7 * min(abs(r_i), LOG_RATIO_CLAMP) + 1e-30
-        if abs(r_i) > LOG_RATIO_CLAMP and estimator == "k3":
+        assert abs(k_i - expected) <= 1e-6 * abs(expected) + 4 * 1.2e-7 * min(abs(r_i), CLIP) + 1e-30
+        if abs(r_i) > CLIP and estimator == "k3":
             assert g_i == 0.0
         elif estimator == "k1":
             assert g_i == 1.0
@@ -305,7 +313,7 @@ def test_adapted_estimate_is_nondecreasing_in_abs_log_ratio(a, b, side, estimato
     low, high = sorted((a, b))
     k = kl_estimate(_f64([side * low, side * high]), estimator)
     f_low, f_high = transform_kl(k, transform, clip_threshold=c, target=tau).tolist()
-    assert f_high >= f_low - 16 * 2.3e-16 * (min(high, LOG_RATIO_CLAMP) + f_high)
+    assert f_high >= f_low - 16 * 2.3e-16 * (high + f_high)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -764,7 +772,7 @@ def test_metrics_of_random_batches_are_bounded_and_consistent(seed, batch, width
     if transform is not None and estimator != "k1":
         assert metrics["adaptive_kl/adapted_kl"] <= metrics["adaptive_kl/raw_kl"] * (1 + 1e-12)
     if estimator == "k3":
-        assert metrics["kl"] == metrics["adaptive_kl/raw_kl"]
+        assert host_kl_mean(stats) == metrics["adaptive_kl/raw_kl"]
 
 
 @FAST
@@ -937,8 +945,9 @@ def test_term_with_hostile_log_ratios_is_finite_with_finite_gradients(
     log_ratios, batch, dtype, estimator, transform, aggregation, on_policy_bias_correction, seed
 ):
     """Log-ratios of ±100 and beyond mixed with ordinary ones, in float32 and bfloat16, for every transform and
-    aggregation (with and without on-policy bias correction): the term, its gradient and the statistics are finite;
-    padding gets no gradient, and without bias correction neither do tokens beyond k3's ±LOG_RATIO_CLAMP clamp."""
+    aggregation (with and without on-policy bias correction), with the opt-in clamp: the term, its gradient and the
+    statistics are finite; padding gets no gradient, and without bias correction neither do tokens beyond k3's ±CLIP
+    clamp."""
     rng = np.random.default_rng(seed)
     width = len(log_ratios)
     r = np.tile(np.array(log_ratios), (batch, 1))
@@ -959,6 +968,8 @@ def test_term_with_hostile_log_ratios_is_finite_with_finite_gradients(
         max_completion_length=width,
         token_normalizer=float(mask.sum()) + 1.0,
         use_bias_correction=on_policy_bias_correction,
+        log_ratio_clip=CLIP,
+        importance_log_ratio_clip=CLIP,
     )
     (grad,) = torch.autograd.grad(term, logps)
     assert torch.isfinite(term).all() and torch.isfinite(grad).all()
@@ -967,7 +978,7 @@ def test_term_with_hostile_log_ratios_is_finite_with_finite_gradients(
     assert (grad[mask == 0] == 0).all()
     if not on_policy_bias_correction and estimator == "k3":
         working = (logps.detach() - ref).float()  # the log-ratio as the term computes it
-        assert (grad[working.abs() > LOG_RATIO_CLAMP] == 0).all()
+        assert (grad[working.abs() > CLIP] == 0).all()
 
 
 @SLOW
@@ -1018,20 +1029,22 @@ def test_fully_masked_batch_or_empty_completions_give_zero_term_and_finite_stati
     assert all(stats[STAT_INDEX[name]].item() == 0.0 for name in STAT_NAMES if name != "sequences")
     metrics = kl_metrics(stats, beta=0.1, beta_scale=1.0)
     assert all(math.isfinite(v) for v in metrics.values())
-    assert metrics["adaptive_kl/raw_kl"] == metrics["adaptive_kl/kl_length_corr"] == metrics["kl"] == 0.0
+    assert metrics["adaptive_kl/raw_kl"] == metrics["adaptive_kl/kl_length_corr"] == host_kl_mean(stats) == 0.0
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bias_corrected_term_is_finite_for_hostile_old_log_probs(level, dtype):
-    """use_bias_correction_kl with |log π_θ − log π_old| = 100 on a sequence: the term and its gradient stay finite."""
+    """use_bias_correction_kl with |log π_θ − log π_old| = 100 on a sequence, with the opt-in clamp
+    (`kl_log_ratio_clip`): the term and its gradient stay finite."""
     logps = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.0, -4.0]], dtype=dtype).requires_grad_()
     ref = (logps.detach().float() - 0.4).to(dtype)
     old = (logps.detach().float() - torch.tensor([[100.0], [0.1]])).to(dtype)
     mask = torch.ones(2, 3, dtype=dtype)
     term, stats = adapted_kl_term(
-        logps, ref, mask, use_bias_correction=True, old_per_token_logps=old, importance_sampling_level=level
-    )
+        logps, ref, mask, use_bias_correction=True, old_per_token_logps=old, importance_sampling_level=level,
+        log_ratio_clip=CLIP, importance_log_ratio_clip=CLIP,
+    )  # fmt: skip
     (grad,) = torch.autograd.grad(term, logps)
     assert torch.isfinite(term).all() and torch.isfinite(grad).all()
     assert torch.isfinite(stats).all()

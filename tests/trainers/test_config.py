@@ -39,6 +39,7 @@ NEW_FIELD_DEFAULTS = {
     "ref_reset_steps": 0,
     "ref_reset_kl": 0.0,
     "ref_reset_optimizer": False,
+    "kl_log_ratio_clip": None,
 }
 
 
@@ -223,7 +224,24 @@ def unread_warnings(**kwargs) -> list[str]:
 def test_every_parameter_with_a_reader_is_covered():
     from adaptive_kl.trainers.config import PARAMETER_READERS
 
-    assert [name for name, _, _ in UNREAD_PARAMETERS] == list(PARAMETER_READERS)
+    covered = [name for name, _, _ in UNREAD_PARAMETERS] + ["kl_log_ratio_clip"]  # read at the defaults: below
+    assert covered == list(PARAMETER_READERS)
+
+
+def test_kl_log_ratio_clip_is_read_where_a_log_ratio_is_exponentiated():
+    """Read with k3/k3+ (the default) or the bias correction (TRL's default); set with k1/k2 and no bias correction,
+    it warns, naming what would read it; out of (0, 88] or not a number, it is refused naming the field."""
+    assert config(beta=0.1, kl_log_ratio_clip=20.0).kl_log_ratio_clip == 20.0
+    assert unread_warnings(beta=0.1, kl_log_ratio_clip=20.0, use_bias_correction_kl=False) == []
+    assert unread_warnings(beta=0.1, kl_log_ratio_clip=20.0, kl_estimator="k2") == []
+    off = dict(kl_estimator="k2", use_bias_correction_kl=False)
+    assert unread_warnings(beta=0.1, kl_log_ratio_clip=20.0, **off) == [
+        "kl_log_ratio_clip=20.0 has no effect: it is read only with an estimator that exponentiates the log-ratio "
+        "(kl_estimator 'k3' or 'k3+') or use_bias_correction_kl=True."
+    ]
+    for bad in (0.0, -1.0, 89.0, float("inf"), float("nan"), "20"):
+        with pytest.raises(ValueError, match=r"kl_log_ratio_clip must be None .* \(0, 88\]"):
+            config(beta=0.1, kl_log_ratio_clip=bad)
 
 
 @pytest.mark.parametrize("name,value,readers", UNREAD_PARAMETERS, ids=[p[0] for p in UNREAD_PARAMETERS])

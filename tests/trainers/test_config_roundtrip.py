@@ -38,6 +38,7 @@ KL_FIELDS = tuple(f.name for f in dataclasses.fields(AdaptiveKLGRPOConfig) if f.
 DOCUMENTED_KL_FIELDS = (
     "kl_estimator",
     "kl_adaptation_method",
+    "kl_log_ratio_clip",
     "kl_clip_threshold",
     "kl_target",
     "kl_scaling",
@@ -79,6 +80,7 @@ DYNAMIC_SET = dict(
     kl_scaling="sqrt",
     kl_scaling_rate=0.9,
     kl_estimator="k2",
+    kl_log_ratio_clip=15.0,  # read by the bias correction (TRL's use_bias_correction_kl, on by default)
     kl_controller="fixed",  # the only controller 'dynamic' accepts
     target_kl=0.02,
     kl_horizon=5000,
@@ -107,6 +109,7 @@ CONTROLLER_SET = dict(
     kl_scaling="exp",
     kl_scaling_rate=0.95,
     kl_estimator="k1",
+    kl_log_ratio_clip=30.0,
     kl_controller="adaptive",
     target_kl=0.03,
     kl_horizon=20000,
@@ -127,6 +130,7 @@ FIELD_SETS = pytest.mark.parametrize("values", [DYNAMIC_SET, CONTROLLER_SET], id
 # refuse it). Valid in neither field set: beta_min=0.5 exceeds both betas.
 BAD = [
     ("kl_adaptation_method", "clip+sigmoid"),
+    ("kl_log_ratio_clip", 100.0),
     ("kl_clip_threshold", 0.0),
     ("kl_monitor_steps", -1),
     ("kl_target", -0.1),

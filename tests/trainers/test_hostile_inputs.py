@@ -536,7 +536,9 @@ EXTREME_CONFIGS = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_log_ratios_of_100_give_finite_loss_and_gradients(tiny_model_dir, tmp_path, dtype):
     """Reference log-probs at log π ± 100 (alternating per token; model and log-probs in `dtype`): stock TRL's loss
-    is not finite; ours and every parameter gradient are, for every method, and the KL term is still in the loss."""
+    is not finite, and neither is ours at the defaults (its arithmetic is stock's); with the opt-in clamp
+    `kl_log_ratio_clip=20`, ours and every parameter gradient are, for every method, and the KL term is still in the
+    loss."""
     stock = make_trainer(GRPOTrainer, GRPOConfig, tiny_model_dir, beta=0.1, output_dir=str(tmp_path / "stock"))
 
     def extreme(trainer):
@@ -551,6 +553,10 @@ def test_log_ratios_of_100_give_finite_loss_and_gradients(tiny_model_dir, tmp_pa
 
     stock_loss, _ = loss_and_grads(stock, extreme(stock))
     assert not torch.isfinite(stock_loss)  # the premise: an unclamped k3 overflows
+    default = make_trainer(
+        AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=0.1, output_dir=str(tmp_path / "default")
+    )
+    assert not torch.isfinite(loss_and_grads(default, extreme(default))[0])  # at the defaults, as stock
     policy_only = {}  # stock TRL at β = 0, per loss type: the policy term alone
     for config in EXTREME_CONFIGS:
         ours = make_trainer(
@@ -559,6 +565,7 @@ def test_log_ratios_of_100_give_finite_loss_and_gradients(tiny_model_dir, tmp_pa
             tiny_model_dir,
             beta=0.1,
             output_dir=str(tmp_path / "ours"),
+            kl_log_ratio_clip=20.0,
             **config,
         )
         inputs = extreme(ours)

@@ -165,6 +165,11 @@ def test_two_processes_match_one_process(runs, name):
     assert [h["step"] for h in one_logs] == [h["step"] for h in two_logs] == list(range(1, worker.STEPS + 1))
     keys = ("loss", "adaptive_kl/raw_kl", "adaptive_kl/adapted_kl", "kl", "grad_norm", "reward",
             "frac_reward_zero_std", "adaptive_kl/reward_penalty", "adaptive_kl/kl_masked_fraction")  # fmt: skip
+    if worker.CONFIGS[name].get("gradient_accumulation_steps", 1) > 1:
+        # TRL's `kl` is the mean of its micro-batches' token means, as TRL logs it: with several micro-batches of
+        # unequal lengths per step it depends on how the batch is split over processes (stock TRL's too), while
+        # `adaptive_kl/raw_kl`, the step's global token mean, does not (tests/trainers/test_parity.py).
+        keys = tuple(key for key in keys if key != "kl")
     for h1, h2 in zip(one_logs, two_logs):
         assert {key for key in keys if key in h1} == {key for key in keys if key in h2}
         for key in (key for key in keys if key in h1):

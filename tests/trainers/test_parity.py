@@ -23,6 +23,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.aggregation import LOSS_TYPES
+from adaptive_kl.trainers.hooks import metric_store
 from adaptive_kl.trainers.scorer import Float64LogProbFunction
 
 
@@ -104,3 +105,72 @@ def test_method_none_matches_stock_eval_loss(trainers, loss_type):
     ours_loss, stock_loss = (loss_and_grads(t, inputs, train=False)[0] for t in (ours, stock))
     assert_close(ours_loss, stock_loss, policy_only(stock, inputs, train=False)[0], "loss", RTOL)
     assert abs(stock_loss - policy_only(stock, inputs, train=False)[0]) > 1e-3 * abs(stock_loss)
+
+
+def far_from_the_reference(inputs: dict) -> dict:
+    """`inputs` with log-ratios past ±20 on some tokens: the reference's log-probabilities 25 below the policy's and 30
+    above (r = 25 and −30), and the old policy's 24 below on another (an importance ratio of e^24 with the bias
+    correction). An estimator or ratio clamped at ±20 would differ from TRL's there by orders of magnitude."""
+    ref, old = inputs["ref_per_token_logps"].clone(), inputs["old_per_token_logps"].clone()
+    ref[0, 0] -= 25.0
+    ref[1, 1] += 30.0
+    old[2, 0] -= 24.0
+    return {**inputs, "ref_per_token_logps": ref, "old_per_token_logps": old}
+
+
+@pytest.mark.parametrize("loss_type,level,bias", CASES)
+def test_defaults_match_stock_past_log_ratios_of_20(trainers, loss_type, level, bias):
+    """A policy far from its reference (log-ratios of 25 and −30, an importance log-ratio of 24): at the defaults no
+    clamp is applied that TRL's loss does not apply, so our loss and gradients are stock's, every loss type."""
+    stock, ours = trainers
+    configure(trainers, loss_type, level, bias)
+    assert ours.args.kl_log_ratio_clip is None
+    inputs = far_from_the_reference(fabricated_inputs(stock, seed=2))
+    stock_loss, stock_grads = loss_and_grads(stock, inputs)
+    our_loss, our_grads = loss_and_grads(ours, inputs)
+    policy_loss, policy_grads = policy_only(stock, inputs)
+    assert torch.isfinite(stock_loss) and abs(stock_loss - policy_loss) > 1e3  # the far tokens dominate the KL term
+    assert_close(our_loss, stock_loss, policy_loss, "loss", RTOL)
+    for name in stock_grads:
+        assert_close(our_grads[name], stock_grads[name], policy_grads[name], name, RTOL)
+
+
+def test_the_opt_in_clamp_changes_the_far_tokens_only(tiny_model_dir):
+    """`kl_log_ratio_clip=20` on the same far-from-reference batch: a different loss (the clamp acts), and the same as
+    the defaults on a batch whose log-ratios stay within ±20 (it acts nowhere else)."""
+    losses = {}
+    for clip in (None, 20.0):
+        trainer = make_trainer(
+            AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA, kl_log_ratio_clip=clip
+        )
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(trl_utils, "_ChunkedLogProbFunction", Float64LogProbFunction)
+            trainer.model.double()
+            near = fabricated_inputs(trainer, seed=2)
+            losses[clip] = (loss_and_grads(trainer, far_from_the_reference(near))[0], loss_and_grads(trainer, near)[0])
+    assert abs(losses[None][0] - losses[20.0][0]) > 1e3 * abs(losses[20.0][0] - losses[20.0][1])
+    assert torch.equal(losses[None][1], losses[20.0][1])
+
+
+def test_logged_kl_is_trls_under_accumulation_with_unequal_lengths(trainers):
+    """TRL logs `kl` once per micro-batch (its token mean) and the log line averages those: two micro-batches of one
+    optimizer step with 14 and 4 completion tokens give the same logged values with our trainer as with stock, and
+    their mean is not the token-weighted mean over the step."""
+    stock, ours = trainers
+    configure(trainers, "grpo", "token", True)
+    first = fabricated_inputs(stock, seed=3)
+    second = fabricated_inputs(stock, seed=4)
+    second["completion_mask"] = torch.zeros_like(second["completion_mask"])
+    second["completion_mask"][:, 0] = 1  # one token each: 4 against the first's 14
+    logged = {}
+    for trainer in trainers:
+        store = metric_store(trainer, "train")
+        store["kl"].clear()
+        for inputs in (first, second):
+            loss_and_grads(trainer, inputs)
+        logged[trainer] = list(store["kl"])
+    assert len(logged[stock]) == len(logged[ours]) == 2
+    assert logged[ours] == pytest.approx(logged[stock], rel=RTOL)
+    tokens = [float(inputs["completion_mask"].sum()) for inputs in (first, second)]
+    weighted = sum(kl * n for kl, n in zip(logged[stock], tokens)) / sum(tokens)
+    assert abs(sum(logged[stock]) / 2 - weighted) > 1e-3 * abs(weighted)  # the two means differ here

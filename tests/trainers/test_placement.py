@@ -12,7 +12,7 @@ from test_forward_passes import ForwardCounter
 from tiny import fabricated_inputs, loss_and_grads, make_trainer
 from trl import GRPOConfig, GRPOTrainer
 
-import adaptive_kl.trainers.grpo as trainer_module
+import adaptive_kl.trainers.lifecycle as lifecycle
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.placement import group_advantages, sequence_kl_penalty
 
@@ -40,7 +40,10 @@ def independent_advantages(rewards: list[float], group: int, scale: str) -> list
 def test_group_advantages_against_an_independent_formula(scale):
     rewards = [0.5, 1.0, 2.0, math.nan, 3.0, 3.0, 3.0, 3.0, math.nan, math.nan, math.nan, 1.0, -1.0, 0.0, 4.0, 2.5]
     got = group_advantages(torch.tensor(rewards, dtype=torch.float64), 4, scale)
-    assert got.tolist() == pytest.approx(independent_advantages(rewards, 4, scale), rel=1e-12, abs=1e-12)
+    # Scaled as TRL's `nanstd` does, Bessel's n / (n − 1) taken in float32 (the default dtype) even for float64
+    # rewards: a relative rounding of at most eps32 / 2 in the variance, eps32 / 4 in the std (3.0e-8).
+    rel = 1e-12 if scale == "none" else torch.finfo(torch.float32).eps / 4 + 1e-12
+    assert got.tolist() == pytest.approx(independent_advantages(rewards, 4, scale), rel=rel, abs=1e-12)
 
 
 def test_group_advantages_refuses_an_unknown_scaling():
@@ -189,13 +192,13 @@ def test_reward_placement_loss_has_no_kl_term(tiny_model_dir, tmp_path):
 )
 def test_beta_schedules_and_controllers_set_the_penalty(tiny_model_dir, tmp_path, fields, monkeypatch):
     used = []
-    original = trainer_module.sequence_kl_penalty
+    original = lifecycle.sequence_kl_penalty
 
     def spy(*args, beta, **kwargs):
         used.append(beta)
         return original(*args, beta=beta, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "sequence_kl_penalty", spy)
+    monkeypatch.setattr(lifecycle, "sequence_kl_penalty", spy)
     trainer = reward_trainer(tiny_model_dir, tmp_path, max_steps=4, learning_rate=5e-2, **fields)
     recorder = GenerationRecorder(trainer)
     trainer.train()
@@ -217,7 +220,7 @@ def test_the_logged_beta_is_the_one_the_penalty_used(tiny_model_dir, tmp_path, m
     """`steps_per_generation=2`: a generation batch serves two optimizer steps while β halves after each (a stand-in
     for `dynamic`); both log the β its penalty was computed with, the first step's."""
     used = []
-    original = trainer_module.sequence_kl_penalty
+    original = lifecycle.sequence_kl_penalty
 
     def spy(*args, beta, **kwargs):
         used.append(beta)
@@ -226,7 +229,7 @@ def test_the_logged_beta_is_the_one_the_penalty_used(tiny_model_dir, tmp_path, m
     def halve(self, step, **kwargs):
         self.beta_base *= 0.5
 
-    monkeypatch.setattr(trainer_module, "sequence_kl_penalty", spy)
+    monkeypatch.setattr(lifecycle, "sequence_kl_penalty", spy)
     monkeypatch.setattr("adaptive_kl.kl.controller.BetaController.update", halve)
     trainer = reward_trainer(
         tiny_model_dir, tmp_path, max_steps=4, steps_per_generation=2, kl_adaptation_method="dynamic"

@@ -306,6 +306,18 @@ def test_skipped_reference_leaves_the_run_bitwise_unchanged(tiny_model_dir, tmp_
     assert skipped[0].ref_model is None and full[0].ref_model is not None
 
 
+@pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])
+def test_skipped_reference_is_bitwise_on_bf16_weights(tiny_model_dir, tmp_path, normalize):
+    """bf16 weights, whose log-probabilities TRL scores in float32: a skipped batch's zero penalty is in the dtype the
+    full path's has (`kl.placement.zero_penalty`), so the advantages, gradients and weights are its to the bit."""
+    fields = dict(normalize_advantages=normalize, model_init_kwargs={"dtype": "bfloat16"})
+    skipped = zero_beta_run(tiny_model_dir, tmp_path, "skip", **fields)
+    full = zero_beta_run(tiny_model_dir, tmp_path, "full", skip_zero_beta_reference=False, **fields)
+    assert {p.dtype for p in skipped[0].model.parameters()} == {torch.bfloat16}
+    assert [reference for _, reference in skipped[1]] == [1, 1, 0, 0, 0]
+    assert_same_run_but_the_kl(skipped, full)
+
+
 def test_skipped_reference_with_lora(tiny_model_dir, tmp_path):
     """LoRA (the reference is the base, the adapter disabled): the policy's forwards drop by the reference's."""
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")

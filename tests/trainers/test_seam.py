@@ -402,7 +402,7 @@ def test_the_table_holds_every_internal_of_the_installed_host(tiny_model_dir, tm
         "callback attribute": ProgressCallback(),
     }
     assert {internal.kind for internal in HOST_INTERNALS} <= set(INTERNAL_KINDS) | {"module attribute"}
-    for internal in host_internals(GRPOTrainer):  # RLOO's own entries: tests/trainers/test_rloo.py
+    for internal in host_internals("grpo"):  # RLOO's own entries: tests/trainers/test_rloo.py
         assert internal.use and internal.owner, internal
         if internal.kind == "training attribute":
             assert assigned_in_host_source(GRPOTrainer, internal.name), internal
@@ -424,9 +424,9 @@ def test_a_host_whose_training_loop_sets_no_attribute_of_the_table_fails_at_cons
     monkeypatch.setattr(internals, "HOST_INTERNALS", (*internals.HOST_INTERNALS, renamed))
     args = AdaptiveKLGRPOConfig(**{**TRAIN_KWARGS, "beta": 0.1})
     with pytest.raises(UnsupportedTRLError, match=r"has no \['renamed_accumulation_steps'\]"):
-        internals.check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=True)
+        internals.check_host(GRPOTrainer, "grpo", args, "AdaptiveKLGRPOTrainer", own_loss=True)
     monkeypatch.setattr(internals, "HOST_INTERNALS", internals.HOST_INTERNALS[:-1])
-    internals.check_host(GRPOTrainer, args, "AdaptiveKLGRPOTrainer", own_loss=True)
+    internals.check_host(GRPOTrainer, "grpo", args, "AdaptiveKLGRPOTrainer", own_loss=True)
 
 
 @pytest.mark.parametrize("name", ["_get_output_dir", "_load_callback_state", "_prepare_inputs", "_tag_names"])

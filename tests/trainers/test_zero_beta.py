@@ -124,6 +124,23 @@ def test_skipped_reference_with_kl_in_the_reward(tiny_model_dir, tmp_path):
     assert_same_run_but_the_kl(skipped, full)
 
 
+@pytest.mark.parametrize("placement", ["loss", "reward"])
+def test_skipped_reference_is_bitwise_on_bf16_weights(tiny_model_dir, tmp_path, placement):
+    """bf16 weights, whose log-probabilities TRL scores in float32: a skipped batch's zero penalty is in the dtype the
+    full path's penalty has (`kl.placement.zero_penalty`), so the penalized rewards, advantages, gradients and
+    weights are the full path's to the bit (a zero penalty in the weights' bf16 would round the rewards)."""
+    fields = dict(
+        kl_placement=placement,
+        kl_estimator="k1" if placement == "reward" else "k3",
+        model_init_kwargs={"dtype": "bfloat16"},
+    )
+    skipped = train(tiny_model_dir, tmp_path, "skip", **fields)
+    full = train(tiny_model_dir, tmp_path, "full", skip_zero_beta_reference=False, **fields)
+    assert {p.dtype for p in skipped[0].model.parameters()} == {torch.bfloat16}
+    assert [reference for _, reference in skipped[1]] == [1, 1, 0, 0, 0]
+    assert_same_run_but_the_kl(skipped, full)
+
+
 def test_a_batch_that_straddles_the_switch_is_scored(tiny_model_dir, tmp_path):
     """steps_per_generation = 2: the batch generated at step 1 serves steps 1 and 2, β_2 = 0 but β_1 > 0, so it is
     scored with the reference; the batches of steps 3-4 and 5 are not."""

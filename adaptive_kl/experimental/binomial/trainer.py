@@ -37,20 +37,21 @@ from ...kl.placement import total_rewards
 from ...trainers.hooks import (
     MULTIMODAL_INPUTS,
     HostHooks,
-    ScoredBatch,
+    HostScoring,
     accumulation_steps,
     check_host,
     check_host_attributes,
     completion_loss_mask,
     generation_buffer,
+    host_loss_settings,
+    host_rewards,
     metric_store,
     replace_logged_advantages,
     resolve_args,
-    reward_weights,
-    sampling_temperature,
     unsupported_trl,
 )
 from ...trainers.inputs import check_train_dataset, train_dataset_argument
+from ...trainers.lifecycle import local_rows
 from ...trainers.unsloth import is_unsloth_class
 from .config import BinomialKLConfig
 from .loss import (
@@ -73,24 +74,24 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
     """
 
     def __init__(self, model, reward_funcs=None, args=None, *more, **kwargs):
-        args = resolve_args(GRPOTrainer, BinomialKLConfig, model, args, "BinomialKLTrainer", "BinomialKL")
-        check_host(GRPOTrainer, args, "BinomialKLTrainer", own_loss=True)
+        args = resolve_args(GRPOTrainer, "grpo", BinomialKLConfig, model, args, "BinomialKLTrainer", "BinomialKL")
+        check_host(GRPOTrainer, "grpo", args, "BinomialKLTrainer", own_loss=True)
         if is_unsloth_class(GRPOTrainer):  # its compute_loss never calls the host's micro-batch loss
             raise NotImplementedError("BinomialKLTrainer does not support Unsloth's GRPOTrainer; use plain TRL.")
         check_train_dataset(
             train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
         )
         super().__init__(model, reward_funcs, args, *more, **kwargs)
-        check_host_attributes(self)
+        check_host_attributes(self, "grpo")
 
     # --- advantages -----------------------------------------------------------------------------------------------
 
-    def _on_scored(self, batch: ScoredBatch) -> None:
-        rewards = total_rewards(batch.rewards_per_func, reward_weights(self))  # (N_global,), as TRL logs `reward`
-        # This process's rows, sliced as TRL slices its advantages.
-        local = len(batch.output["completion_ids"])
-        start = self.accelerator.process_index * local
-        batch.output["advantages"] = rewards[start : start + local]  # (B,), raw reward (NaN: unscorable)
+    def _on_scored(self, scoring: HostScoring) -> None:
+        weights = host_rewards(self, scoring.mode).weights
+        rewards = total_rewards(scoring.rewards_per_func, weights)  # (N_global,), as TRL logs `reward`
+        # This process's rows, sliced as TRL slices its advantages: (B,), the raw reward (NaN: unscorable)
+        rows = len(scoring.output["completion_ids"])
+        scoring.output["advantages"] = local_rows(rewards, rows, self.accelerator.process_index)
         replace_logged_advantages(self, rewards)
 
     # --- loss --------------------------------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
         args = self.args
         rows = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         rows = max(1, rows or input_ids.size(0))
-        temperature = sampling_temperature(self)
+        temperature = host_loss_settings(self, mode).temperature
         parts = []
         for start in range(0, input_ids.size(0), rows):
             end = min(start + rows, input_ids.size(0))

@@ -1,8 +1,8 @@
 """The seam's table and checks: the supported TRL, every name of the host that the package uses and that TRL,
 Transformers and Accelerate do not document as public (`HOST_INTERNALS`, each entry naming the trainers that use it),
 and the checks that refuse a host lacking one, before any model is loaded (`check_host`) and right after the host's
-`__init__` (`check_host_attributes`); which TRL class is the host (`is_rloo_host`, `is_unsloth_class`,
-`check_import_order`), and the trainers' config (`resolve_args`).
+`__init__` (`check_host_attributes`), each for the host family a trainer names (`HOST_FAMILIES`); whether Unsloth
+generated the host (`is_unsloth_class`, `check_import_order`), and the trainers' config (`resolve_args`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ ALLOW_UNSUPPORTED_ENV = "ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL"
 
 
 class UnsupportedTRLError(RuntimeError):
-    """The installed TRL's `GRPOTrainer` does not call the methods this package hooks as it expects."""
+    """The installed TRL's `GRPOTrainer` or `RLOOTrainer` does not call the methods this package hooks as it
+    expects."""
 
 
 def installed_trl_version() -> str:
@@ -77,11 +78,15 @@ class HostInternal:
     an attribute its classes set without documenting it (e.g. `GRPOTrainer.loss_type`, a copy of `args.loss_type`)."""
 
     name: str
-    owner: str  # the class that defines it
-    hosts: tuple[str, ...]  # the trainers that use it: "grpo" (TRL's GRPOTrainer), "rloo" (its RLOOTrainer)
+    owner: str  # the class (or classes, each defining its own) that defines it
+    hosts: tuple[str, ...]  # the host families whose trainers use it (`HOST_FAMILIES`)
     kind: str  # where it lives, hence how it is checked at construction: one of `INTERNAL_KINDS`
     use: str  # what the package does with it, and the accessor of the seam that reaches it
 
+
+# The host families a trainer names when it checks its host: TRL's class each family's trainers subclass.
+HOST_FAMILIES = {"grpo": "trl.GRPOTrainer", "rloo": "trl.RLOOTrainer"}
+BOTH_HOSTS = "trl.GRPOTrainer, trl.RLOOTrainer"  # names each of the two TRL trainers defines for itself
 
 # How each kind of entry is checked when a trainer is built (`check_host`, then `check_host_attributes`).
 INTERNAL_KINDS = {
@@ -97,16 +102,16 @@ INTERNAL_KINDS = {
 # Read in the host's source on trl 1.15.0 (transformers 5.17.0) and trl 1.16.0 (transformers 5.23.0 and 5.24.0).
 HOST_INTERNALS_CHECKED_ON = ("trl 1.15.0, transformers 5.17.0", "trl 1.16.0, transformers 5.23.0 and 5.24.0")
 HOST_INTERNALS = (
-    HostInternal("_generate_and_score_completions", "trl.GRPOTrainer", ("grpo", "rloo"), "method",
+    HostInternal("_generate_and_score_completions", BOTH_HOSTS, ("grpo", "rloo"), "method",
                  "wrapped: a streamed batch's prompts are checked and a pending reference reset applied before it is "
                  "scored; run with β = 0 when the trainer needs no reference log-probabilities, which TRL then skips; "
                  "its rewards go to the trainer after (`_on_generation_batch`, `_scores_reference`, `_on_scored`)"),
-    HostInternal("_calculate_rewards", "trl.GRPOTrainer", ("grpo", "rloo"), "method",
+    HostInternal("_calculate_rewards", BOTH_HOSTS, ("grpo", "rloo"), "method",
                  "wrapped: each reward function's output is checked and the gathered (N, K) rewards are kept"),
-    HostInternal("_get_per_token_logps_and_entropies", "trl.GRPOTrainer", ("grpo", "rloo"), "method",
+    HostInternal("_get_per_token_logps_and_entropies", BOTH_HOSTS, ("grpo", "rloo"), "method",
                  "wrapped inside the host's loss to capture the policy log-probabilities; called to score the "
                  "sampling policy for KL in the reward (`score_policy`)"),
-    HostInternal("_compute_loss", "trl.GRPOTrainer", ("grpo", "rloo"), "method",
+    HostInternal("_compute_loss", BOTH_HOSTS, ("grpo", "rloo"), "method",
                  "the micro-batch loss: run with β = 0 inside ours; the binomial trainer replaces it "
                  "(`_micro_batch_loss`)"),
     HostInternal("_prepare_inputs", "trl.GRPOTrainer", ("grpo",), "method",
@@ -121,20 +126,22 @@ HOST_INTERNALS = (
     HostInternal("_load_callback_state", "transformers.Trainer", ("grpo", "rloo"), "method",
                  "extended: re-instantiated state callbacks get the trainer's controller "
                  "(`_on_callback_state_loaded`)"),
-    HostInternal("_tag_names", "trl.GRPOTrainer", ("grpo", "rloo"), "class attribute",
+    HostInternal("_tag_names", BOTH_HOSTS, ("grpo", "rloo"), "class attribute",
                  "the model card's tags: each trainer appends its own (`HostHooks(hub_tag=...)`)"),
-    HostInternal("_metrics", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+    HostInternal("_metrics", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
                  "{'train'|'eval': {name: [values]}}: what is appended, TRL averages and logs (`metric_store`)"),
-    HostInternal("_logs", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+    HostInternal("_logs", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
                  "the completions table: its 'advantages' become those the loss uses (`replace_logged_advantages`)"),
     HostInternal("_buffered_inputs", "trl.GRPOTrainer", ("grpo",), "attribute",
                  "the generation buffer: a list of micro-batches, None before the first (`generation_buffer`)"),
-    HostInternal("beta", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+    HostInternal("beta", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
                  "TRL's β: set to 0 while the host's loss runs inside ours, and while it scores a generation batch "
-                 "without the reference; read to know whether the KL is on (`host_beta`). The host's `__init__` reads "
-                 "it from `args.beta` and builds no reference model when it is 0 (`host_built_without_reference`)"),
-    HostInternal("ref_model", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
-                 "the full-model reference (None for PEFT): dropped once β is 0 for good (`release_reference_model`)"),
+                 "without the reference (`HostHooks`); read to know whether the KL is on (`host_beta`). The host's "
+                 "`__init__` reads it from `args.beta` and builds no reference model when it is 0 "
+                 "(`host_built_without_reference`)"),
+    HostInternal("ref_model", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
+                 "the full-model reference (None for PEFT): reset (`host_models`), dropped once β is 0 for good "
+                 "(`release_reference_model`)"),
     HostInternal("_models", "accelerate.Accelerator", ("grpo", "rloo"), "accelerator attribute",
                  "the models `prepare_model` keeps, the reference among them: it is removed there too when released"),
     HostInternal("loss_type", "trl.GRPOTrainer", ("grpo",), "attribute",
@@ -147,26 +154,26 @@ HOST_INTERNALS = (
                  "the micro-batches of the optimizer step in progress (fewer for a last partial step): the KL term's "
                  "normalizer and the binomial trainer's step (`accumulation_steps`)"),
     HostInternal("scale_rewards", "trl.GRPOTrainer", ("grpo",), "attribute",
-                 "how KL-in-the-reward's group advantages are scaled, as the host's (`scale_rewards`)"),
-    HostInternal("num_generations", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
-                 "the group size in training: advantages and diversity groups (`group_size`)"),
-    HostInternal("num_generations_eval", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
-                 "the group size in evaluation (`group_size`)"),
-    HostInternal("reward_weights", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
-                 "the (K,) weights of the total reward TRL logs as `reward` (`reward_weights`)"),
-    HostInternal("reward_funcs", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
+                 "how KL-in-the-reward's group advantages are scaled, as the host's (`grpo_scale_rewards`)"),
+    HostInternal("num_generations", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
+                 "the group size in training: advantages and diversity groups (`host_rewards`)"),
+    HostInternal("num_generations_eval", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
+                 "the group size in evaluation (`host_rewards`)"),
+    HostInternal("reward_weights", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
+                 "the (K,) weights of the total reward TRL logs as `reward` (`host_rewards`)"),
+    HostInternal("reward_funcs", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
                  "swapped for checking wrappers while a batch is scored, the user's list again after "
                  "(`checking_reward_outputs`)"),
-    HostInternal("reward_func_names", "trl.GRPOTrainer", ("grpo", "rloo"), "attribute",
-                 "the names TRL logs each reward function under: named in warnings and errors (`reward_func_names`)"),
+    HostInternal("reward_func_names", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
+                 "the names TRL logs each reward function under: named in warnings and errors (`host_rewards`)"),
     HostInternal("temperature", "trl.GRPOTrainer", ("grpo",), "attribute",
-                 "the sampling temperature the binomial trainer's log-probabilities use (`sampling_temperature`)"),
+                 "the sampling temperature the binomial trainer's log-probabilities use (`host_loss_settings`)"),
     HostInternal("is_deepspeed_enabled", "transformers.Trainer", ("grpo", "rloo"), "attribute",
-                 "a DeepSpeed engine owns the models: no reset under ZeRO-3, no release (`sharding_engine`)"),
+                 "a DeepSpeed engine owns the models: no reset under ZeRO-3, no release (`host_models`)"),
     HostInternal("is_fsdp_enabled", "transformers.Trainer", ("grpo", "rloo"), "attribute",
-                 "FSDP shards the models: no reset, no release (`sharding_engine`)"),
+                 "FSDP shards the models: no reset, no release (`host_models`)"),
     HostInternal("optimizer", "transformers.Trainer", ("grpo", "rloo"), "attribute",
-                 "its moments are cleared by a reset with `ref_reset_optimizer` (`host_optimizer`)"),
+                 "its moments are cleared by a reset with `ref_reset_optimizer` (`host_models`)"),
     HostInternal("model_wrapped", "transformers.Trainer", ("grpo",), "attribute",
                  "documented for reading only; the command sets it back to the model to drop the DDP wrapper before "
                  "the process group ends (`set_wrapped_model`)"),
@@ -179,23 +186,18 @@ HOST_INTERNALS = (
                  "training on a CPU (`host_log_prob_scorer`, `replace_host_log_prob_scorer`; `trainers.scorer`)"),
     HostInternal("normalize_advantages", "trl.RLOOTrainer", ("rloo",), "attribute",
                  "whether RLOO standardizes its leave-one-out advantages over the batch, as the penalized ones are "
-                 "(`normalizes_advantages`)"),
+                 "(`rloo_advantage_settings`)"),
     HostInternal("reward_clip_range", "trl.RLOOTrainer", ("rloo",), "attribute",
                  "the range RLOO clamps total rewards to before its KL penalty, as the penalized ones are "
-                 "(`reward_clip_range`)"),
+                 "(`rloo_advantage_settings`)"),
 )  # fmt: skip
 # Not in the table, because its *absence* is what is checked: `_compute_liger_loss` (see `check_host`).
 
 
-def is_rloo_host(host: type) -> bool:
-    """Whether `host` is (a subclass of) TRL's `RLOOTrainer` rather than its `GRPOTrainer`."""
-    return any(cls.__name__ == "RLOOTrainer" for cls in host.__mro__)
-
-
-def host_internals(host: type) -> tuple[HostInternal, ...]:
-    """The entries of `HOST_INTERNALS` that the host trainer class `host` must have: those that name its family
-    (`"rloo"` for TRL's `RLOOTrainer` and its subclasses, `"grpo"` otherwise) among their hosts."""
-    family = "rloo" if is_rloo_host(host) else "grpo"
+def host_internals(family: str) -> tuple[HostInternal, ...]:
+    """The entries of `HOST_INTERNALS` that a host of `family` (a key of `HOST_FAMILIES`) must have."""
+    if family not in HOST_FAMILIES:
+        raise ValueError(f"family must be one of {tuple(HOST_FAMILIES)}, got {family!r}.")
     return tuple(internal for internal in HOST_INTERNALS if family in internal.hosts)
 
 
@@ -226,11 +228,12 @@ def replace_host_log_prob_scorer(scorer) -> None:
 # --- before anything is loaded ---------------------------------------------------------------------------------------
 
 
-def check_host(host: type, args, trainer_name: str, own_loss: bool) -> None:
+def check_host(host: type, family: str, args, trainer_name: str, own_loss: bool) -> None:
     """Refuses a host whose loss would not go through the trainer `trainer_name`, before any model is loaded.
 
     Args:
-        host (`type`): the `GRPOTrainer` the trainer subclasses (bound when its module was first imported).
+        host (`type`): the TRL trainer the trainer subclasses (bound when its module was first imported).
+        family (`str`): the host's family (`HOST_FAMILIES`), whose entries of the table it must have.
         args: the trainer's config.
         trainer_name (`str`): for the messages.
         own_loss (`bool`): whether the trainer's loss is in use (`AdaptiveKLGRPOTrainer`: only with β > 0).
@@ -244,7 +247,7 @@ def check_host(host: type, args, trainer_name: str, own_loss: bool) -> None:
     """
     missing = [
         internal.name
-        for internal in host_internals(host)
+        for internal in host_internals(family)
         if (
             internal.kind == "method" and not (hasattr(host, internal.name) and callable(getattr(host, internal.name)))
         )
@@ -277,9 +280,9 @@ def assigned_in_host_source(host: type, name: str) -> bool:
     return False
 
 
-def check_host_attributes(trainer) -> None:
-    """Refuses, right after the host's `__init__`, a host that did not set an attribute of `HOST_INTERNALS`: on the
-    trainer, on its `Accelerator`, and on each of its `ProgressCallback`s.
+def check_host_attributes(trainer, family: str) -> None:
+    """Refuses, right after the host's `__init__`, a host of `family` that did not set an attribute of
+    `HOST_INTERNALS`: on the trainer, on its `Accelerator`, and on each of its `ProgressCallback`s.
 
     Raises:
         UnsupportedTRLError: naming the missing attributes.
@@ -290,16 +293,17 @@ def check_host_attributes(trainer) -> None:
     owners = {"attribute": [trainer], "accelerator attribute": [trainer.accelerator], "callback attribute": bars}
     missing = [
         internal.name
-        for internal in host_internals(type(trainer))
+        for internal in host_internals(family)
         if any(not hasattr(owner, internal.name) for owner in owners.get(internal.kind, ()))
     ]
     if missing:
         raise unsupported_trl(f"the host's __init__ set no {missing}, which {type(trainer).__name__} uses")
 
 
-def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, run_suffix: str):
-    """The trainer's config: `args`, or for `None` a default `config_cls` named after the model, as TRL does. The first
-    check of every trainer's `__init__`.
+def resolve_args(host: type, family: str, config_cls: type, model, args, trainer_name: str, run_suffix: str):
+    """The trainer's config: `args`, or for `None` a default `config_cls` named after the model
+    (`<model>-<run_suffix>`), as TRL does. The first check of every trainer's `__init__`; `family`: the host's
+    (`HOST_FAMILIES`).
 
     Raises:
         ImportError: Unsloth replaced `trl.GRPOTrainer` after the trainer was built on TRL's own `host` (import order).
@@ -307,20 +311,20 @@ def resolve_args(host: type, config_cls: type, model, args, trainer_name: str, r
     """
     import trl  # already imported by the trainer's module; not at this module's import (see `check_trl_version`)
 
-    family = "RLOO" if is_rloo_host(host) else "GRPO"
-    check_import_order(host, getattr(trl, f"{family}Trainer"), f"{family}Trainer")
+    name = HOST_FAMILIES[family].removeprefix("trl.")
+    check_import_order(host, getattr(trl, name), name)
     if args is None:
         name = model if isinstance(model, str) else model.config.name_or_path
         return config_cls(f"{name.split('/')[-1]}-{run_suffix}")
     if not isinstance(args, config_cls):
         raise TypeError(
             f"{trainer_name} needs a {config_cls.__name__}, got {type(args).__name__}. It accepts every "
-            f"{family}Config argument: replace {family}Config(...) by {config_cls.__name__}(...)."
+            f"{family.upper()}Config argument: replace {family.upper()}Config(...) by {config_cls.__name__}(...)."
         )
     return args
 
 
-# --- which class is the host -----------------------------------------------------------------------------------------
+# --- whether Unsloth generated the host ------------------------------------------------------------------------------
 
 
 def is_unsloth_class(cls: type) -> bool:

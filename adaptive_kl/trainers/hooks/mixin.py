@@ -1,5 +1,5 @@
 """The seam's mixin: `HostHooks` overrides the host trainer's private methods and hands the trainers named extension
-points, and `ScoredBatch` is what it hands them for each generation batch the host scored.
+points, and `HostScoring` is what it hands them for each generation batch the host scored.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import torch
 
 from ..inputs import check_drawn_prompts
-from .access import checking_reward_outputs, completion_loss_mask, host_beta
-from .internals import is_rloo_host, unsupported_trl
+from .access import checking_reward_outputs
+from .internals import unsupported_trl
 
 
 @dataclass(frozen=True)
-class ScoredBatch:
+class HostScoring:
     """One generation batch as the host scored it: what `HostHooks._on_scored` hands the trainer.
 
     Attributes:
@@ -24,19 +24,18 @@ class ScoredBatch:
         mode (`str`): `"train"` or `"eval"`.
         rewards_per_func (`torch.Tensor` of shape `(N, K)`): every process's rewards per reward function, gathered,
             NaN where a function returned None.
-        policy_logps (`torch.Tensor` of shape `(B, T)` or `None`): log π at the sampled tokens under the policy that
-            sampled them, as the host scored them; `None` when the host did not (TRL's GRPO when on-policy).
-        ref_logps (`torch.Tensor` of shape `(B, T)` or `None`): log π_ref at the sampled tokens; `None` when the batch
-            was scored without the reference (the host's β is 0, or `_scores_reference` said so).
-        mask (`torch.Tensor` of shape `(B, T)`): the completion tokens a KL may count (`completion_loss_mask`).
+        logps (`tuple[torch.Tensor, ...]`): each `(B, T)` log-probability tensor the host computed while it scored the
+            batch (`_get_per_token_logps_and_entropies`), in order; which is which is the host's own layout, named by
+            the trainer of that host.
+        reference_scored (`bool`): whether the host scored the reference (its β is not 0 and `_scores_reference`
+            asked for it).
     """
 
     output: dict
     mode: str
     rewards_per_func: torch.Tensor
-    policy_logps: torch.Tensor | None
-    ref_logps: torch.Tensor | None
-    mask: torch.Tensor
+    logps: tuple[torch.Tensor, ...]
+    reference_scored: bool
 
 
 class HostHooks:
@@ -50,12 +49,11 @@ class HostHooks:
     - `_scores_reference(mode)`: whether that batch needs the reference log-probabilities (default: whenever the
       host computes them); when not, the host scores it with β = 0, which skips the reference forward, and its
       output has no `ref_per_token_logps`;
-    - `_on_scored(batch)`: after it, with the batch as the host scored it (`ScoredBatch`): its output (editable), the
-      gathered `(N, K)` rewards that `_calculate_rewards` computed (after checking what each reward function
-      returned), and the log-probabilities of the sampling policy and of the reference the host computed for it,
-      named whatever the host (GRPO keeps them in its output, RLOO only scores them, in an order this seam knows). A
-      host that scored a batch without calling `_calculate_rewards`, or RLOO's scoring another number of times, is
-      refused;
+    - `_on_scored(scoring)`: after it, with the batch as the host scored it (`HostScoring`): its output (editable),
+      the gathered `(N, K)` rewards that `_calculate_rewards` computed (after checking what each reward function
+      returned), and every log-probability tensor the host computed while scoring it, in order: the trainer of each
+      host names them (GRPO keeps them in its output, RLOO only scores them). A host that scored a batch without
+      calling `_calculate_rewards` is refused;
     - `_micro_batch_loss(model, inputs)`: the loss of one micro-batch (the host's `_compute_loss`);
     - `_on_checkpoint_saved(checkpoint)`, `_on_checkpoint_loaded(checkpoint)` and `_on_callback_state_loaded()`:
       after the host saved a checkpoint directory, loaded the model from one, and restored its callbacks' state.
@@ -88,8 +86,8 @@ class HostHooks:
         """Whether the generation batch about to be scored in `mode` needs the reference log-probabilities."""
         return True
 
-    def _on_scored(self, batch: ScoredBatch) -> None:
-        """Called once per scored generation batch, with what the host computed for it (`batch.output` editable)."""
+    def _on_scored(self, scoring: HostScoring) -> None:
+        """Called once per scored generation batch, with what the host computed for it (`scoring.output` editable)."""
 
     def _micro_batch_loss(self, model, inputs):
         """The loss of one micro-batch: the host's. A trainer with another objective overrides it."""
@@ -138,11 +136,11 @@ class HostHooks:
         self._rewards_per_func = None
         self._generation_scorings = []
         # TRL scores the reference only when its β is not 0, and reads β nowhere else while scoring a batch
-        scores_reference = self._scores_reference(mode) and host_beta(self) != 0.0
+        scores_reference = self._scores_reference(mode) and self.beta != 0.0
         try:
             with nullcontext() if scores_reference else self._host_beta_zero():
                 output = super()._generate_and_score_completions(inputs)
-            scorings = tuple(self._generation_scorings)
+            logps = tuple(self._generation_scorings)
         finally:
             self._generation_scorings = None
         rewards_per_func, self._rewards_per_func = self._rewards_per_func, None
@@ -151,40 +149,8 @@ class HostHooks:
                 f"{type(self).__name__} could not capture the rewards of a generation batch: the host's "
                 "_generate_and_score_completions no longer calls _calculate_rewards"
             )
-        self._on_scored(self._scored_batch(output, rewards_per_func, mode, scorings, scores_reference))
+        self._on_scored(HostScoring(output, mode, rewards_per_func, logps, reference_scored=scores_reference))
         return output
-
-    def _scored_batch(
-        self, output: dict, rewards_per_func: torch.Tensor, mode: str, scorings: tuple, scores_reference: bool
-    ) -> ScoredBatch:
-        """What the host computed for a generation batch, named. TRL's GRPO keeps its log-probabilities in its output
-        (`old_per_token_logps` when it needs them, `ref_per_token_logps` when it scored the reference); TRL's RLOO
-        keeps only their sums, and scores the sampling policy, then the reference when its β is not 0: its
-        `scorings` (every `_get_per_token_logps_and_entropies` result while it scored the batch) are named by that
-        order.
-
-        Raises:
-            UnsupportedTRLError: RLOO scored the batch another number of times.
-        """
-        if is_rloo_host(type(self)):
-            expected = 2 if scores_reference else 1
-            if len(scorings) != expected:
-                what = "the policy, then the reference" if scores_reference else "the policy only (β = 0)"
-                raise unsupported_trl(
-                    f"{type(self).__name__} expects the host to score a generation batch with {what} "
-                    f"(_get_per_token_logps_and_entropies, {expected} times), but it did {len(scorings)}"
-                )
-            policy_logps, ref_logps = scorings[0], scorings[1] if scores_reference else None
-        else:
-            policy_logps, ref_logps = output.get("old_per_token_logps"), output.get("ref_per_token_logps")
-        return ScoredBatch(
-            output=output,
-            mode=mode,
-            rewards_per_func=rewards_per_func,
-            policy_logps=policy_logps,
-            ref_logps=ref_logps,
-            mask=completion_loss_mask(output),
-        )
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         outputs = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
@@ -197,11 +163,11 @@ class HostHooks:
     @contextmanager
     def _host_beta_zero(self):
         """TRL's β is 0 inside, and back to its value after."""
-        host_beta, self.beta = self.beta, 0.0
+        beta, self.beta = self.beta, 0.0
         try:
             yield
         finally:
-            self.beta = host_beta
+            self.beta = beta
 
     @contextmanager
     def host_loss_without_kl(self, backend_capture=None):
