@@ -162,6 +162,14 @@ STUDIES = {
     # same curve) reaches the method's reward (its KL at its highest reward when it never does). Secondary, at matched
     # drift (the same interpolation of each metric against KL, no Holm): Δ retention log-likelihood, format-free
     # accuracy (final) and Δ length (last − first quarter).
+    #
+    # Step 2, stated before its runs, which start once step 1's have finished: seed 000's step scaling
+    # (`kl_scaling=log` at β = 0.2) and seed 003's target-KL controller (`kl_controller=stepwise`, its ×1.5 / ×0.75
+    # band rule, starting from β = 0.2) with target_kl = the mean training KL (`adaptive_kl/raw_kl` over every logged
+    # step) of the β = 0.05 point over seeds 0-2, rounded to 3 significant digits: a drift inside the frontier's
+    # measured range, where the controller can land above, on or below it. Before its 5 seeds, a pilot (seed 0, 25
+    # steps, outside the study) must show the controller moving β; both arms join FRONTIER_METHODS and the Holm
+    # family.
     "frontier": {
         "variants": [*FRONTIER_LINE, *FRONTIER_METHODS],
         "reused": {
