@@ -119,3 +119,46 @@ def perturb(model, scale: float = 0.05) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(scale * torch.randn(p.shape, generator=generator).to(p))
+
+
+# --- the zero-β skip: one run with the skip and one without, compared (test_zero_beta.py, test_rloo_reference.py) ---
+
+ZERO_BETA_COMPLETION_LENGTH = 6
+# β = 0.1 for steps 1-2, exactly 0 from step 3 on; every step generates (steps_per_generation = accumulation = 1).
+ZERO_BETA_RUN = dict(
+    beta=0.1,
+    kl_adaptation_method="dynamic",
+    beta_min=0.0,
+    beta_schedule_steps=3,
+    reward_threshold=10.0,  # never reached: β_base stays 0.1 until the switch
+    max_steps=5,
+    max_completion_length=ZERO_BETA_COMPLETION_LENGTH,
+    generation_kwargs={"min_new_tokens": ZERO_BETA_COMPLETION_LENGTH},
+    kl_monitor_steps=0,
+)
+# The metrics that measure the KL (present only on steps scored with the reference), and the wall time of a step.
+KL_KEYS = {
+    "kl",
+    "adaptive_kl/raw_kl",
+    "adaptive_kl/adapted_kl",
+    "adaptive_kl/clip_fraction",
+    "adaptive_kl/seq_kl",
+    "adaptive_kl/kl_length_corr",
+    "adaptive_kl/reference_skipped",
+    "step_time",
+}
+
+
+def assert_same_run_but_the_kl(skipped, full):
+    """Two `(trainer, forward counts, training log lines)` runs: every logged number but the KL ones (the advantages'
+    and the penalty's included), and every trained weight, bit for bit."""
+    (trainer_a, _, logs_a), (trainer_b, _, logs_b) = skipped, full
+    assert len(logs_a) == len(logs_b) == ZERO_BETA_RUN["max_steps"]
+    for a, b in zip(logs_a, logs_b):
+        same = {key: a[key] for key in a if key not in KL_KEYS}
+        assert same == {key: b[key] for key in b if key not in KL_KEYS}, (a, b)
+    weights_a = {n: p for n, p in trainer_a.model.named_parameters() if p.requires_grad}
+    weights_b = {n: p for n, p in trainer_b.model.named_parameters() if p.requires_grad}
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        assert torch.equal(weights_a[name], weights_b[name]), name

@@ -16,6 +16,7 @@ from transformers.utils import logging
 
 from ..kl.controller import BetaController
 from .hooks import HostModels
+from .kl_fields import AdaptiveKLFields
 from .state import resumes_past_the_switch
 
 
@@ -60,7 +61,7 @@ class ZeroBetaReference:
         eval_monitored (`bool`): whether the evaluation in progress measured its first batch.
     """
 
-    args: object = field(repr=False)
+    args: AdaptiveKLFields = field(repr=False)
     controller: BetaController = field(repr=False)
     is_main_process: bool = True
     released: bool = False

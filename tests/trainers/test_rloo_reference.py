@@ -21,7 +21,7 @@ import torch
 from checkpoint_worker import indexed_reward
 from peft import LoraConfig
 from test_forward_passes import ForwardCounter
-from tiny import make_trainer, prompt_dataset
+from tiny import ZERO_BETA_RUN, assert_same_run_but_the_kl, make_trainer, prompt_dataset
 from transformers import TrainerCallback
 
 from adaptive_kl import AdaptiveKLRLOOConfig, AdaptiveKLRLOOTrainer
@@ -228,30 +228,7 @@ def test_resuming_a_reset_run_without_resets_is_refused(saved_run, tiny_model_di
 # --- the reference skipped at β = 0 ----------------------------------------------------------------------------------
 
 
-COMPLETION_LENGTH = 6
-# β = 0.1 for steps 1-2, exactly 0 from step 3 on; every step generates (steps_per_generation = accumulation = 1).
-ZERO_RUN = dict(
-    beta=0.1,
-    kl_adaptation_method="dynamic",
-    beta_min=0.0,
-    beta_schedule_steps=3,
-    reward_threshold=10.0,  # never reached: β_base stays 0.1 until the switch
-    max_steps=5,
-    max_completion_length=COMPLETION_LENGTH,
-    generation_kwargs={"min_new_tokens": COMPLETION_LENGTH},
-    kl_monitor_steps=0,
-)
-# The metrics that measure the KL (present only on steps scored with the reference), and the wall time of a step.
-KL_KEYS = {
-    "kl",
-    "adaptive_kl/raw_kl",
-    "adaptive_kl/adapted_kl",
-    "adaptive_kl/clip_fraction",
-    "adaptive_kl/seq_kl",
-    "adaptive_kl/kl_length_corr",
-    "adaptive_kl/reference_skipped",
-    "step_time",
-}
+ZERO_RUN = ZERO_BETA_RUN
 
 
 def zero_beta_run(model_dir, tmp_path, name, peft_config=None, **fields):
@@ -267,21 +244,6 @@ def zero_beta_run(model_dir, tmp_path, name, peft_config=None, **fields):
     counter = ForwardCounter(trainer)
     trainer.train()
     return trainer, counter.per_step, [entry for entry in trainer.state.log_history if "loss" in entry]
-
-
-def assert_same_run_but_the_kl(skipped, full):
-    """Every logged number but the KL ones (the advantages' and the penalty's included), and every trained weight,
-    bit for bit."""
-    (trainer_a, _, logs_a), (trainer_b, _, logs_b) = skipped, full
-    assert len(logs_a) == len(logs_b) == ZERO_RUN["max_steps"]
-    for a, b in zip(logs_a, logs_b):
-        same = {key: a[key] for key in a if key not in KL_KEYS}
-        assert same == {key: b[key] for key in b if key not in KL_KEYS}, (a, b)
-    weights_a = {n: p for n, p in trainer_a.model.named_parameters() if p.requires_grad}
-    weights_b = {n: p for n, p in trainer_b.model.named_parameters() if p.requires_grad}
-    assert weights_a.keys() == weights_b.keys()
-    for name in weights_a:
-        assert torch.equal(weights_a[name], weights_b[name]), name
 
 
 @pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])

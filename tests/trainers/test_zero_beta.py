@@ -17,36 +17,13 @@ import pytest
 import torch
 from peft import LoraConfig
 from test_forward_passes import ForwardCounter
-from tiny import make_trainer
+from tiny import ZERO_BETA_RUN, assert_same_run_but_the_kl, make_trainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.aggregation import LOSS_TYPES
 
 
-COMPLETION_LENGTH = 6
-# β = 0.1 for steps 1-2, exactly 0 from step 3 on; every step generates (steps_per_generation = accumulation = 1).
-RUN = dict(
-    beta=0.1,
-    kl_adaptation_method="dynamic",
-    beta_min=0.0,
-    beta_schedule_steps=3,
-    reward_threshold=10.0,  # never reached: β_base stays 0.1 until the switch
-    max_steps=5,
-    max_completion_length=COMPLETION_LENGTH,
-    generation_kwargs={"min_new_tokens": COMPLETION_LENGTH},
-    kl_monitor_steps=0,
-)
-# The metrics that measure the KL (present only on steps scored with the reference), and the wall time of a step.
-KL_KEYS = {
-    "kl",
-    "adaptive_kl/raw_kl",
-    "adaptive_kl/adapted_kl",
-    "adaptive_kl/clip_fraction",
-    "adaptive_kl/seq_kl",
-    "adaptive_kl/kl_length_corr",
-    "adaptive_kl/reference_skipped",
-    "step_time",
-}
+RUN = ZERO_BETA_RUN
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
@@ -65,23 +42,6 @@ def train(model_dir, tmp_path, name, peft_config=None, **fields):
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     return trainer, counter.per_step, logs
-
-
-def trained_weights(trainer) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
-
-
-def assert_same_run_but_the_kl(skipped, full):
-    """Every logged number but the KL ones, and every trained weight, bit for bit."""
-    (trainer_a, _, logs_a), (trainer_b, _, logs_b) = skipped, full
-    assert len(logs_a) == len(logs_b) == RUN["max_steps"]
-    for a, b in zip(logs_a, logs_b):
-        same = {key: a[key] for key in a if key not in KL_KEYS}
-        assert same == {key: b[key] for key in b if key not in KL_KEYS}, (a, b)
-    weights_a, weights_b = trained_weights(trainer_a), trained_weights(trainer_b)
-    assert weights_a.keys() == weights_b.keys()
-    for name in weights_a:
-        assert torch.equal(weights_a[name], weights_b[name]), name
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
