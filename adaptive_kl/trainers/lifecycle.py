@@ -270,11 +270,16 @@ class AdaptiveKLRun:
         mode = "train" if self.model.training else "eval"
         step = self.state.global_step + 1  # the optimizer step in progress (the next one, in evaluation)
         beta, scale = self.applied_beta(mode, step)
+        metrics = metric_store(self, mode)
+        host_logged = len(metrics.get("kl", ()))
         loss, stats = self._loss_and_kl_statistics(model, inputs, return_outputs, num_items_in_batch, mode, beta)
+        if self.logs_host_kl and len(metrics.get("kl", ())) > host_logged:
+            # The host's loss ran with β = 0: a `kl` it logged then (Unsloth's logs 0) is not the KL
+            del metrics["kl"][host_logged:]
         if stats is not None:
             stats = self.accelerator.reduce(stats, reduction="sum")
             if self.logs_host_kl:  # as TRL logs it: one token mean per micro-batch, averaged at the log
-                metric_store(self, mode)["kl"].append(host_kl_mean(stats))
+                metrics["kl"].append(host_kl_mean(stats))
         self.kl_monitor.record(stats, mode, beta, scale)
         if mode == "train" and self.accelerator.sync_gradients:  # its last micro-batch: β changes for the next step
             self._end_of_step(step)
