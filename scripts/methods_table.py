@@ -36,9 +36,12 @@ LABELS = {
 }
 # The summary's columns the table shows, each as the arm's mean, then paired against `none`.
 COLUMNS = ["Δ length (last − first quarter)", "held-out KL to start (final)", "reward (last quarter)"]
+# Of those, the primary endpoints: their paired cell also gives the Holm-adjusted p across the study's endpoints.
+PRIMARY = COLUMNS[:2]
 HEADER = (
-    "| method (β = 0.2 unless said) | seeds | what it did | Δ length (tokens) | paired Δ length − `none` "
-    "| held-out KL to start | paired − `none` | reward (last quarter) | paired − `none` | val. accuracy (final) |"
+    "| method (β = 0.2 unless said) | seeds | what it did | Δ length (tokens) | paired Δ length − `none` (Holm p) "
+    "| held-out KL to start | paired − `none` (Holm p) | reward (last quarter) | paired − `none` "
+    "| val. accuracy (final) |"
 )
 
 
@@ -91,9 +94,20 @@ def what_it_did(variant: str, activity: dict[str, str]) -> str:
     return "no KL, no reference"
 
 
+def holm_p_values(summary: str) -> dict[tuple[str, str], str]:
+    """`(variant, metric header) → Holm-adjusted p` of the summary's primary endpoints table (each row a comparison
+    `variant − none` and a metric; read here, not through `read_tables`, whose rows are keyed by their first cell)."""
+    lines = summary.split("\n## Primary endpoints", 1)[1].splitlines()
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+    header, *rows = [row for row in rows if not set("".join(row)) <= set("-")]
+    column = header.index("Holm-adjusted p")
+    return {(row[0].split(" − ")[0], row[1]): row[column] for row in rows}
+
+
 def methods_table(summary: str) -> list[str]:
     """The page's table (its lines) from the text of the study's summary.md."""
     tables = read_tables(summary)
+    holm = holm_p_values(summary)
     means = table_after(tables, "Means over seeds")
     paired = table_after(tables, "Paired differences from")
     activity = table_after(tables, "Per run, then mean")
@@ -107,7 +121,10 @@ def methods_table(summary: str) -> list[str]:
             continue
         cells = [label, row["seeds"], what_it_did(variant, activity.get(variant, {}))]
         for column in COLUMNS:
-            cells += [row[column], "" if variant == NONE else paired[variant][column]]
+            difference = "" if variant == NONE else paired[variant][column]
+            if (variant, column) in holm:
+                difference += f" (Holm p {holm[(variant, column)]})"
+            cells += [row[column], difference]
         cells.append(row["val. accuracy (final)"])
         lines.append("| " + " | ".join(cells) + " |")
     return lines
