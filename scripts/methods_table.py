@@ -131,9 +131,10 @@ def methods_table(summary: str) -> list[str]:
 
 
 def replace_table(page: str, table: list[str], indent: str = "  ") -> str:
-    """The page with its methods table (the lines from HEADER to the table's end) replaced by `table`."""
+    """The page with the table that has `table`'s header line (from that line to the table's end) replaced by
+    `table`."""
     lines = page.splitlines(keepends=True)
-    (start,) = [i for i, line in enumerate(lines) if line.strip() == HEADER]
+    (start,) = [i for i, line in enumerate(lines) if line.strip() == table[0]]
     end = start
     while end < len(lines) and lines[end].lstrip().startswith("|"):
         end += 1

@@ -231,6 +231,27 @@ def test_the_methods_table_is_built_from_the_committed_summary():
         script.methods_table(unnamed)
 
 
+def test_the_frontier_tables_are_built_from_the_committed_summary():
+    """The studies page's two frontier tables (constant β's points, the methods against the frontier) are what
+    `scripts/frontier_table.py` builds from the frontier study's committed summary; a method it cannot name is
+    refused rather than left out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("frontier_table", os.path.join(ROOT, "scripts", "frontier_table.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    summary = open(os.path.join(ROOT, script.SUMMARY)).read()
+    page = open(os.path.join(ROOT, script.PAGE)).read()
+    for built in (script.line_table(summary), script.methods_table(summary)):
+        assert script.replace_table(page, built) == page, (
+            "the page's frontier tables are stale: python scripts/frontier_table.py --write"
+        )
+    assert len(script.line_table(summary)) == 2 + 5, "constant β has five points: 0, 0.02, 0.05, 0.1, 0.2"
+    unnamed = summary.replace("kl_adaptation_method=sigmoid |", "kl_adaptation_method=sigmoid, tau=0.2 |")
+    with pytest.raises(ValueError, match="no name on the page"):
+        script.methods_table(unnamed)
+
+
 def toy_study_tables() -> str:
     """The toy studies' committed tables (the summaries and the regime exploration's), and what the studies page's own
     code blocks print from the committed `metrics.csv`."""
