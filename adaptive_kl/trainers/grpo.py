@@ -112,7 +112,10 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             policy_logps = output.get("old_per_token_logps")
             if policy_logps is None and ref_logps is not None:  # on-policy: TRL did not score the sampling policy
                 policy_logps = self._sampling_policy_logps(output, mode)
-            logps_dtype = policy_logps.dtype if policy_logps is not None else self._scoring_dtype()
+            # Without log-probabilities (scored without the reference, on-policy), those TRL would have scored are in
+            # the output embedding's dtype or float32, which the penalty's dtype does not tell apart (`penalty_dtype`)
+            embedding = host_models(self).policy.get_output_embeddings().weight
+            logps_dtype = policy_logps.dtype if policy_logps is not None else embedding.dtype
             penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, logps_dtype)
             if keep is not None:  # decided on the task rewards: those groups keep 0 advantages
                 penalty = torch.where(keep, penalty, torch.zeros_like(penalty))
@@ -124,12 +127,6 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         if self.args.diversity_metrics:
             self._log_diversity(output, mode)
         return batch
-
-    def _scoring_dtype(self) -> torch.dtype:
-        """The dtype of the policy's output embedding: what the penalty of a batch scored without the reference takes
-        its dtype from (`kl.placement.penalty_dtype`) when TRL scored no log-probabilities for it. TRL's scores are in
-        that dtype or in float32, which the penalty's dtype does not tell apart."""
-        return host_models(self).policy.get_output_embeddings().weight.dtype
 
     def _sampling_policy_logps(self, output: dict, mode: str) -> torch.Tensor:
         """`(B, T)` log π at the sampled tokens under the policy that sampled them, by one no-grad forward of the
