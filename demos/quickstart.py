@@ -1,11 +1,15 @@
 """Quickstart: a short GRPO run with an adaptive KL method, printing the `adaptive_kl/*` metrics per step.
 
     python demos/quickstart.py                                   # tiny offline model, CPU, ~10 s
-    python demos/quickstart.py --method clip+length_normalized --kl-scaling sqrt
+    python demos/quickstart.py --method sigmoid --kl-scaling sqrt
     python demos/quickstart.py --model Qwen/Qwen2.5-0.5B-Instruct --steps 50   # a real model (online, GPU)
 
 Without `--model` a tiny random-weight model is built locally (no download): the run exercises the whole training
 path but the model learns nothing useful. The reward favours short completions.
+
+What the studies found of the methods shown (README, "Which KL to use"): on SmolLM2-135M at β = 0.2, `dynamic` let the
+policy drift further from its start than constant β did, and for `sigmoid` no difference from constant β was
+detected with 5 seeds; on the toy, `sqrt` scaling showed no difference from constant β either.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ def brevity_reward(completions, **kwargs):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="hub id or local path (default: a tiny model built offline)")
-    parser.add_argument("--method", default="dynamic+length_normalized", help="kl_adaptation_method")
-    parser.add_argument("--kl-scaling", default="log", choices=["none", "linear", "sqrt", "log"])
+    parser.add_argument("--method", default="dynamic", help="kl_adaptation_method")
+    parser.add_argument("--kl-scaling", default="none", choices=["none", "linear", "sqrt", "log"])
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", default=None, help="output directory (default: a temporary one)")
