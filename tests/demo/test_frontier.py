@@ -12,6 +12,7 @@ from test_demo import check_png
 
 from adaptive_kl.demo.frontier import (
     Frontier,
+    best_at_most,
     beta_of,
     curve,
     frontier_sections,
@@ -72,6 +73,32 @@ def test_the_mirror_is_the_least_x_at_which_the_curve_reaches_y():
     assert reach([(0.0, 0.0), (1.0, 1.0), (2.0, 1.0)], 1.0) == 1.0
     assert reach([(0.0, 0.0), (1.0, 1.0), (2.0, 1.0)], 3.0) == 1.0  # the highest point's first x
     assert math.isnan(reach([], 0.3))
+
+
+def test_the_best_at_no_more_drift_is_the_curve_where_it_rises_and_its_best_point_before_a_dip():
+    # A rising curve: the curve itself, flat beyond its ends.
+    for x in (0.0, 0.1, 0.25, 0.4, 1.0, 1.6, 5.0):
+        assert best_at_most(POINTS, x) == pytest.approx(interpolate(POINTS, x))
+    # (0, 0), (1, 2), (2, 1), (3, 1.5): in the dip after x = 1 the curve reads 1.5 at x = 1.5, the best point at no
+    # more drift is (1, 2); past the dip, at x = 3 the curve's 1.5 is still below that point's 2.
+    humped = [(0.0, 0.0), (1.0, 2.0), (2.0, 1.0), (3.0, 1.5)]
+    assert interpolate(humped, 1.5) == pytest.approx(1.5) and best_at_most(humped, 1.5) == 2.0
+    assert best_at_most(humped, 3.0) == 2.0 and best_at_most(humped, 0.5) == pytest.approx(1.0)
+    # Before a vertex is reached it does not count: at x = 0.9 the best is the curve's 1.8, not the point's 2.
+    assert best_at_most(humped, 0.9) == pytest.approx(1.8)
+    assert math.isnan(best_at_most([], 0.3))
+
+
+def test_a_method_in_a_dip_of_the_line_is_above_it_but_not_above_the_best_at_no_more_drift():
+    """Seed by seed the line is (0.1, 0.6), (0.4, 0.9), (0.8, 0.7) and (1.6, 1.0) (β = 0.2, 0.05, 0.02, 0): a method
+    at drift 0.8 earning 0.8 is 0.1 above the line there (0.7) and 0.1 below β = 0.05's 0.9 at less drift."""
+    line = (*LINE[:2], "beta=0.02, loss_type=grpo", LINE[2])
+    points = dict(zip(line, [(1.6, 1.0), (0.4, 0.9), (0.8, 0.7), (0.1, 0.6)]))
+    runs = [fake(variant, seed, *points[variant]) for seed in range(3) for variant in line]
+    runs += [fake(ABOVE, seed, 0.8, 0.8 + 0.01 * seed) for seed in range(3)]
+    (reading,) = read_methods(runs, Frontier(line=line))
+    assert reading.above.values == pytest.approx([0.1, 0.11, 0.12])
+    assert reading.above_best.values == pytest.approx([-0.1, -0.09, -0.08])
 
 
 # --- the primary endpoint on fabricated runs -------------------------------------------------------------------------
@@ -150,6 +177,7 @@ def test_methods_above_below_and_on_the_frontier_are_read_as_such():
         reading = readings[method]
         assert reading.above.n == 5 and [seed for seed, _ in reading.above.pairs] == [0, 1, 2, 3, 4]
         assert reading.above.values == pytest.approx(differences)  # D = reward − (0.7 + 0.01·s): the difference
+        assert reading.above_best.values == pytest.approx(differences)  # a line that rises: no dip to discount
         half = 2.776445 * statistics.stdev(differences) / math.sqrt(5)
         assert reading.above.mean == pytest.approx(statistics.fmean(differences))
         assert reading.above.half_width == pytest.approx(half, rel=1e-6)
@@ -245,6 +273,7 @@ def test_the_sections_state_the_endpoint_and_read_every_method():
     assert above["D by seed (seed)"] == "+0.100 (0), +0.120 (1), +0.090 (2), +0.110 (3), +0.100 (4)"
     assert above["D: above the frontier"] == f"+0.104 ± {2.776445 * statistics.stdev(D[ABOVE]) / math.sqrt(5):.3f}"
     assert above["reading"].startswith("above the frontier")
+    assert above["D against the best at no more drift"] == above["D: above the frontier"]
     assert dict(zip(header, rows[ON]))["Holm-adjusted p"] == "0.8276"  # the largest p: times 1, as it was
     assert "Not adjusted for multiplicity (no Holm)" in text
     secondary = table_rows(text[text.index("## Secondary") :])
