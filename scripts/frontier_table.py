@@ -26,6 +26,8 @@ PAGE = os.path.join("docs", "studies", "README.md")
 METHOD_LABELS = {
     **{variant: label for variant, label in LABELS.items() if "kl_adaptation_method" in variant},
     "beta=0.2, loss_type=grpo, kl_scaling=log": "`kl_scaling=log` (seed 000's)",
+    "beta=0.2, loss_type=grpo, kl_controller=stepwise, target_kl=0.147": "`kl_controller=stepwise`, target_kl 0.147 "
+    "(seed 003's)",
 }
 LINE_HEADER = (
     "| β | seeds | held-out KL to start (final) | reward (last quarter) | mean completion length "

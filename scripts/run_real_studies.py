@@ -67,6 +67,14 @@ FRONTIER_METHODS = [
     METHODS_REWARD_TRIGGER,
     METHODS_SATURATION,
 ]
+# Step 2's arms (issue 59; the rule is stated above the `frontier` entry, before their runs). target_kl is the rule's
+# value: the mean `adaptive_kl/raw_kl` over the 100 logged steps of each of β = 0.05's seeds 0-2, 3 significant digits
+# (tests/demo/test_real_studies.py recomputes it from the committed runs). The controller's floor is `compare`'s
+# `beta_min`, 0.004, as in the pilot.
+FRONTIER_LOG_SCALING = f"{METHODS_BASE} kl_scaling=log"
+FRONTIER_TARGET_KL = "0.147"
+FRONTIER_STEPWISE = f"{METHODS_BASE} kl_controller=stepwise target_kl={FRONTIER_TARGET_KL}"
+FRONTIER_STEP_2 = [FRONTIER_LOG_SCALING, FRONTIER_STEPWISE]
 STUDIES = {
     # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
     # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
@@ -168,10 +176,11 @@ STUDIES = {
     # band rule, starting from β = 0.2) with target_kl = the mean training KL (`adaptive_kl/raw_kl` over every logged
     # step) of the β = 0.05 point over seeds 0-2, rounded to 3 significant digits: a drift inside the frontier's
     # measured range, where the controller can land above, on or below it. Before its 5 seeds, a pilot (seed 0, 25
-    # steps, outside the study) must show the controller moving β; both arms join FRONTIER_METHODS and the Holm
-    # family.
+    # steps, outside the study) must show the controller moving β; both arms (FRONTIER_STEP_2) join the methods read
+    # against the frontier and the Holm family.
     "frontier": {
-        "variants": [*FRONTIER_LINE, *FRONTIER_METHODS],
+        "variants": [*FRONTIER_LINE, *FRONTIER_METHODS, *FRONTIER_STEP_2],
+        "last": FRONTIER_STEP_2,  # after every seed of step 1's runs
         "reused": {
             "beta=0 loss_type=grpo": ("length", "beta=0 loss_type=grpo"),
             "beta=0.2 loss_type=grpo": ("length", METHODS_BASE),

@@ -318,3 +318,19 @@ def test_a_recorded_command_or_seed_that_is_not_the_runs_own_is_found(script, tm
     save_runs([trained], stray)
     (problem,) = script.provenance_problems(out, script.STUDIES)
     assert problem.endswith("beta_0.3__loss_type_grpo/seed-0: no run of the studies has this directory")
+
+
+def test_the_stepwise_arms_target_is_the_stated_rule_on_the_committed_runs(script):
+    """Step 2's controller target, stated before its runs: the mean `adaptive_kl/raw_kl` over every logged step of
+    β = 0.05's seeds 0-2, to 3 significant digits, recomputed from the committed runs; both step-2 arms run after
+    every seed of step 1."""
+    values = []
+    for seed in (0, 1, 2):
+        run = script.Run("frontier", "beta=0.05 loss_type=grpo", seed)
+        (trained,) = load_runs(os.path.join(script.REPOSITORY, run.directory(script.STUDIES_DIR)))
+        values += [entry["adaptive_kl/raw_kl"] for entry in trained.history if "adaptive_kl/raw_kl" in entry]
+    assert len(values) == 300
+    assert script.FRONTIER_TARGET_KL == f"{sum(values) / len(values):.3g}"
+    frontier = script.STUDIES["frontier"]
+    assert f"target_kl={script.FRONTIER_TARGET_KL}" in script.FRONTIER_STEPWISE
+    assert frontier["last"] == script.FRONTIER_STEP_2 == frontier["variants"][-2:]
