@@ -16,7 +16,7 @@ import sys
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from methods_table import LABELS, REPOSITORY, replace_table  # noqa: E402  (the methods study's names of its arms)
+from methods_table import LABELS, REPOSITORY, read_tables, replace_table, table_after  # noqa: E402
 
 
 SUMMARY = os.path.join("docs", "studies", "real", "frontier", "summary.md")
@@ -40,43 +40,33 @@ METHODS_HEADER = (
 )
 
 
-def table_lines(summary: str, heading: str) -> list[list[str]]:
-    """The cells of each row of the first table under `heading` in the summary (its header row first)."""
-    section = summary.split(f"\n{heading}\n", 1)[1]
-    rows = []
-    for line in section.splitlines():
-        if line.startswith("|"):
-            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-            if not set("".join(cells)) <= set("-"):
-                rows.append(cells)
-        elif rows:
-            break
-    return rows
-
-
 def line_table(summary: str) -> list[str]:
     """Constant β's points, as the summary gives them."""
-    header, *rows = table_lines(summary, "## Constant β's frontier")
+    rows = table_after(read_tables(summary), "Constant β's points")
+    header = list(next(iter(rows.values())))
     if "| " + " | ".join(header) + " |" != LINE_HEADER:
         raise ValueError(f"the summary's constant-β table changed its columns: {header}")
-    return [LINE_HEADER, "|" + "---|" * len(header), *("| " + " | ".join(row) + " |" for row in rows)]
+    return [
+        LINE_HEADER,
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row.values()) + " |" for row in rows.values()),
+    ]
 
 
 def methods_table(summary: str) -> list[str]:
     """Each method against the frontier, named as the page names it, without the per-seed and unadjusted columns."""
-    header, *rows = table_lines(summary, "## Methods against the frontier (primary endpoint)")
-    column = {name: i for i, name in enumerate(header)}
+    rows = table_after(read_tables(summary), "Stated before the runs: for each method")
     keep = (
         "seeds", "held-out KL to start (final)", "reward (last quarter)", "D: above the frontier", "Holm-adjusted p",
         "detectable at 80% power", "D against the best at no more drift", "mirror: drift beyond the frontier's",
         "reading",
     )  # fmt: skip
-    unnamed = [row[0] for row in rows if row[0] not in METHOD_LABELS]
+    unnamed = [method for method in rows if method not in METHOD_LABELS]
     if unnamed:
         raise ValueError(f"the summary has methods with no name on the page: {unnamed}; add them to METHOD_LABELS")
     lines = [METHODS_HEADER, "|" + "---|" * (METHODS_HEADER.count("|") - 1)]
-    for row in rows:
-        lines.append("| " + " | ".join([METHOD_LABELS[row[0]], *(row[column[name]] for name in keep)]) + " |")
+    for method, row in rows.items():
+        lines.append("| " + " | ".join([METHOD_LABELS[method], *(row[name] for name in keep)]) + " |")
     return lines
 
 
