@@ -7,9 +7,10 @@
 Without `--model` a tiny random-weight model is built locally (no download): the run exercises the whole training
 path but the model learns nothing useful. The reward favours short completions.
 
-What the studies found of the methods shown (README, "Which KL to use"): on SmolLM2-135M at β = 0.2, `dynamic` let the
-policy drift further from its start than constant β did, and for `sigmoid` no difference from constant β was
-detected with 5 seeds; on the toy, `sqrt` scaling showed no difference from constant β either.
+What the studies found of the methods shown (README, "Which KL to use"): on SmolLM2-135M, started at β = 0.2, `dynamic`
+let the policy drift further from its start than that constant β did, and at its own drift no difference from a
+constant β's reward was detected (5 seeds); for `sigmoid` no difference was detected at either; on the toy, `sqrt`
+scaling showed no difference from constant β either.
 """
 
 from __future__ import annotations
