@@ -24,6 +24,7 @@ repeating one; a claim left by a runner that no longer lives is taken over.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import subprocess
@@ -192,6 +193,10 @@ STUDIES = {
             "x": "final_kl_to_start",
             "y": "late_reward",
             "secondary": ["delta_retention", "final_answer_accuracy", "length_drift"],
+            # What the reward can take here (for the picture's bars; the endpoint does not use it): the format reward
+            # is 0 or 1 per completion and the accuracy reward is weighted 0 (`reward_weights=[1.0, 0.0]`), so a
+            # step's mean reward, and its mean over steps and seeds, lies in [0, 1].
+            "y_range": (0.0, 1.0),
         },
         "args": LENGTH_ARGS,
         "seeds": "0,1,2,3,4",
@@ -409,6 +414,7 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
             x=stated["x"],
             y=stated["y"],
             secondary=tuple(stated.get("secondary", ())),
+            y_range=tuple(stated.get("y_range", (-math.inf, math.inf))),
         )
         plot = write_frontier_plot(runs, frontier, os.path.join(directory, FRONTIER_PLOT))
         with open(paths["summary"], "a") as f:

@@ -42,13 +42,15 @@ from .seeds import (
 @dataclass(frozen=True)
 class Frontier:
     """What a frontier study states before its runs: `line`, constant β's variants as `compare --variant` names them
-    (`"beta=0.02, loss_type=grpo"`), in order of β; `x` the drift and `y` the gain, keys of `report.summarize`; and
-    `secondary`, the keys read at matched drift. Every other variant of the study is a method."""
+    (`"beta=0.02, loss_type=grpo"`), in order of β; `x` the drift and `y` the gain, keys of `report.summarize`;
+    `secondary`, the keys read at matched drift; and `y_range`, the values the gain can take (a reward of 0 or 1 per
+    completion: `(0.0, 1.0)`), where the picture's bars stop. Every other variant of the study is a method."""
 
     line: tuple[str, ...]
     x: str = "final_kl_to_start"
     y: str = "late_reward"
     secondary: tuple[str, ...] = ()
+    y_range: tuple[float, float] = (-math.inf, math.inf)
 
 
 # Family-wise error rate of the primary endpoint across the methods (Holm).
@@ -302,14 +304,21 @@ def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = 
         *_bound_sentences(frontier, summaries, x_header, x_spec),
     ]
     if plot:
+        y_header = metric_column(frontier.y)[0]
+        low, high = frontier.y_range
+        y_cut = (
+            f", and a bar of {y_header} cut where it leaves the values it can take, {low:g} to {high:g}"
+            if math.isfinite(low) or math.isfinite(high)
+            else ""
+        )
         lines += [
             "",
             f"![Constant β's frontier and the methods]({plot})",
             "",
-            f"{x_header} (log scale when every value is positive) against {metric_column(frontier.y)[0]}: constant "
-            "β's points (means over seeds ± the 95% half-width on both axes, a bar cut at the left edge of a log "
-            "axis reaching 0 or below) joined in order of drift, and each method's. The primary endpoint is read "
-            "on each seed's own frontier, not on this line through means.",
+            f"{x_header} (log scale when every value is positive) against {y_header}: constant β's points (means "
+            "over seeds ± the 95% half-width on both axes, a bar cut at the left edge of a log axis reaching 0 or "
+            f"below{y_cut}) joined in order of drift, and each method's. The primary endpoint is read on each seed's "
+            "own frontier, not on this line through means.",
         ]
     return "\n".join(lines) + "\n"
 
@@ -438,6 +447,15 @@ def frontier_sections(runs: list[VariantRun], frontier: Frontier, plot: str | No
 MARKERS = ("s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
 
 
+def bar(value: float, half_width: float, low: float = -math.inf, high: float = math.inf) -> tuple[float, float]:
+    """`(below, above)`: the lengths of the bar `value ± half_width` drawn from `value`, stopped at `low` and `high`.
+    A t-interval over few seeds can reach past what the metric can take (over 2 seeds it is 12.7 standard errors
+    wide); the picture shows only values the metric can take. A `value` outside them means the range is wrong."""
+    if not low <= value <= high:
+        raise ValueError(f"{value!r} is outside the range its metric is stated to take, [{low:g}, {high:g}]")
+    return value - max(value - half_width, low), min(value + half_width, high) - value
+
+
 def _point(group: list[VariantRun], key: str) -> tuple[float, float]:
     """`(mean, half-width)` of `key` over the runs (half-width 0 for one run)."""
     mean, half_width, _ = mean_interval([summarize(run)[key] for run in group])
@@ -448,7 +466,8 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
     """Writes the frontier's picture to `path`: x against y, constant β as a line through its points' seed means
     (each with 95% bars on both axes and labelled with its β), each method a marker of its own with its bars, and a
     legend below. x is on a log scale when every drawn value is positive (the drifts span decades); a bar reaching 0
-    or below stops at the axis' left edge. Returns `path`, or None without matplotlib or without a point to draw."""
+    or below stops at the axis' left edge, and a y bar at the ends of `frontier.y_range`. Returns `path`, or None
+    without matplotlib or without a point to draw."""
     try:
         import matplotlib
     except ImportError:
@@ -484,14 +503,17 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
     left = min(means) / 3 if logarithmic else -math.inf
 
     def xerr(x: float, half_width: float) -> list[list[float]]:
-        return [[x - max(x - half_width, left)], [half_width]]
+        return [[length] for length in bar(x, half_width, low=left)]
+
+    def yerr(y: float, half_width: float) -> list[list[float]]:
+        return [[length] for length in bar(y, half_width, *frontier.y_range)]
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     if line:
         ordered = sorted(line, key=lambda point: point[1][0])
         ax.plot([x for _, (x, _), _ in ordered], [y for _, _, (y, _) in ordered], "-", color="0.45", zorder=1)
         for i, (beta, (x, x_half), (y, y_half)) in enumerate(line):
-            ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=y_half, fmt="o", color="black", ecolor="0.4",
+            ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=yerr(y, y_half), fmt="o", color="black", ecolor="0.4",
                         elinewidth=1, capsize=3, markersize=6, zorder=3,
                         label="constant β (seed means)" if i == 0 else None)  # fmt: skip
             ax.annotate(f"β = {beta}", (x, y), textcoords="offset points", xytext=(6, -13), fontsize=8, color="0.1",
@@ -499,8 +521,9 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
                         zorder=5)  # fmt: skip
     for i, (name, (x, x_half), (y, y_half)) in enumerate(marks):
         label = ", ".join(part for part in name.split(", ") if part not in shared) or name
-        ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=y_half, fmt=MARKERS[i % len(MARKERS)], color=f"C{i % 10}",
-                    elinewidth=1, capsize=3, markersize=8, alpha=0.9, zorder=4, label=label)  # fmt: skip
+        ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=yerr(y, y_half), fmt=MARKERS[i % len(MARKERS)],
+                    color=f"C{i % 10}", elinewidth=1, capsize=3, markersize=8, alpha=0.9, zorder=4,
+                    label=label)  # fmt: skip
     if logarithmic:
         ax.set_xscale("log")
         ax.set_xlim(left=left)

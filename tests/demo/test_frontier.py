@@ -4,6 +4,7 @@ frontier, with its sections and picture."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
@@ -12,6 +13,7 @@ from test_demo import check_png
 
 from adaptive_kl.demo.frontier import (
     Frontier,
+    bar,
     best_at_most,
     beta_of,
     curve,
@@ -293,3 +295,40 @@ def test_the_frontier_plot_is_written_on_a_log_or_linear_axis(tmp_path):
     still = [*runs, fake("beta=0.2, loss_type=grpo, kl_scaling=log", 0, 0.0, 0.5)]
     check_png(write_frontier_plot(still, FRONTIER, str(tmp_path / "linear.png")))
     assert write_frontier_plot([], FRONTIER, str(tmp_path / "none.png")) is None
+
+
+def test_a_bar_stops_where_the_metric_cannot_go():
+    assert bar(0.5, 0.2) == pytest.approx((0.2, 0.2))  # no range: the whole interval
+    assert bar(0.9, 0.5, 0.0, 1.0) == pytest.approx((0.5, 0.1))  # cut at the top
+    assert bar(0.1, 0.5, 0.0, 1.0) == pytest.approx((0.1, 0.5))  # and at the bottom
+    assert bar(0.4, 0.6, low=0.1) == pytest.approx((0.3, 0.6))
+    with pytest.raises(ValueError, match=r"outside the range its metric is stated to take, \[0, 1\]"):
+        bar(1.05, 0.1, 0.0, 1.0)
+
+
+def test_the_plots_reward_bars_stay_in_the_range_the_study_states(tmp_path, monkeypatch):
+    """A method with 2 seeds at rewards 0.1 and 0.9 has a t-interval of 0.5 ± 5.08: drawn whole, its bar would run
+    from -4.6 to 5.6 and squash every other point into a line; with a stated range it stops at the range's ends (the
+    fabricated line reaches 1.05, so the range here is 0 to 1.1)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    runs = [*fabricated_runs(), fake("kl_scaling=log", 0, 0.3, 0.1), fake("kl_scaling=log", 1, 0.3, 0.9)]
+
+    def reward_bar_ends(frontier: Frontier) -> list[float]:
+        write_frontier_plot(runs, frontier, str(tmp_path / "frontier.png"))
+        (axes,) = figures.pop().axes
+        ends = [y for collection in axes.collections for segment in collection.get_segments() for _, y in segment]
+        assert ends, "the picture has no error bars"
+        return ends
+
+    unbounded = reward_bar_ends(FRONTIER)  # the control: the same picture without a range
+    assert min(unbounded) < -4 and max(unbounded) > 5
+    stated = dataclasses.replace(FRONTIER, y_range=(0.0, 1.1))
+    bounded = reward_bar_ends(stated)
+    assert min(bounded) == pytest.approx(0.0) and max(bounded) == pytest.approx(1.1)
+    caption = line_section(runs, stated, "frontier.png")
+    assert "a bar of reward (last quarter) cut where it leaves the values it can take, 0 to 1.1)" in caption
+    assert "cut where it leaves" not in line_section(runs, FRONTIER, "frontier.png")
