@@ -395,7 +395,8 @@ def holm_reading(endpoint: PairedEndpoint, result: EndpointReading, holm_p: floa
 
 
 # What each method does to the term, per run (docs/design.md §3, §5): the fraction of tokens `clip` cut, how much of
-# the raw KL the transform kept (for `sigmoid`, the KL-weighted mean of its gate σ(k − τ)), and β's decays.
+# the raw KL the transform kept (for `sigmoid`, the KL-weighted mean of its gate σ(k − τ)), β's decays and, for a
+# target-KL controller, its rises and the largest β it reached.
 ACTIVITY_HEADER = (
     "variant",
     "seeds",
@@ -404,17 +405,21 @@ ACTIVITY_HEADER = (
     "final β",
     "steps that lowered β",
     "first step at a lower β",
+    "steps that raised β",
+    "largest β",
 )
 
 
 def activity(run: VariantRun) -> dict[str, float]:
     """One run's method activity (NaN for what it did not log): the mean `adaptive_kl/clip_fraction`, the ratio of
     the mean adapted to the mean raw KL over the steps, the final β, how many logged steps have a β below the step
-    before, and the first step whose β is below the first step's (NaN when β never fell)."""
+    before, the first step whose β is below the first step's (NaN when β never fell), how many logged steps have a β
+    above the step before, and the largest logged β."""
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
     steps = [h["step"] for h in run.history if "adaptive_kl/current_beta" in h]
     raw = _mean(h.get("adaptive_kl/raw_kl") for h in run.history)
     lowered = [step for step, before, after in zip(steps[1:], betas, betas[1:]) if after < before]
+    raised = [step for step, before, after in zip(steps[1:], betas, betas[1:]) if after > before]
     first_lower = next((step for step, beta in zip(steps, betas) if beta < betas[0]), math.nan) if betas else math.nan
     return {
         "clip_fraction": _mean(h.get("adaptive_kl/clip_fraction") for h in run.history),
@@ -422,10 +427,12 @@ def activity(run: VariantRun) -> dict[str, float]:
         "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),
         "lowered": float(len(lowered)) if betas else math.nan,
         "first_lower": float(first_lower),
+        "raised": float(len(raised)) if betas else math.nan,
+        "largest_beta": max(betas) if betas else run.config.get("beta", math.nan),
     }
 
 
-ACTIVITY_FORMATS = (".4f", ".3f", ".4g", ".1f", ".1f")
+ACTIVITY_FORMATS = (".4f", ".3f", ".4g", ".1f", ".1f", ".1f", ".4g")
 
 
 def activity_section(runs: list[VariantRun]) -> str:
@@ -445,8 +452,9 @@ def activity_section(runs: list[VariantRun]) -> str:
         "\n## What each method did\n\nPer run, then mean ± the 95% half-width over seeds: the fraction of tokens "
         "whose KL `clip` cut, the mean adapted KL over the mean raw KL (for `sigmoid`, the KL-weighted mean of its "
         "gate σ(k − τ); 1 without a transform), β at the end, the steps whose β is below the step before's "
-        "(`dynamic`'s decays), and the first step trained at a lower β than the first (a cell with `(n=k)` averages "
-        "the k seeds where it happened).\n\n" + markdown_table(ACTIVITY_HEADER, rows)
+        "(`dynamic`'s decays), the first step trained at a lower β than the first (a cell with `(n=k)` averages "
+        "the k seeds where it happened), the steps whose β is above the step before's (a target-KL controller's "
+        "raises) and the largest β logged.\n\n" + markdown_table(ACTIVITY_HEADER, rows)
     )
 
 

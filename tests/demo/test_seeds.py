@@ -260,8 +260,9 @@ def test_a_difference_whose_interval_excludes_0_is_not_claimed_when_holm_does_no
 
 def test_a_methods_activity_is_read_from_its_logged_steps():
     """The clip fraction and the adapted/raw ratio are means over the steps; β's decays are counted where a step's β
-    is below the one before, and the first such step named; a run at a fixed β has none."""
-    betas, clips = [0.2, 0.2, 0.18, 0.18, 0.162], [0, 0.1, 0.3, 0, 0.1]
+    is below the one before, and the first such step named; its raises where it is above, and its largest value kept;
+    a run at a fixed β has neither."""
+    betas, clips = [0.2, 0.2, 0.18, 0.27, 0.162], [0, 0.1, 0.3, 0, 0.1]  # down, up ×1.5, down: a controller's β
     raws, adapted = [0, 1, 2, 3, 4], [0, 1, 1, 1, 2]
     history = [
         {"step": step, "adaptive_kl/current_beta": b, "adaptive_kl/clip_fraction": c, "adaptive_kl/raw_kl": r,
@@ -272,12 +273,15 @@ def test_a_methods_activity_is_read_from_its_logged_steps():
     got = activity(decaying)
     assert got["clip_fraction"] == pytest.approx(0.1) and got["kept"] == pytest.approx(5 / 10)
     assert (got["final_beta"], got["lowered"], got["first_lower"]) == (0.162, 2.0, 3.0)
+    assert (got["raised"], got["largest_beta"]) == (1.0, 0.27)
     fixed = activity(RUNS[0])
     assert fixed["lowered"] == 0 and math.isnan(fixed["first_lower"]) and fixed["kept"] == 1.0
+    assert fixed["raised"] == 0 and fixed["largest_beta"] == fixed["final_beta"]
     table = activity_section([decaying, *RUNS[:3]])
     rows = {row[0]: row for row in (cells(line) for line in table.splitlines() if line.startswith("| "))}
-    assert rows["dynamic"][1:] == ["1", "0.1000", "0.500", "0.162", "2.0", "3.0"]
-    assert rows["kl_scaling=none"][5:] == ["0.0 ± 0.0", "n/a"]  # β never fell: no first step
+    assert rows["dynamic"][1:] == ["1", "0.1000", "0.500", "0.162", "2.0", "3.0", "1.0", "0.27"]
+    assert rows["kl_scaling=none"][5:7] == ["0.0 ± 0.0", "n/a"]  # β never fell: no first step
+    assert rows["kl_scaling=none"][7] == "0.0 ± 0.0"  # nor rose
     no_kl = VariantRun("beta=0, seed=0", {"seed": 0}, [{"step": 1, "reward": 1.0}], [], wall_time=1.0)
     assert activity_section([no_kl]) == ""
 
