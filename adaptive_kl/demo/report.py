@@ -418,16 +418,15 @@ def activity(run: VariantRun) -> dict[str, float]:
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
     steps = [h["step"] for h in run.history if "adaptive_kl/current_beta" in h]
     raw = _mean(h.get("adaptive_kl/raw_kl") for h in run.history)
-    lowered = [step for step, before, after in zip(steps[1:], betas, betas[1:]) if after < before]
-    raised = [step for step, before, after in zip(steps[1:], betas, betas[1:]) if after > before]
+    changes = list(zip(betas, betas[1:]))  # (β before, β after) of each logged step after the first
     first_lower = next((step for step, beta in zip(steps, betas) if beta < betas[0]), math.nan) if betas else math.nan
     return {
         "clip_fraction": _mean(h.get("adaptive_kl/clip_fraction") for h in run.history),
         "kept": _mean(h.get("adaptive_kl/adapted_kl") for h in run.history) / raw if raw > 0 else math.nan,
         "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),
-        "lowered": float(len(lowered)) if betas else math.nan,
+        "lowered": float(sum(after < before for before, after in changes)) if betas else math.nan,
         "first_lower": float(first_lower),
-        "raised": float(len(raised)) if betas else math.nan,
+        "raised": float(sum(after > before for before, after in changes)) if betas else math.nan,
         "largest_beta": max(betas) if betas else run.config.get("beta", math.nan),
     }
 
