@@ -6,6 +6,7 @@ survives sessions: a finished run is never redone.
     python scripts/run_real_studies.py --summarize              # only rewrite the summaries from the runs so far
     python scripts/run_real_studies.py --only length --variants "beta=0 loss_type=grpo"   # runs that fit the time left
     nohup python scripts/run_real_studies.py > real-studies.log 2>&1 &     # in the background (hours on 2 cores)
+    python scripts/run_real_studies.py --stop-file ../stop-runner        # `touch ../stop-runner`: no new run starts
 
 Each run is one `adaptive-kl compare --model smollm2 --variant ... --seed S` into
 `docs/studies/real/<study>/runs/<variant>/seed-<S>/`, which holds its own `summary.md`, `metrics.csv` and `runs.json`
@@ -76,6 +77,29 @@ FRONTIER_LOG_SCALING = f"{METHODS_BASE} kl_scaling=log"
 FRONTIER_TARGET_KL = "0.147"
 FRONTIER_STEPWISE = f"{METHODS_BASE} kl_controller=stepwise target_kl={FRONTIER_TARGET_KL}"
 FRONTIER_STEP_2 = [FRONTIER_LOG_SCALING, FRONTIER_STEPWISE]
+# The second frontier (issue 69): the β study's setting (the full reward, 64 tokens), where reward can keep rising
+# with drift. Its constant-β line; β = 0, 0.04 and 0.2 are the β study's runs (the same command; each run's first two
+# steps were checked bit for bit against the current code before reuse, docs/studies/README.md).
+BETA_ARGS = ["--model", "smollm2", "--steps", "100", "--eval-every", "25"]
+SUM_LINE = [f"beta={beta}" for beta in ("0", "0.01", "0.02", "0.04", "0.1", "0.2")]
+SUM_BASE = "beta=0.2"  # every method adapts from the line's strongest β, as in the frontier study
+# `dynamic` at seed 001's values (decay 0.9, floor 0) with reward_threshold 0.8 on this reward's scale of 2 (format 1
+# + correct sum 1): the step's mean reward reaches 0.8 once ~80% of the completions have the format, the plateau where
+# a constant β holds the policy (β = 0.2's runs did so on 7-18 steps from step 29-42 on). 0.8 of the maximum, 1.6,
+# needs the sum learned first, which no β > 0 of the β study did: that arm would never decay and test nothing.
+SUM_DYNAMIC = f"{SUM_BASE} kl_adaptation_method=dynamic dynamic_beta_decay=0.9 beta_min=0 reward_threshold=0.8"
+SUM_METHODS = [f"{SUM_BASE} kl_adaptation_method=clip", f"{SUM_BASE} kl_scaling=log", SUM_DYNAMIC]
+SUM_SIGMOID = f"{SUM_BASE} kl_adaptation_method=sigmoid"  # if the cores allow, after the others' five seeds
+# The target-KL controller's target, by the frontier study's rule on this line's middle β: the mean
+# `adaptive_kl/raw_kl` over the 100 logged steps of each of β = 0.04's seeds 0-2, 3 significant digits.
+SUM_TARGET_KL = "0.184"
+# The start's point on every seed's line (issue 69), stated before the second frontier's runs: drift 0 (the start's
+# held-out KL to itself) and, for the reward, the mean reward of the first `START_STEPS` steps of that seed's
+# constant-β runs: the endpoint's own quantity (sampled completions of training prompts, scored by the training
+# reward), where the policy has barely moved; the first evaluation measures greedy answers to validation problems,
+# another quantity. The secondaries at the start: Δ retention 0 and Δ length 0 (nothing has changed), the format-free
+# accuracy of the step-0 evaluation.
+START_STEPS = 5
 STUDIES = {
     # Length exploitation on a real model: a reward that saturates (the `####` format alone), room to lengthen (128
     # tokens; the model's answers average ~57 tokens), a β large enough to drive the policy once the advantages
@@ -108,7 +132,7 @@ STUDIES = {
     # Does the KL matter on a real model: no KL, the demo's β and a larger one, on the full task reward.
     "beta": {
         "variants": ["beta=0", "beta=0.04", "beta=0.2"],
-        "args": ["--model", "smollm2", "--steps", "100", "--eval-every", "25"],
+        "args": BETA_ARGS,
         "seeds": "0,1,2",
     },
     # The five methods where length exploitation can happen: the length study's setting (format-only reward, 128
@@ -120,9 +144,9 @@ STUDIES = {
     # `none` runs (the same run until a first decay) reach a mean reward of 0.8 at steps 16-44. `length_normalized` is
     # `none` bit for bit with k3 in the loss under `grpo` (both aggregate mean_i Σ_t k / L_i;
     # tests/trainers/test_methods.py), so its arm is where the method acts, k1 per token in the reward at the same β:
-    # the length study's runs, reused. The saturation trigger is a
-    # fifth arm, run after the others' five seeds (`last`). Primary endpoints (stated before the runs): each method
-    # minus `none`, paired on seeds, of Δ length (last − first quarter) and the held-out KL to the start (t, n − 1 df).
+    # the length study's runs, reused. The saturation trigger is a fifth arm, run after the others' five seeds (its own
+    # phase). Primary endpoints (stated before the runs): each method minus `none`, paired on seeds, of Δ length (last
+    # − first quarter) and the held-out KL to the start (t, n − 1 df).
     "methods": {
         "variants": [
             METHODS_NONE,
@@ -137,7 +161,7 @@ STUDIES = {
             "beta=0 loss_type=grpo": ("length", "beta=0 loss_type=grpo"),
             LENGTH_PER_TOKEN: ("length", LENGTH_PER_TOKEN),
         },
-        "last": [METHODS_SATURATION],
+        "phases": [[METHODS_SATURATION]],
         "endpoints": [
             {"variant": variant, "against": METHODS_NONE, "metric": metric}
             for variant in (
@@ -181,7 +205,7 @@ STUDIES = {
     # against the frontier and the Holm family.
     "frontier": {
         "variants": [*FRONTIER_LINE, *FRONTIER_METHODS, *FRONTIER_STEP_2],
-        "last": FRONTIER_STEP_2,  # after every seed of step 1's runs
+        "phases": [FRONTIER_STEP_2],  # after every seed of step 1's runs
         "reused": {
             "beta=0 loss_type=grpo": ("length", "beta=0 loss_type=grpo"),
             "beta=0.2 loss_type=grpo": ("length", METHODS_BASE),
@@ -197,8 +221,54 @@ STUDIES = {
             # is 0 or 1 per completion and the accuracy reward is weighted 0 (`reward_weights=[1.0, 0.0]`), so a
             # step's mean reward, and its mean over steps and seeds, lies in [0, 1].
             "y_range": (0.0, 1.0),
+            # Issue 69, after the runs: the start's point on every seed's line (the second frontier's rule, stated
+            # before its runs), a correction reported beside the stated D.
+            "start_steps": START_STEPS,
+            "start_added_after_runs": True,
         },
         "args": LENGTH_ARGS,
+        "seeds": "0,1,2,3,4",
+    },
+    # The second frontier (issue 69): where reward keeps rising with drift, does any method buy more reward than a
+    # constant β at the same drift? The β study's setting (its command: the full reward, format + correct sum, 0 to 2;
+    # 64 tokens; 100 steps), where only β = 0 learned the sum (2 of 3 seeds) and a constant β held the policy at the
+    # format plateau. Constant β at 0, 0.01, 0.02, 0.04, 0.1 and 0.2 (the issue's grid, no pilot), seeds 0-4, every
+    # β's seeds 0-2 first; then the methods (phase 1), then `sigmoid` (phase 2). Stated before the first run:
+    #
+    # Primary endpoint: for each method m and seed s, D(m, s) = R(m, s) − F_s(KL(m, s)): R the reward of the last
+    # quarter of steps, KL the held-out KL to the start at step 100, F_s the piecewise-linear interpolation of R
+    # against KL through the start's point (KL 0, the reward of the first START_STEPS steps of seed s's constant-β
+    # runs) and seed s's six constant-β points, in order of KL, held flat beyond the last (a method that drifts
+    # further than every constant β is read against the one that drifted most). Mean ± 95% t half-width (n − 1 df)
+    # over the seeds, two-sided paired t-test, Holm across the methods (clip, log, dynamic, the bounded controller,
+    # and sigmoid if run; family-wise α 0.05). Sensitivity analysis, labelled as such: D against the line's monotone
+    # envelope (the most reward it reaches at the method's drift or less). For the controller also its last-quarter
+    # training KL / target (mean ± half-width). Secondaries at matched drift (the same interpolation, no Holm): the
+    # correct-sum accuracy of the greedy validation answers (final), the format-free accuracy (final), Δ length and Δ
+    # retention; the drift beyond the line's at the same reward (the mirror). Per seed, whether each run learned the
+    # sum: its last quarter's mean accuracy reward (the fraction of completions with the right number after ####)
+    # reaches 0.3, the middle of the β study's gap (0.005-0.06 for the runs that did not, 0.55-0.665 for those that
+    # did); per arm the count of seeds with an exact (Clopper-Pearson) 95% interval.
+    #
+    # The methods adapt from β = 0.2 with seed 001's parameters: `clip` (threshold 1.0), `kl_scaling=log`, `dynamic`
+    # (SUM_DYNAMIC), `sigmoid` (τ 0.1). The bounded target-KL controller (issue 70) joins phase 1 once its ceiling and
+    # no-advantage rule have landed: `stepwise` from β = 0.2 at target_kl SUM_TARGET_KL, its ceiling at the default.
+    "frontier_sum": {
+        "variants": [*SUM_LINE, *SUM_METHODS, SUM_SIGMOID],
+        "phases": [SUM_METHODS, [SUM_SIGMOID]],
+        "reused": {variant: ("beta", variant) for variant in ("beta=0", "beta=0.04", "beta=0.2")},
+        "frontier": {
+            "line": SUM_LINE,
+            "x": "final_kl_to_start",
+            "y": "late_reward",
+            "secondary": ["final_accuracy", "length_drift", "delta_retention"],
+            # The format reward and the accuracy reward are 0 or 1 per completion, weighted 1 each: a step's mean
+            # reward, and its mean over steps and seeds, lies in [0, 2].
+            "y_range": (0.0, 2.0),
+            "start_steps": START_STEPS,
+            "learned": ("rewards/accuracy_reward/mean", 0.3),
+        },
+        "args": BETA_ARGS,
         "seeds": "0,1,2,3,4",
     },
 }  # fmt: skip
@@ -236,15 +306,21 @@ def study_seeds(studies: dict, name: str, seeds: list[int] | None = None) -> lis
 
 def planned_runs(studies: dict, names: list[str], seeds: list[int] | None = None) -> list[Run]:
     """Every run of the studies, seed by seed (all variants of seed 0 first), the studies in their order; `seeds`
-    (default: each study's own) for every study. A study's `last` variants come after every seed of its others."""
+    (default: each study's own) for every study. A study's `phases` (lists of its variants) come after every seed of
+    its other variants, one phase after another."""
     return [
         Run(name, variant, seed)
         for name in names
-        for last in (False, True)
+        for phase in range(len(studies[name].get("phases", ())) + 1)
         for seed in study_seeds(studies, name, seeds)
         for variant in studies[name]["variants"]
-        if (variant in studies[name].get("last", ())) == last
+        if variant_phase(studies[name], variant) == phase
     ]
+
+
+def variant_phase(study: dict, variant: str) -> int:
+    """0 for a variant in none of the study's `phases`, else 1 + the index of the phase that holds it."""
+    return next((i + 1 for i, phase in enumerate(study.get("phases", ())) if variant in phase), 0)
 
 
 def source_run(run: Run, studies: dict) -> Run:
@@ -415,6 +491,9 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
             y=stated["y"],
             secondary=tuple(stated.get("secondary", ())),
             y_range=tuple(stated.get("y_range", (-math.inf, math.inf))),
+            start_steps=stated.get("start_steps", 0),
+            start_added_after_runs=stated.get("start_added_after_runs", False),
+            learned=stated.get("learned"),
         )
         plot = write_frontier_plot(runs, frontier, os.path.join(directory, FRONTIER_PLOT))
         with open(paths["summary"], "a") as f:
@@ -551,6 +630,12 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
     )
     parser.add_argument("--summarize", action="store_true", help="only rewrite the summaries from finished runs")
     parser.add_argument(
+        "--stop-file",
+        metavar="PATH",
+        help="start no further run once PATH exists: the runs in flight finish and are summarized, the runner ends "
+        "(to free its cores without losing a run's steps since its last checkpoint)",
+    )
+    parser.add_argument(
         "--out", default=STUDIES_DIR, help="parent directory of the studies (default docs/studies/real)"
     )
     args = parser.parse_args(argv)
@@ -584,6 +669,11 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
         lock = threading.Lock()  # one summary at a time: two runs may finish together
 
         def work(run: Run) -> int:
+            if args.stop_file and os.path.exists(args.stop_file):
+                print(
+                    f"{run.study}: {run.variant}, seed {run.seed}: not started ({args.stop_file} exists)", flush=True
+                )
+                return 0
             if not claim(run, args.out):
                 print(f"{run.study}: {run.variant}, seed {run.seed}: done or in flight elsewhere, skipped", flush=True)
                 return 0

@@ -15,13 +15,15 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 # The run, shared with tests/trainers/test_checkpoints.py: the adaptive controller makes β depend on every step's KL,
-# so only a restored controller state gives the uninterrupted trajectory.
+# so only a restored controller state gives the uninterrupted trajectory. β falls 5% after step 1 (KL 0), is held
+# after step 2 (every group's rewards agree), rises 5% a step and meets its ceiling, beta_max, at step 6.
 RUN = dict(
     beta=0.2,
     kl_adaptation_method="sigmoid",
     kl_controller="adaptive",
     target_kl=1e-3,
     kl_horizon=16,
+    beta_max=0.21,
     max_steps=6,
     learning_rate=5e-2,
     save_strategy="steps",
@@ -30,11 +32,15 @@ RUN = dict(
 KILL_AT_STEP: int | None = None
 
 
+AGREE_AT_STEP = 2  # every completion earns the same: no group has an advantage, the controller holds β
+
+
 def indexed_reward(completions, trainer_state=None, **kwargs):
     """Content-blind rewards (the same for every run whatever its policy does); dies at step `KILL_AT_STEP`."""
-    if KILL_AT_STEP is not None and trainer_state.global_step + 1 == KILL_AT_STEP:
+    step = trainer_state.global_step + 1
+    if KILL_AT_STEP is not None and step == KILL_AT_STEP:
         os.kill(os.getpid(), signal.SIGKILL)
-    return [float(i % 4) for i in range(len(completions))]
+    return [1.0 if step == AGREE_AT_STEP else float(i % 4) for i in range(len(completions))]
 
 
 if __name__ == "__main__":

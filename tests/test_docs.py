@@ -246,7 +246,7 @@ def test_the_frontier_tables_are_built_from_the_committed_summary():
         assert script.replace_table(page, built) == page, (
             "the page's frontier tables are stale: python scripts/frontier_table.py --write"
         )
-    assert len(script.line_table(summary)) == 2 + 5, "constant β has five points: 0, 0.02, 0.05, 0.1, 0.2"
+    assert len(script.line_table(summary)) == 2 + 6, "the start and constant β's five points: 0, 0.02, 0.05, 0.1, 0.2"
     unnamed = summary.replace("kl_adaptation_method=sigmoid |", "kl_adaptation_method=sigmoid, tau=0.2 |")
     with pytest.raises(ValueError, match="no name on the page"):
         script.methods_table(unnamed)

@@ -4,7 +4,10 @@ A frontier study (`scripts/run_real_studies.py`, its `frontier` entry) runs cons
 and each method on the same seeds. On seed s, constant β's frontier F_s is the piecewise-linear interpolation of the
 gain y (a `report.summarize` key: the reward of the last quarter of steps) against the drift x (the held-out KL to
 the start at the last step) through that seed's line points taken in order of x, held flat beyond the first and last
-points (`interpolate`). A method's primary reading on seed s is D = y − F_s(x): how much more it earned than constant
+points (`interpolate`). With `Frontier.start_steps`, the start's point is on every line too: drift 0, and for each
+metric its value at the start (`START_VALUES`: the reward of the first steps, the step-0 evaluation, 0 for a change),
+so that a method that drifted less than every constant β is read against a line that falls towards the start rather
+than one held flat. A method's primary reading on seed s is D = y − F_s(x): how much more it earned than constant
 β did at its drift, paired by seed because a seed fixes what every arm shares (the prompts' order, the sampling
 stream, the LoRA's start). Beside it, the mirror x − G_s(y): how much further it drifted than constant β needed for
 its reward (`reach`); D against the most reward constant β earned at that drift or less (`best_at_most`), a reading
@@ -25,9 +28,10 @@ import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .report import markdown_table, metric_column, summarize
+from .report import early_mean, late_mean, markdown_table, metric_column, summarize
 from .runner import VariantRun
 from .seeds import (
+    binomial_interval,
     detectable_difference,
     format_interval,
     format_p,
@@ -44,17 +48,42 @@ class Frontier:
     """What a frontier study states before its runs: `line`, constant β's variants as `compare --variant` names them
     (`"beta=0.02, loss_type=grpo"`), in order of β; `x` the drift and `y` the gain, keys of `report.summarize`;
     `secondary`, the keys read at matched drift; and `y_range`, the values the gain can take (a reward of 0 or 1 per
-    completion: `(0.0, 1.0)`), where the picture's bars stop. Every other variant of the study is a method."""
+    completion: `(0.0, 1.0)`), where the picture's bars stop. Every other variant of the study is a method.
+
+    `start_steps` (0: none) puts the start's point on every seed's line (`start_point`): for the reward, the mean of
+    the first `start_steps` steps of the seed's constant-β runs. `start_added_after_runs` says the study stated its
+    endpoint without it: its summary then gives the stated D and, beside it, the D with the start as a correction.
+    `learned`, `(logged metric, threshold)`: a run learned the task when the last quarter's mean of the metric reaches
+    the threshold; the summary counts the seeds that did per arm."""
 
     line: tuple[str, ...]
     x: str = "final_kl_to_start"
     y: str = "late_reward"
     secondary: tuple[str, ...] = ()
     y_range: tuple[float, float] = (-math.inf, math.inf)
+    start_steps: int = 0
+    start_added_after_runs: bool = False
+    learned: tuple[str, float] | None = None
 
 
 # Family-wise error rate of the primary endpoint across the methods (Holm).
 ALPHA = 0.05
+# Each metric of a frontier at the start of every run, (run, start_steps) → value: the start's point of the line.
+START_VALUES = {
+    "final_kl_to_start": lambda run, steps: 0.0,  # the start's KL to itself
+    "late_reward": lambda run, steps: early_mean(run, "reward", steps),
+    "delta_retention": lambda run, steps: 0.0,  # changes from the start
+    "length_drift": lambda run, steps: 0.0,
+    "final_accuracy": lambda run, steps: _first_evaluation(run, "val_accuracy"),
+    "final_answer_accuracy": lambda run, steps: _first_evaluation(run, "val_answer_accuracy"),
+}
+
+
+def _first_evaluation(run: VariantRun, key: str) -> float:
+    """`key` of the run's first evaluation (step 0: the start), NaN without it."""
+    return run.evaluations[0].get(key, math.nan) if run.evaluations else math.nan
+
+
 # Columns of constant β's table after x and y: what a user choosing a β weighs besides drift and reward.
 LINE_COLUMNS = ("mean_completion_length", "length_drift", "delta_retention", "final_answer_accuracy")
 
@@ -136,9 +165,10 @@ class PerSeed:
 class MethodReading:
     """A method against the frontier: its own `x` and `y` on the seeds of the primary reading; `above`, D = y − F_s(x)
     per seed; `above_best`, y − E_s(x) per seed (`best_at_most`); `mirror`, x − G_s(y) per seed; `secondary`, each
-    secondary metric minus the line's interpolation of it at the method's x (key → readings); D's two-sided t-test
-    `p`, its Holm-adjusted p across the methods (`holm_p`), the D the design detects with 80% power (`detectable`),
-    and the `reading` those allow."""
+    secondary metric minus the line's interpolation of it at the method's x (key → readings); `outside`, the seeds
+    where the method's x lies outside the drifts its line measured (read against a flat extrapolation); D's two-sided
+    t-test `p`, its Holm-adjusted p across the methods (`holm_p`), the D the design detects with 80% power
+    (`detectable`), and the `reading` those allow."""
 
     method: str
     x: PerSeed
@@ -147,6 +177,7 @@ class MethodReading:
     above_best: PerSeed
     mirror: PerSeed
     secondary: dict[str, PerSeed]
+    outside: list[int]
     p: float
     holm_p: float
     detectable: float
@@ -158,47 +189,89 @@ def methods(runs: list[VariantRun], frontier: Frontier) -> list[str]:
     return [name for name in seed_groups(runs) if name not in frontier.line]
 
 
-def _line_by_seed(runs: list[VariantRun], frontier: Frontier) -> dict[int, list[dict[str, float]]]:
-    """Seed → the `summarize` row of each line point on that seed, for the seeds where every line point has a run."""
+def start_point(line_runs: list[VariantRun], steps: int) -> dict[str, float]:
+    """The start's point of one seed's line: each `START_VALUES` metric, the mean over the seed's constant-β runs
+    (NaN where none has it)."""
+    point = {}
+    for key, value in START_VALUES.items():
+        mean, _, count = mean_interval([value(run, steps) for run in line_runs])
+        point[key] = mean if count else math.nan
+    return point
+
+
+@dataclass(frozen=True)
+class SeedLine:
+    """One seed's line: the `summarize` row of each constant-β run, and the start's point (`start_point`) when the
+    start is on the line."""
+
+    points: list[dict[str, float]]
+    start: dict[str, float] | None = None
+
+    def curve(self, x: str, metric: str) -> list[tuple[float, float]] | None:
+        """The `(x, metric)` points the line interpolates: every constant β's, and the start's where it has the metric;
+        None when a constant β lacks x or the metric (a seed must have the whole line)."""
+        points = [(row[x], row[metric]) for row in self.points]
+        if not all(math.isfinite(value) for point in points for value in point):
+            return None
+        start = self.start or {}
+        if math.isfinite(start.get(x, math.nan)) and math.isfinite(start.get(metric, math.nan)):
+            points.append((start[x], start[metric]))
+        return points
+
+
+def line_by_seed(runs: list[VariantRun], frontier: Frontier, with_start: bool) -> dict[int, SeedLine]:
+    """Seed → its line, for the seeds where every line point has a run; with the start's point when `with_start` (and
+    the frontier states `start_steps`)."""
     groups = seed_groups(runs)
-    rows: dict[int, list[dict[str, float]]] = {}
+    by_seed: dict[int, list[VariantRun]] = {}
     for variant in frontier.line:
         for run in groups.get(variant, []):
-            rows.setdefault(run_seed(run), []).append(summarize(run))
-    return {seed: line for seed, line in rows.items() if len(line) == len(frontier.line)}
+            by_seed.setdefault(run_seed(run), []).append(run)
+    return {
+        seed: SeedLine(
+            [summarize(run) for run in line_runs],
+            start_point(line_runs, frontier.start_steps) if with_start and frontier.start_steps else None,
+        )
+        for seed, line_runs in by_seed.items()
+        if len(line_runs) == len(frontier.line)
+    }
 
 
-def _against_line(line: list[dict[str, float]], method: dict[str, float], x: str, metric: str) -> float:
+def _against_line(line: SeedLine, method: dict[str, float], x: str, metric: str) -> float:
     """The method's `metric` minus the line's interpolation of `metric` against `x` at the method's x, on one seed;
-    NaN when the method or any line point lacks x or the metric (a seed must have the whole line)."""
-    values = [(row[x], row[metric]) for row in line] + [(method[x], method[metric])]
-    if not all(math.isfinite(value) for pair in values for value in pair):
+    NaN when the method or any line point lacks x or the metric."""
+    points = line.curve(x, metric)
+    if points is None or not (math.isfinite(method[x]) and math.isfinite(method[metric])):
         return math.nan
-    return method[metric] - interpolate(values[:-1], method[x])
+    return method[metric] - interpolate(points, method[x])
 
 
-def read_methods(runs: list[VariantRun], frontier: Frontier) -> list[MethodReading]:
+def read_methods(runs: list[VariantRun], frontier: Frontier, with_start: bool | None = None) -> list[MethodReading]:
     """Every method read against the frontier (the primary endpoint, its mirror and the secondaries at matched
-    drift), paired by seed, with D's p-values Holm-adjusted across the methods."""
-    line_by_seed = _line_by_seed(runs, frontier)
+    drift), paired by seed, with D's p-values Holm-adjusted across the methods; the start's point on the line when
+    `with_start` (default: when the frontier states `start_steps`)."""
+    with_start = bool(frontier.start_steps) if with_start is None else with_start
+    lines = line_by_seed(runs, frontier, with_start)
     groups = seed_groups(runs)
     x, y = frontier.x, frontier.y
     partial = []
     for method in methods(runs, frontier):
-        paired = [(run_seed(run), summarize(run)) for run in groups[method] if run_seed(run) in line_by_seed]
-        above, above_best, mirror, own_x, own_y = [], [], [], [], []
+        paired = [(run_seed(run), summarize(run)) for run in groups[method] if run_seed(run) in lines]
+        above, above_best, mirror, own_x, own_y, outside = [], [], [], [], [], []
         for seed, row in paired:
-            difference = _against_line(line_by_seed[seed], row, x, y)
+            difference = _against_line(lines[seed], row, x, y)
             if math.isnan(difference):
                 continue
             above.append((seed, difference))
-            curve_points = [(point[x], point[y]) for point in line_by_seed[seed]]
-            above_best.append((seed, row[y] - best_at_most(curve_points, row[x])))
-            mirror.append((seed, row[x] - reach(curve_points, row[y])))
+            points = lines[seed].curve(x, y)
+            above_best.append((seed, row[y] - best_at_most(points, row[x])))
+            mirror.append((seed, row[x] - reach(points, row[y])))
             own_x.append((seed, row[x]))
             own_y.append((seed, row[y]))
+            if not min(px for px, _ in points) <= row[x] <= max(px for px, _ in points):
+                outside.append(seed)
         secondary = {
-            key: PerSeed.of((seed, _against_line(line_by_seed[seed], row, x, key)) for seed, row in paired)
+            key: PerSeed.of((seed, _against_line(lines[seed], row, x, key)) for seed, row in paired)
             for key in frontier.secondary
         }
         partial.append(
@@ -210,6 +283,7 @@ def read_methods(runs: list[VariantRun], frontier: Frontier) -> list[MethodReadi
                 above_best=PerSeed.of(above_best),
                 mirror=PerSeed.of(mirror),
                 secondary=secondary,
+                outside=outside,
             )
         )
     p_values = [t_test_p(fields["above"].values) for fields in partial]
@@ -287,6 +361,22 @@ def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = 
         + [_cell([row[key] for row in summaries[variant]], spec) for key, (_, spec) in zip(keys, columns)]
         for variant in frontier.line
     ]
+    start_note = []
+    if frontier.start_steps:
+        starts = [line.start for line in line_by_seed(runs, frontier, with_start=True).values()]
+        rows.insert(
+            0,
+            ["start", str(len(starts))]
+            + [_cell([start[key] for start in starts], spec) if key in START_VALUES else "—"
+               for key, (_, spec) in zip(keys, columns)],
+        )  # fmt: skip
+        start_note = [
+            f"The start's row is the point at drift 0 on every seed's line: the mean reward of the first "
+            f"{frontier.start_steps} steps of that seed's constant-β runs, the step-0 evaluation's accuracies, and no "
+            "change in length or retention"
+            + (" (added after the runs, as a correction: see below)." if frontier.start_added_after_runs else "."),
+            "",
+        ]
     x_header, x_spec = metric_column(frontier.x)
     lines = [
         "",
@@ -296,6 +386,7 @@ def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = 
         "half-width): the table to choose a constant β from in this study's setting.",
         "",
         markdown_table(("β", "seeds", *(header for header, _ in columns)), rows),
+        *start_note,
         f"What each β kept the {x_header} under, in this setting. Rule: X is the largest upper end of the 95% "
         f"intervals of the mean {x_header} of that β and of every larger β measured, so every constant β from Y up "
         "had a mean drift below X at 95% confidence each (a bound on the mean over seeds, not on a single run; "
@@ -343,9 +434,13 @@ def _bound_sentences(frontier: Frontier, summaries: dict, x_header: str, x_spec:
     return sentences
 
 
-def methods_section(readings: list[MethodReading], frontier: Frontier) -> str:
+def methods_section(
+    readings: list[MethodReading], frontier: Frontier, with_start: bool, correction: bool = False
+) -> str:
     """Markdown for the primary endpoint: per method the seeds, its x and y, D by seed and its mean ± half-width, p,
-    the Holm-adjusted p, the detectable D, D against the best at no more drift, the mirror and the reading."""
+    the Holm-adjusted p, the detectable D, D against the line's monotone envelope, the mirror, the seeds read outside
+    the line and the reading. `with_start`: the readings put the start's point on the line; `correction`: they are
+    the correction beside a stated endpoint that did not."""
     x_header, x_spec = metric_column(frontier.x)
     y_header, y_spec = metric_column(frontier.y)
     signed_x, signed_y = "+" + x_spec.lstrip("+"), "+" + y_spec.lstrip("+")
@@ -363,21 +458,40 @@ def methods_section(readings: list[MethodReading], frontier: Frontier) -> str:
             "n/a" if math.isnan(reading.detectable) else "±" + format(reading.detectable, y_spec.lstrip("+")),
             format_interval(reading.above_best.mean, reading.above_best.half_width, signed_y),
             format_interval(reading.mirror.mean, reading.mirror.half_width, signed_x),
+            ", ".join(map(str, reading.outside)) or "none",
             reading.reading,
         ]
         for reading in readings
     ]
     header = (
         "method", "seeds", x_header, y_header, "D by seed (seed)", "D: above the frontier", "p", "Holm-adjusted p",
-        "detectable at 80% power", "D against the best at no more drift", "mirror: drift beyond the frontier's",
-        "reading",
+        "detectable at 80% power", "D against the monotone envelope", "mirror: drift beyond the frontier's",
+        "seeds read outside the line", "reading",
     )  # fmt: skip
+    through = (
+        f"the start's point (drift 0, the mean {y_header.split(' (')[0]} of the first {frontier.start_steps} steps of "
+        "seed s's constant-β runs) and seed s's constant-β points"
+        if with_start
+        else "seed s's constant-β points"
+    )
+    if correction:
+        title = "Correction: D with the start's point on the line"
+        opening = (
+            "Added after the runs, as a correction to the stated endpoint above, which stands beside it: the same D "
+            f"with F_s through {through}, so that a method that drifted less than every constant β is read against a "
+            "line falling towards the start instead of one held flat at the least-drifting β's reward. Its own Holm "
+            "adjustment across the methods."
+        )
+    else:
+        title = "Methods against the frontier (primary endpoint)"
+        opening = (
+            f"Stated before the runs: for each method and seed s, D = {y_header} − F_s({x_header}), where F_s is "
+            f"constant β's frontier on seed s: the piecewise-linear interpolation of {y_header} against {x_header} "
+            f"through {through} in order of drift (points of equal drift: their mean), held flat beyond its first and "
+            "last points."
+        )
     return (
-        "\n## Methods against the frontier (primary endpoint)\n\n"
-        f"Stated before the runs: for each method and seed s, D = {y_header} − F_s({x_header}), where F_s is "
-        f"constant β's frontier on seed s: the piecewise-linear interpolation of {y_header} against {x_header} "
-        "through seed s's constant-β points in order of drift (points of equal drift: their mean), held flat beyond "
-        "its first and last points. A seed counts only where the method and every constant β have a finished run "
+        f"\n## {title}\n\n{opening} A seed counts only where the method and every constant β have a finished run "
         "(`seeds`: how many did; the method's drift and reward are over those seeds). D is the mean ± the 95% "
         "half-width (t, n − 1 degrees of freedom) with the two-sided one-sample t-test's p, Holm-adjusted across the "
         f"methods with a test ({tested} so far; family-wise α = {ALPHA}): above or below the frontier only where "
@@ -385,10 +499,11 @@ def methods_section(readings: list[MethodReading], frontier: Frontier) -> str:
         "(t_{0.975,n−1} + t_{0.80,n−1}) · s / √n. The mirror: the method's drift minus G_s(its reward), the least "
         "drift at which seed s's frontier reaches that reward (the first point's drift when the reward is at or "
         "below the curve there, the drift of the curve's highest point when it is above all of it): negative, less "
-        "drift than constant β needed for the same reward. Beside it, added after the runs began because a line can "
-        f"dip (seed 0's did): D against E_s, the most {y_header} seed s's frontier reaches at the method's drift or "
-        "less; never above D, and no Holm or test on it: where D is above 0 only by a dip, this is not.\n\n"
-        + markdown_table(header, rows)
+        "drift than constant β needed for the same reward. A sensitivity analysis beside D, with no test: D against "
+        f"the line's monotone envelope E_s, the most {y_header} seed s's frontier reaches at the method's drift or "
+        "less; never above D, so where D is above 0 only because the line dips, this is not. Seeds read outside the "
+        "line: where the method's drift lies beyond the drifts its line measured, so that F_s there is the nearest "
+        "point's reward held flat.\n\n" + markdown_table(header, rows)
     )
 
 
@@ -435,12 +550,44 @@ def secondary_section(readings: list[MethodReading], frontier: Frontier) -> str:
 
 def frontier_sections(runs: list[VariantRun], frontier: Frontier, plot: str | None = None) -> str:
     """The summary's frontier sections: constant β's table (with `plot`, the picture's file name, when given), the
-    methods against it (the primary endpoint) and the secondaries at matched drift."""
-    readings = read_methods(runs, frontier)
+    methods against it (the primary endpoint; with `start_added_after_runs`, then the correction with the start's
+    point), the secondaries at matched drift, and the seeds that learned the task (`learned`)."""
+    start_stated = bool(frontier.start_steps) and not frontier.start_added_after_runs
+    stated = read_methods(runs, frontier, with_start=start_stated)
+    sections = line_section(runs, frontier, plot) + methods_section(stated, frontier, with_start=start_stated)
+    if frontier.start_steps and frontier.start_added_after_runs:
+        corrected = read_methods(runs, frontier, with_start=True)
+        sections += methods_section(corrected, frontier, with_start=True, correction=True)
+    return sections + secondary_section(stated, frontier) + learned_section(runs, frontier)
+
+
+def learned_section(runs: list[VariantRun], frontier: Frontier) -> str:
+    """Markdown for whether each run learned the task (`frontier.learned`; "" without it): per arm, each seed's
+    last-quarter mean of the metric, how many seeds reached the threshold, and the exact 95% interval of that
+    proportion (Clopper-Pearson)."""
+    if frontier.learned is None:
+        return ""
+    metric, threshold = frontier.learned
+    rows = []
+    for variant, group in seed_groups(runs).items():
+        values = sorted((run_seed(run), late_mean(run, metric)) for run in group)
+        learned = sum(1 for _, value in values if value >= threshold)
+        low, high = binomial_interval(learned, len(values))
+        rows.append(
+            [
+                variant,
+                ", ".join(f"{value:.3f} ({seed})" for seed, value in values),
+                f"{learned} of {len(values)}",
+                f"[{low:.2f}, {high:.2f}]",
+            ]
+        )
+    header = ("variant", f"`{metric}`, last quarter, by seed (seed)", "seeds that learned", "95% interval (exact)")
     return (
-        line_section(runs, frontier, plot)
-        + methods_section(readings, frontier)
-        + secondary_section(readings, frontier)
+        "\n## Seeds that learned\n\n"
+        f"Stated before the runs: a run learned the task when the last quarter's mean of `{metric}` reaches "
+        f"{threshold:g}. This reward's outcome can be all or nothing by seed, which a mean over seeds hides: per arm, "
+        "each seed's value and the count of seeds that learned, with the exact (Clopper-Pearson) 95% interval of "
+        "that proportion.\n\n" + markdown_table(header, rows)
     )
 
 

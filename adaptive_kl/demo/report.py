@@ -105,10 +105,15 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def _late_mean(run: VariantRun, metric: str) -> float:
+def late_mean(run: VariantRun, metric: str) -> float:
     """Mean of a logged metric over the last quarter of the run's steps (at least one step)."""
     values = [h[metric] for h in run.history if metric in h]
     return _mean(values[-max(1, len(values) // 4) :])
+
+
+def early_mean(run: VariantRun, metric: str, steps: int) -> float:
+    """Mean of a logged metric over the run's first `steps` logged steps."""
+    return _mean([h[metric] for h in run.history if metric in h][:steps])
 
 
 def _length_drift(run: VariantRun) -> float:
@@ -148,14 +153,14 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),  # β = 0 logs no adaptive_kl/*
         "mean_completion_length": _mean(h.get("completions/mean_length") for h in run.history),
         "wall_time": run.wall_time,
-        "late_reward": _late_mean(run, "reward"),
+        "late_reward": late_mean(run, "reward"),
         "final_retention": retention[-1] if retention else math.nan,
         "delta_retention": retention[-1] - retention[0] if retention else math.nan,
         "kl_warnings": float(len(run.kl_warnings)),
         "final_kl_to_start": drift[-1] if drift else math.nan,
         "length_drift": _length_drift(run),
-        "kl_length_corr": _late_mean(run, "adaptive_kl/kl_length_corr"),
-        "late_truncated": _late_mean(run, "completions/clipped_ratio"),
+        "kl_length_corr": late_mean(run, "adaptive_kl/kl_length_corr"),
+        "late_truncated": late_mean(run, "completions/clipped_ratio"),
         "delta_general_loglik": general[-1] - general[0] if general else math.nan,
         "final_general_kl_to_start": general_drift[-1] if general_drift else math.nan,
         "start_answer_accuracy": answer_accuracies[0] if answer_accuracies else math.nan,
@@ -469,7 +474,7 @@ def diversity_table(runs: list[VariantRun]) -> str:
     header = ["variant", *(name for name, _ in DIVERSITY_COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
-        values = [_late_mean(run, key) for _, key in DIVERSITY_COLUMNS]
+        values = [late_mean(run, key) for _, key in DIVERSITY_COLUMNS]
         lines.append("| " + " | ".join([run.name] + ["n/a" if math.isnan(v) else f"{v:.3f}" for v in values]) + " |")
     return "\n".join(lines) + "\n"
 

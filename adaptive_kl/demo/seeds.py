@@ -141,6 +141,28 @@ def detectable_difference(values) -> float:
     return (t_975(n - 1) + t_quantile(0.80, n - 1)) * statistics.stdev(finite) / math.sqrt(n)
 
 
+def binomial_interval(successes: int, trials: int) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) two-sided 95% interval of a proportion from `successes` of `trials`: the least p
+    with P(X ≥ k | p) ≥ 0.025 and the largest with P(X ≤ k | p) ≥ 0.025 (0 and 1 at the ends), by bisection on the
+    binomial distribution. `(nan, nan)` without trials."""
+    if trials == 0:
+        return math.nan, math.nan
+
+    def at_most(k: int, p: float) -> float:  # P(X ≤ k) for X ~ Binomial(trials, p)
+        return sum(math.comb(trials, i) * p**i * (1 - p) ** (trials - i) for i in range(k + 1))
+
+    def solve(rising, level: float) -> float:  # the p in [0, 1] where the increasing `rising(p)` crosses `level`
+        low, high = 0.0, 1.0
+        for _ in range(100):
+            middle = (low + high) / 2
+            low, high = (middle, high) if rising(middle) < level else (low, middle)
+        return (low + high) / 2
+
+    lower = 0.0 if successes == 0 else solve(lambda p: 1 - at_most(successes - 1, p), 0.025)  # P(X ≥ k) = 0.025
+    upper = 1.0 if successes == trials else solve(lambda p: 1 - at_most(successes, p), 0.975)  # P(X ≤ k) = 0.025
+    return lower, upper
+
+
 def format_p(p: float) -> str:
     """A p-value as a summary writes it: 4 decimals, `< 0.0001` below, `n/a` without a test."""
     if math.isnan(p):

@@ -62,6 +62,14 @@ def adaptive_kl_update(beta: float, kl: float, *, target_kl: float, horizon: int
     return beta * (1.0 + error * num_sequences / horizon)
 
 
+def adaptive_reach(steps: int, *, horizon: int, num_sequences: int) -> tuple[float, float]:
+    """The factors by which `adaptive_kl_update` can move β in `steps` steps of `num_sequences` sequences, at most:
+    `((1 − 0.2·n/H)^steps, (1 + 0.2·n/H)^steps)`, every step's error at its clip. At Ziegler's horizon (10,000) with 8
+    sequences a step, 100 steps move β by 1.6% at most."""
+    per_step = ADAPTIVE_ERROR_CLIP * num_sequences / horizon
+    return (1.0 - per_step) ** steps, (1.0 + per_step) ** steps
+
+
 def stepwise_kl_update(beta: float, kl: float, *, target_kl: float) -> float:
     """β ← 1.5·β if KL > 1.5·target; 0.75·β if KL < 0.5·target; else unchanged."""
     if kl > STEPWISE_HIGH * target_kl:
@@ -84,9 +92,12 @@ class BetaController:
         kl_scaling (`str`), kl_scaling_rate (`float`): the step scaling α(t), and γ of `"exp"`.
         kl_controller (`str`): `"fixed"`, `"adaptive"` or `"stepwise"`.
         target_kl (`float`), kl_horizon (`int`): target-KL controller parameters.
+        beta_max (`float` or `None`): the ceiling of a target-KL controller's β_base; `None`: `beta`, where it starts.
 
     `update(step, ...)` is called once per finished optimizer step with that step's global statistics; non-finite
-    statistics leave the state untouched (and are counted), so β can never become NaN or inf.
+    statistics leave the state untouched (and are counted), so β can never become NaN or inf. A target-KL controller
+    keeps β_base in [`beta_min`, ceiling] and holds it (counted) after a step where every group's rewards agreed: such
+    a step had no advantage, so its KL was the only gradient, and is no measure of how hard the reward pulls.
     """
 
     def __init__(
@@ -105,6 +116,7 @@ class BetaController:
         kl_controller: str = "fixed",
         target_kl: float = 0.05,
         kl_horizon: int = 10000,
+        beta_max: float | None = None,
     ):
         if kl_controller not in KL_CONTROLLERS:
             raise ValueError(f"kl_controller must be one of {KL_CONTROLLERS}, got {kl_controller!r}.")
@@ -124,6 +136,7 @@ class BetaController:
         self.kl_controller = kl_controller
         self.target_kl = target_kl
         self.kl_horizon = kl_horizon
+        self.beta_max = self.initial_beta if beta_max is None else float(beta_max)
         self.reset()
 
     @classmethod
@@ -143,6 +156,7 @@ class BetaController:
             kl_controller=args.kl_controller,
             target_kl=args.target_kl,
             kl_horizon=args.kl_horizon,
+            beta_max=args.beta_max,
         )
 
     def base_beta(self, step: int) -> float:
@@ -205,6 +219,9 @@ class BetaController:
             if mean_kl is None or not math.isfinite(mean_kl) or not num_sequences:
                 self.num_skipped_updates += 1
                 return
+            if zero_std_fraction == 1.0:  # every group agreed: no advantage, the KL was the step's only gradient
+                self.num_held_updates += 1
+                return
             if self.kl_controller == "adaptive":
                 new_beta = adaptive_kl_update(
                     self.beta_base,
@@ -215,7 +232,7 @@ class BetaController:
                 )
             else:
                 new_beta = stepwise_kl_update(self.beta_base, mean_kl, target_kl=self.target_kl)
-            new_beta = max(new_beta, self.beta_min)
+            new_beta = min(max(new_beta, self.beta_min), self.beta_max)
         else:
             return
         if math.isfinite(new_beta):
@@ -232,10 +249,12 @@ class BetaController:
         """Of a step's statistics, the one the `dynamic` trigger reads."""
         return zero_std_fraction if self.dynamic_trigger == "saturation" else mean_reward
 
+    COUNTERS = ("num_decays", "num_skipped_updates", "num_held_updates")  # saved beside last_step; missing: 0
+
     def reset(self) -> None:
         """Back to the initial state: β_base = `beta`, no step applied."""
         self.beta_base = self.initial_beta
-        self.last_step = self.num_decays = self.num_skipped_updates = 0
+        self.last_step = self.num_decays = self.num_skipped_updates = self.num_held_updates = 0
 
     def state_dict(self) -> dict[str, float | int]:
         """The mutable state (JSON-serializable)."""
@@ -244,6 +263,7 @@ class BetaController:
             "last_step": self.last_step,
             "num_decays": self.num_decays,
             "num_skipped_updates": self.num_skipped_updates,
+            "num_held_updates": self.num_held_updates,
         }
 
     def load_state_dict(self, state: dict[str, float | int]) -> None:
@@ -258,14 +278,16 @@ class BetaController:
         beta_base = state.get("beta_base")
         if not is_finite_number(beta_base) or beta_base < 0:
             raise ValueError(f"Invalid saved KL controller state: beta_base={beta_base!r} (a finite number >= 0).")
-        counters = {name: state.get(name, 0) for name in ("last_step", "num_decays", "num_skipped_updates")}
+        counters = {name: state.get(name, 0) for name in ("last_step", *self.COUNTERS)}
         if "last_step" not in state:
             raise ValueError("Invalid saved KL controller state: last_step is missing.")
         for name, value in counters.items():
             if not (is_finite_number(value) and value >= 0 and float(value).is_integer()):  # JSON may give 3.0
                 raise ValueError(f"Invalid saved KL controller state: {name}={value!r} (a whole number >= 0).")
         self.beta_base = float(beta_base)
-        self.last_step, self.num_decays, self.num_skipped_updates = (int(v) for v in counters.values())
+        self.last_step, self.num_decays, self.num_skipped_updates, self.num_held_updates = (
+            int(v) for v in counters.values()
+        )
 
     @property
     def has_training_state(self) -> bool:

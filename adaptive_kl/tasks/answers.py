@@ -99,16 +99,38 @@ def extract_answer(text: str) -> str | None:
     return None
 
 
-def final_number(text: str) -> str | None:
-    """The answer a reader would take from `text`: `extract_answer`'s, else the last number anywhere in it.
+def _concluding_number(line: str) -> str | None:
+    """The number a line concludes with: an equation's result (the first number after its last `=`), else the line's
+    first number (`4 + 13 = 17` → 17; `17 apples (4 + 13)` → 17)."""
+    if "=" in line:
+        numbers = _numbers(line.rsplit("=", 1)[1])
+        if numbers:
+            return numbers[0]
+    numbers = _numbers(line)
+    return numbers[0] if numbers else None
 
-    The task's rewards use `extract_answer` (the format is rewarded); this lenient reading measures what a model knows
-    before it has learned the format, e.g. a chat model that ends with "so 7 + 12 = 19." and no marker."""
-    answer = extract_answer(text)
-    if answer is not None or not isinstance(text, str):
-        return answer
+
+def final_number(text: str) -> str | None:
+    """The answer a reader would take from `text`, marker or not: an `<answer>` block's as `extract_answer` reads it;
+    else the number the first line after the last `####` concludes with (`#### 4 + 13 = 17` → 17, where the strict
+    reading takes 4); else the last number anywhere in it.
+
+    The task's rewards use `extract_answer`: the prompt asks for the final answer after `####`, and GSM8K's strict
+    reading takes the number that follows it. This lenient reading measures what a model knows whether or not it
+    writes that format, e.g. a chat model that ends with "so 7 + 12 = 19." and no marker, or one that writes the
+    whole sum after the marker. A marker that gives no number falls back to the last number anywhere."""
+    if not isinstance(text, str):
+        return None
     if THINK_CLOSE in text:
         text = text.rsplit(THINK_CLOSE, 1)[1]
+    if _answer_block(text) is not None:
+        answer = extract_answer(text)
+    elif ANSWER_MARKER in text:
+        answer = _concluding_number(text.rsplit(ANSWER_MARKER, 1)[1].strip().split("\n", 1)[0])
+    else:
+        answer = None
+    if answer is not None:
+        return answer
     numbers = _numbers(text)
     return numbers[-1] if numbers else None
 

@@ -88,19 +88,56 @@ class KLHealthCallback(TrainerCallback):
             return "below"
         return None
 
-    def _message(self, side: str, value: float, step: int) -> str:
+    def above_band_advice(self, args) -> tuple[str, dict]:
+        """What to change when the KL is above the band, for the training arguments `args`: the sentence, and the
+        settings it names with their values (`{}` where it names none), each one a configuration `args`'s class
+        accepts: a target-KL controller only where the config has one and can take it (β > 0, no `dynamic`), with a
+        ceiling above β so that it can raise β at all."""
+        if args is None:  # no configuration to read
+            return "Raise beta.", {}
+        beta = getattr(args, "beta", None)
+        if not beta:  # β = 0: nothing holds the policy, and no adaptation is accepted at 0
+            return "Set beta > 0: at beta=0 nothing holds the policy near the reference.", {}
+        controller = getattr(args, "kl_controller", None)
+        if controller is None:  # the host's own config: it has no controller
+            return "Raise beta.", {}
+        if "dynamic" in args.kl_methods:  # a controller is refused beside `dynamic`
+            return (
+                f"Raise beta_min (now {args.beta_min:g}), the least beta 'dynamic' decays to, or beta; a target-KL "
+                "controller cannot be combined with 'dynamic'.",
+                {},
+            )
+        if controller != "fixed":
+            ceiling = beta if args.beta_max is None else args.beta_max
+            settings = {"beta_max": 2 * ceiling}
+            return (
+                f"Lower target_kl (now {args.target_kl:g}) into the band; if beta sits at its ceiling "
+                f"(beta_max={ceiling:g}), raise it (beta_max={settings['beta_max']:g}).",
+                settings,
+            )
+        settings = {"kl_controller": "stepwise", "target_kl": (self.low + self.high) / 2, "beta_max": 4 * beta}
+        return (
+            "Raise beta, or let a target-KL controller hold the KL in the band ("
+            + ", ".join(f"{name}={value!r}" for name, value in settings.items())
+            + ": a controller raises beta no higher than beta_max).",
+            settings,
+        )
+
+    def _message(self, side: str, value: float, step: int, args=None) -> str:
         where = f"Mean KL `{self.key}` = {value:.4g} (last {len(self._recent)} logs) at step {step}"
         band = f"the target band [{self.low:g}, {self.high:g}]"
         if side == "above":
             return (
-                f"{where} is above {band}: the policy is drifting too far from the reference. Raise beta, or let a "
-                'target-KL controller hold it (kl_controller="adaptive" with target_kl inside the band); a lower '
-                "learning rate also helps. Watch the retention metrics for forgetting."
+                f"{where} is above {band}: the policy is drifting too far from the reference. "
+                f"{self.above_band_advice(args)[0]} A lower learning rate also helps. Watch the retention metrics for "
+                "forgetting."
             )
         if side == "below":
+            adapts = getattr(args, "kl_controller", "fixed") != "fixed" or "dynamic" in getattr(args, "kl_methods", ())
+            lower = "beta (or beta_min, where beta adapts)" if adapts else "beta"
             return (
                 f"{where} is below {band} after {self.grace_steps} grace steps: the policy barely moves from the "
-                "reference and may not be learning. Lower beta (or beta_min), or raise the learning rate; check that "
+                f"reference and may not be learning. Lower {lower}, or raise the learning rate; check that "
                 "rewards vary within groups (frac_reward_zero_std)."
             )
         return (
@@ -131,7 +168,7 @@ class KLHealthCallback(TrainerCallback):
         if side is not None and side != self._side:
             self.episodes.append({"step": step, "side": side, "value": value})
             if getattr(state, "is_world_process_zero", True):  # every process sees the same (reduced) KL
-                logger.warning(self._message(side, value, step))
+                logger.warning(self._message(side, value, step, args))
         self._side = side
 
     def state_dict(self) -> dict:

@@ -17,7 +17,14 @@ import warnings
 from dataclasses import MISSING, dataclass, field, fields
 from types import SimpleNamespace
 
-from ..kl.controller import ADAPTIVE_ERROR_CLIP, DEFAULT_KL_SCALING_RATE, DYNAMIC_TRIGGERS, KL_CONTROLLERS, KL_SCALINGS
+from ..kl.controller import (
+    ADAPTIVE_ERROR_CLIP,
+    DEFAULT_KL_SCALING_RATE,
+    DYNAMIC_TRIGGERS,
+    KL_CONTROLLERS,
+    KL_SCALINGS,
+    adaptive_reach,
+)
 from ..kl.estimators import EXPONENTIAL_ESTIMATORS
 from ..kl.validation import is_finite_number, is_int, require
 
@@ -71,6 +78,7 @@ PARAMETER_READERS = {
     ),
     "kl_horizon": (lambda c: c.kl_controller == "adaptive", "kl_controller='adaptive'"),
     "beta_min": (_beta_adapts, "kl_adaptation_method with 'dynamic', or a kl_controller other than 'fixed'"),
+    "beta_max": (lambda c: c.kl_controller != "fixed", "kl_controller='adaptive' or 'stepwise'"),
     "kl_monitor_steps": (
         lambda c: _beta_adapts(c) and c.beta_min == 0 and c.skip_zero_beta_reference,
         "a β that can reach 0 and stay there (dynamic or a target-KL controller, beta_min=0) with "
@@ -199,7 +207,8 @@ class AdaptiveKLFields:
         default="fixed",
         metadata={
             "help": "Target-KL controller of beta: 'fixed' (none), 'adaptive' (proportional, Ziegler et al. 2019) or "
-            "'stepwise' (x1.5 above 1.5*target_kl, x0.75 below 0.5*target_kl)."
+            "'stepwise' (x1.5 above 1.5*target_kl, x0.75 below 0.5*target_kl). A controller keeps beta in "
+            "[beta_min, beta_max] and holds it after a step where every group's rewards agreed (no advantage)."
         },
     )
     target_kl: float = field(
@@ -211,11 +220,21 @@ class AdaptiveKLFields:
     )
     kl_horizon: int = field(
         default=10000,
-        metadata={"help": "Horizon, in sequences, of the 'adaptive' controller. Must be > 0."},
+        metadata={
+            "help": "Horizon H, in sequences, of the 'adaptive' controller: N steps of n sequences move beta by a "
+            "factor of at most (1 +- 0.2*n/H)^N (1.6% in 100 steps of 8 at 10000). Must be > 0."
+        },
     )
     beta_min: float = field(
         default=0.0,
         metadata={"help": "Lower bound of beta under 'dynamic' and the target-KL controllers. In [0, beta]."},
+    )
+    beta_max: float | None = field(
+        default=None,
+        metadata={
+            "help": "Ceiling of beta under the target-KL controllers. None: beta, where it starts (a controller may "
+            "lower beta and raise it back, never past the beta you chose). A finite number >= beta."
+        },
     )
     ref_reset_steps: int = field(
         default=0,
@@ -445,6 +464,11 @@ def check_kl_coefficient(config) -> None:
         f"beta_min must be a finite number in [0, beta={config.beta}], got {config.beta_min!r}.",
     )
     require(
+        config.beta_max is None or (is_finite_number(config.beta_max) and config.beta_max >= config.beta),
+        f"beta_max must be None (the ceiling is beta={config.beta}) or a finite number >= beta, got "
+        f"{config.beta_max!r}.",
+    )
+    require(
         is_int(config.beta_schedule_steps) and config.beta_schedule_steps >= 1,
         f"beta_schedule_steps must be an integer >= 1, got {config.beta_schedule_steps!r}.",
     )
@@ -463,15 +487,42 @@ def check_kl_coefficient(config) -> None:
     )
 
 
+# Below this largest relative move of β over `max_steps`, the 'adaptive' controller is a constant β in that run.
+ADAPTIVE_MIN_REACH = 0.10
+
+
 def check_adaptive_horizon(config) -> None:
     """The 'adaptive' controller's horizon against the sequences of one optimizer step, after
-    `TrainingArguments.__post_init__`: it needs the process count, known once the distributed state is set up."""
+    `TrainingArguments.__post_init__`: it needs the process count, known once the distributed state is set up. Warns
+    when the horizon cannot move β by `ADAPTIVE_MIN_REACH` over `max_steps` (when set), naming a horizon that can."""
+    if config.kl_controller != "adaptive":
+        return
     sequences_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.world_size
     require(
-        config.kl_controller != "adaptive" or ADAPTIVE_ERROR_CLIP * sequences_per_step < config.kl_horizon,
+        ADAPTIVE_ERROR_CLIP * sequences_per_step < config.kl_horizon,
         f"kl_horizon must exceed {ADAPTIVE_ERROR_CLIP} x the sequences per optimizer step ({sequences_per_step}) "
         f"with kl_controller='adaptive', got {config.kl_horizon}: a larger step would make beta negative.",
     )
+    steps = config.max_steps
+    if steps <= 0:  # the run's length is set by epochs and the data: unknown here
+        return
+    _, largest = adaptive_reach(steps, horizon=config.kl_horizon, num_sequences=sequences_per_step)
+    if largest - 1 < ADAPTIVE_MIN_REACH:
+        warnings.warn(
+            f"kl_horizon={config.kl_horizon} with {sequences_per_step} sequences per optimizer step moves beta by at "
+            f"most {100 * (largest - 1):.1f}% in max_steps={steps} steps, (1 + {ADAPTIVE_ERROR_CLIP} x "
+            f"{sequences_per_step}/{config.kl_horizon})^{steps}: in this run the 'adaptive' controller is a constant "
+            f"beta. kl_horizon={adaptive_horizon_for(steps, sequences_per_step)} lets it move beta 10x in half "
+            "the run.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def adaptive_horizon_for(steps: int, sequences_per_step: int) -> int:
+    """The horizon at which the 'adaptive' controller, its error at the clip on every step, moves β by a factor of
+    10 in `steps` / 2 steps: H = 0.2·n / (1 − 0.1^(2/steps)), rounded down."""
+    return int(ADAPTIVE_ERROR_CLIP * sequences_per_step / (1 - 0.1 ** (2 / steps)))
 
 
 def check_training_arguments(config) -> None:

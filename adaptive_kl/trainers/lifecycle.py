@@ -352,6 +352,8 @@ class AdaptiveKLRun:
             controller, resets = self.beta_controller, self.reference_resets
             if controller.has_training_state:
                 metrics["adaptive_kl/skipped_updates"] = [float(controller.num_skipped_updates)]
+            if controller.kl_controller != "fixed":
+                metrics["adaptive_kl/held_updates"] = [float(controller.num_held_updates)]
             if resets.enabled:
                 metrics["adaptive_kl/ref_resets"] = [float(resets.num_resets)]
                 metrics["adaptive_kl/ref_reset_step"] = [float(resets.last_reset_step)]

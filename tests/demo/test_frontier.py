@@ -275,7 +275,7 @@ def test_the_sections_state_the_endpoint_and_read_every_method():
     assert above["D by seed (seed)"] == "+0.100 (0), +0.120 (1), +0.090 (2), +0.110 (3), +0.100 (4)"
     assert above["D: above the frontier"] == f"+0.104 ± {2.776445 * statistics.stdev(D[ABOVE]) / math.sqrt(5):.3f}"
     assert above["reading"].startswith("above the frontier")
-    assert above["D against the best at no more drift"] == above["D: above the frontier"]
+    assert above["D against the monotone envelope"] == above["D: above the frontier"]
     assert dict(zip(header, rows[ON]))["Holm-adjusted p"] == "0.8276"  # the largest p: times 1, as it was
     assert "Not adjusted for multiplicity (no Holm)" in text
     secondary = table_rows(text[text.index("## Secondary") :])
@@ -332,3 +332,74 @@ def test_the_plots_reward_bars_stay_in_the_range_the_study_states(tmp_path, monk
     caption = line_section(runs, stated, "frontier.png")
     assert "a bar of reward (last quarter) cut where it leaves the values it can take, 0 to 1.1)" in caption
     assert "cut where it leaves" not in line_section(runs, FRONTIER, "frontier.png")
+
+
+# --- the start's point on the line ----------------------------------------------------------------------------------
+
+
+def started(variant: str, seed: int, kl: float, early: float, late: float, accuracy: float = 0.0) -> VariantRun:
+    """A run of 8 steps whose first 2 earn `early` and the rest `late` (its reward of the last quarter), with held-out
+    KL `kl`, accuracy 0.5 at step 0 and `accuracy` at the end, and its accuracy reward `late` − 0.5 (0 at least)."""
+    history = [
+        {"step": step, "reward": early if step <= 2 else late, "rewards/accuracy_reward/mean": max(0.0, late - 0.5),
+         "completions/mean_length": 40.0}
+        for step in range(1, 9)
+    ]  # fmt: skip
+    retention = [{"step": 0, "retention/loglik": -2.0, "retention/kl_to_start": 0.0},
+                 {"step": 8, "retention/loglik": -2.1, "retention/kl_to_start": kl}]  # fmt: skip
+    evaluations = [{"step": 0, "val_accuracy": 0.5}, {"step": 8, "val_accuracy": accuracy}]
+    return VariantRun(f"{variant}, seed={seed}", {"seed": seed}, history, evaluations, 1.0, retention=retention)
+
+
+def started_runs() -> list[VariantRun]:
+    """Every seed's line: (0.1, 0.6), (0.4, 0.8), (1.6, 1.0) for β = 0.2, 0.05, 0, each run earning 0.2 + 0.1·k at
+    its first 2 steps (k = 0, 1, 2 in the line's order): the start's reward is their mean, 0.3. `BELOW` drifts 0.05,
+    less than every constant β, and earns 0.5 + 0.01·s."""
+    runs = []
+    for seed in range(4):
+        for k, (variant, (kl, late)) in enumerate(zip(LINE[::-1], [(0.1, 0.6), (0.4, 0.8), (1.6, 1.0)])):
+            runs.append(started(variant, seed, kl, 0.2 + 0.1 * k, late, accuracy=0.2))
+        runs.append(started(BELOW, seed, 0.05, 0.3, 0.5 + 0.01 * seed, accuracy=0.3))
+    return runs
+
+
+def test_the_start_on_the_line_reads_a_method_that_drifted_least_against_a_line_falling_to_the_start():
+    """Held flat, the line reads 0.6 at drift 0.05 (D = −0.1 + 0.01·s, outside the measured drifts); with the start's
+    point (0, 0.3) it reads 0.45, halfway to β = 0.2's point (D = +0.05 + 0.01·s, inside). The secondaries read the
+    start's values too: Δ retention 0, the step-0 accuracy 0.5."""
+    flat = Frontier(line=LINE, secondary=("delta_retention", "final_accuracy"))
+    with_start = dataclasses.replace(flat, start_steps=2)
+    (held,) = read_methods(started_runs(), flat)
+    assert held.above.values == pytest.approx([-0.1, -0.09, -0.08, -0.07]) and held.outside == [0, 1, 2, 3]
+    (reading,) = read_methods(started_runs(), with_start)
+    assert reading.above.values == pytest.approx([0.05, 0.06, 0.07, 0.08]) and reading.outside == []
+    # Δ retention −0.1 everywhere on the line, 0 at the start: −0.05 at drift 0.05, so the method's −0.1 is −0.05.
+    assert reading.secondary["delta_retention"].values == pytest.approx([-0.05] * 4)
+    # Accuracy 0.2 on the line, 0.5 at the start: 0.35 at drift 0.05, the method's 0.3 is −0.05 below it.
+    assert reading.secondary["final_accuracy"].values == pytest.approx([-0.05] * 4)
+    # The mirror: 0.5 is reached at drift 0.0667 on the line through the start (0.3 + 0.3·x/0.1).
+    assert reading.mirror.values[0] == pytest.approx(0.05 - 0.2 / 3)
+    assert read_methods(started_runs(), with_start, with_start=False)[0].above.values == held.above.values
+
+
+def test_a_start_added_after_the_runs_is_a_correction_beside_the_stated_endpoint():
+    stated = Frontier(line=LINE, start_steps=2)
+    text = frontier_sections(started_runs(), stated)
+    assert "## Correction" not in text and "through the start's point (drift 0, the mean reward" in text
+    assert "| start | 4 | 0.0000 ± 0.0000 | 0.300 ± 0.000 |" in text
+    corrected = frontier_sections(started_runs(), dataclasses.replace(stated, start_added_after_runs=True))
+    primary, correction = corrected.split("## Correction: D with the start's point on the line")
+    assert "| -0.085 ± " in primary and "| 0, 1, 2, 3 |" in primary  # held flat: below, every seed outside
+    assert "| +0.065 ± " in correction and "| none |" in correction
+    assert "added after the runs, as a correction" in primary
+
+
+def test_the_seeds_that_learned_are_counted_per_arm_with_an_exact_interval():
+    """`BELOW`'s accuracy reward is 0.5 + 0.01·s − 0.5 = 0.01·s: none of 4 seeds reaches 0.3; β = 0's (1.0 − 0.5 =
+    0.5) all do."""
+    frontier = Frontier(line=LINE, start_steps=2, learned=("rewards/accuracy_reward/mean", 0.3))
+    text = frontier_sections(started_runs(), frontier)
+    assert "## Seeds that learned" in text
+    assert f"| {LINE[0]} | 0.500 (0), 0.500 (1), 0.500 (2), 0.500 (3) | 4 of 4 | [0.40, 1.00] |" in text
+    assert f"| {BELOW} | 0.000 (0), 0.010 (1), 0.020 (2), 0.030 (3) | 0 of 4 | [0.00, 0.60] |" in text
+    assert "## Seeds that learned" not in frontier_sections(started_runs(), Frontier(line=LINE))

@@ -78,6 +78,24 @@ def test_runs_resume_without_redoing_finished_ones(script, tmp_path, capsys, mon
     assert "beta=0.1, kl_estimator=k2: 1." in open(os.path.join(out, "tiny", "summary.md")).read()
 
 
+def test_a_stop_file_lets_the_runs_in_flight_finish_and_starts_no_other(script, tmp_path, capsys, monkeypatch):
+    stop = tmp_path / "stop-runner"
+    executed = []
+
+    def execute(run, out, studies, threads):  # the first run asks the runner to stop while it is in flight
+        executed.append((run.variant, run.seed))
+        stop.touch()
+        return 0
+
+    monkeypatch.setattr(script, "execute", execute)
+    monkeypatch.setattr(script, "summarize", lambda *args: None)
+    out = str(tmp_path / "studies")
+    assert script.main(["--seeds", "0,1", "--jobs", "1", "--out", out, "--stop-file", str(stop)], studies=TINY) == 0
+    assert executed == [("beta=0", 0)]
+    assert capsys.readouterr().out.count(f"not started ({stop} exists)") == 3
+    assert not any(name == "running.pid" for _, _, names in os.walk(out) for name in names)  # no claim left
+
+
 def test_the_runs_devices_are_counted_from_their_own_summaries(script, tmp_path):
     epyc, xeon = "CPU: AMD EPYC, 2 cores, torch threads 1", "CPU: Xeon, 2 cores, torch threads 1"
     for name, device in (("a", epyc), ("b", xeon), ("c", epyc), ("d", None)):
@@ -174,10 +192,10 @@ def test_a_study_with_a_different_command_is_not_reused(script, tmp_path, monkey
     assert at_64[1]["max_completion_length"] != none[1]["max_completion_length"]
 
 
-def test_a_studys_last_variants_run_after_every_seed_of_the_others(script):
-    studies = {"s": {"variants": ["a", "b", "c"], "last": ["b"], "seeds": "0,1", "args": []}}
+def test_a_studys_phases_run_after_every_seed_of_the_variants_before_them(script):
+    studies = {"s": {"variants": ["a", "b", "c", "d"], "phases": [["b"], ["d"]], "seeds": "0,1", "args": []}}
     order = [(run.variant, run.seed) for run in script.planned_runs(studies, ["s"])]
-    assert order == [("a", 0), ("c", 0), ("a", 1), ("c", 1), ("b", 0), ("b", 1)]
+    assert order == [("a", 0), ("c", 0), ("a", 1), ("c", 1), ("b", 0), ("b", 1), ("d", 0), ("d", 1)]
     methods = script.planned_runs(script.STUDIES, ["methods"])
     new = [run for run in methods if script.source_run(run, script.STUDIES) == run]
     assert [run.seed for run in new[:9]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # seeds 0-2 of clip, sigmoid, dynamic first
@@ -333,4 +351,25 @@ def test_the_stepwise_arms_target_is_the_stated_rule_on_the_committed_runs(scrip
     assert script.FRONTIER_TARGET_KL == f"{sum(values) / len(values):.3g}"
     frontier = script.STUDIES["frontier"]
     assert f"target_kl={script.FRONTIER_TARGET_KL}" in script.FRONTIER_STEPWISE
-    assert frontier["last"] == script.FRONTIER_STEP_2 == frontier["variants"][-2:]
+    assert frontier["phases"] == [script.FRONTIER_STEP_2] and script.FRONTIER_STEP_2 == frontier["variants"][-2:]
+
+
+def test_the_second_frontiers_controller_target_and_order_are_the_stated_ones(script):
+    """The second frontier's target-KL rule, stated before its runs: the mean `adaptive_kl/raw_kl` over every logged
+    step of β = 0.04's seeds 0-2 (the β study's runs, reused), to 3 significant digits; its line runs before its
+    methods, every β's seeds 0-2 before seeds 3-4, and the methods before `sigmoid`."""
+    values = []
+    for seed in (0, 1, 2):
+        run = script.source_run(script.Run("frontier_sum", "beta=0.04", seed), script.STUDIES)
+        assert run.study == "beta"
+        (trained,) = load_runs(os.path.join(script.REPOSITORY, run.directory(script.STUDIES_DIR)))
+        values += [entry["adaptive_kl/raw_kl"] for entry in trained.history if "adaptive_kl/raw_kl" in entry]
+    assert len(values) == 300
+    assert script.SUM_TARGET_KL == f"{sum(values) / len(values):.3g}"
+    order = [(run.variant, run.seed) for run in script.planned_runs(script.STUDIES, ["frontier_sum"])]
+    line = [(variant, seed) for seed in range(5) for variant in script.SUM_LINE]
+    assert order[: len(line)] == line
+    assert {variant for variant, _ in order[len(line) : len(line) + 15]} == set(script.SUM_METHODS)
+    assert {variant for variant, _ in order[-5:]} == {script.SUM_SIGMOID}
+    settings = script.STUDIES["frontier_sum"]
+    assert settings["args"] == script.STUDIES["beta"]["args"] and settings["frontier"]["line"] == script.SUM_LINE

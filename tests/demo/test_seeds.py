@@ -29,6 +29,7 @@ from adaptive_kl.demo.report import (
 )
 from adaptive_kl.demo.runner import VariantRun
 from adaptive_kl.demo.seeds import (
+    binomial_interval,
     T_975,
     detectable_difference,
     format_p,
@@ -392,3 +393,25 @@ def test_compare_over_seeds_end_to_end(tmp_path):
     with open(out / "metrics.csv") as f:
         variants = {r["variant"] for r in csv.DictReader(f)}
     assert variants == {f"kl_scaling={k}, seed={s}" for k in ("none", "log") for s in (0, 1)}
+
+
+@pytest.mark.parametrize(
+    "successes, trials, expected",
+    [  # Clopper-Pearson 95% intervals as tabled (e.g. R's binom.test)
+        (0, 5, (0.0, 0.5218)),
+        (2, 5, (0.0527, 0.8534)),
+        (5, 5, (0.4782, 1.0)),
+        (1, 10, (0.0025, 0.4450)),
+        (3, 3, (0.2924, 1.0)),
+    ],
+)
+def test_the_exact_binomial_interval(successes, trials, expected):
+    assert binomial_interval(successes, trials) == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_exact_binomial_interval_holds_its_coverage_at_its_ends():
+    """At the lower end P(X ≥ k) = 0.025, at the upper P(X ≤ k) = 0.025."""
+    low, high = binomial_interval(2, 5)
+    assert sum(math.comb(5, i) * low**i * (1 - low) ** (5 - i) for i in range(2, 6)) == pytest.approx(0.025, abs=1e-9)
+    assert sum(math.comb(5, i) * high**i * (1 - high) ** (5 - i) for i in range(3)) == pytest.approx(0.025, abs=1e-9)
+    assert all(math.isnan(v) for v in binomial_interval(0, 0))

@@ -18,6 +18,7 @@ from adaptive_kl.kl.controller import (
     KL_SCALINGS,
     BetaController,
     adaptive_kl_update,
+    adaptive_reach,
     dynamic_decay,
     step_scale,
     stepwise_kl_update,
@@ -211,7 +212,7 @@ def test_beta_schedule_steps_is_a_dynamic_setting():
 
 def test_adaptive_controller_trajectory():
     kls = [0.2, 0.06, 0.05, 0.0, 0.04, 1.0]
-    ctrl = BetaController(0.1, kl_controller="adaptive", target_kl=0.05, kl_horizon=100)
+    ctrl = BetaController(0.1, kl_controller="adaptive", target_kl=0.05, kl_horizon=100, beta_max=1.0)
     expected = 0.1
     for step, kl in enumerate(kls, start=1):
         ctrl.update(step, mean_kl=kl, num_sequences=16)
@@ -221,12 +222,67 @@ def test_adaptive_controller_trajectory():
 
 
 def test_stepwise_controller_trajectory():
-    ctrl = BetaController(0.2, kl_controller="stepwise", target_kl=0.5)
+    ctrl = BetaController(0.2, kl_controller="stepwise", target_kl=0.5, beta_max=1.0)
     expected = 0.2
     for step, (kl, factor) in enumerate([(1.0, 1.5), (0.5, 1.0), (0.1, 0.75), (0.1, 0.75), (0.8, 1.5)], start=1):
         ctrl.update(step, mean_kl=kl, num_sequences=4)
         expected *= factor
         assert ctrl.beta_base == pytest.approx(expected, rel=1e-14)
+
+
+def test_stepwise_trajectory_by_hand_floor_ceiling_and_hold():
+    """β = 0.2, target 0.1 (×1.5 above 0.15, ×0.75 below 0.05), floor 0.1, ceiling at its default (β's start): the
+    frontier study's runaway (×1.5 a step while every group agreed) stops at 0.2 and is held on the agreeing steps."""
+    ctrl = BetaController(0.2, kl_controller="stepwise", target_kl=0.1, beta_min=0.1)
+    steps = [  # (KL, fraction of zero-std groups, β_base after the step)
+        (0.01, 0.5, 0.15),  # ×0.75
+        (0.01, 0.0, 0.1125),  # ×0.75
+        (0.01, 0.5, 0.1),  # ×0.75 = 0.084375, at the floor
+        (0.30, 0.5, 0.15),  # ×1.5
+        (0.30, 1.0, 0.15),  # every group agreed: held
+        (0.30, 1.0, 0.15),  # held
+        (0.30, 0.5, 0.2),  # ×1.5 = 0.225, at the ceiling
+        (0.30, 0.5, 0.2),  # stays there
+        (0.10, 0.5, 0.2),  # inside the band
+        (0.01, 1.0, 0.2),  # held, even below the band
+        (0.01, math.nan, 0.15),  # no group with two scored: not an agreement, the rule applies
+    ]
+    for step, (kl, zero_std, expected) in enumerate(steps, start=1):
+        ctrl.update(step, mean_kl=kl, num_sequences=8, zero_std_fraction=zero_std)
+        assert ctrl.beta_base == pytest.approx(expected, rel=1e-15), step
+    assert (ctrl.num_held_updates, ctrl.num_skipped_updates) == (3, 0)
+
+
+def test_adaptive_trajectory_by_hand_reaches_its_ceiling_and_holds():
+    """Ziegler's rule at H = 40 and 8 sequences (±4% a step at the clip) under a ceiling of 0.21."""
+    ctrl = BetaController(0.2, kl_controller="adaptive", target_kl=0.1, kl_horizon=40, beta_max=0.21)
+    steps = [  # (KL, fraction of zero-std groups, β_base after the step)
+        (1.0, 0.0, 0.2 * 1.04),  # error clipped to +0.2: ×(1 + 0.2·8/40)
+        (1.0, 1.0, 0.2 * 1.04),  # held
+        (1.0, 0.5, 0.21),  # 0.2163: the ceiling
+        (0.09, 0.5, 0.21 * (1 - 0.1 * 0.2)),  # error −0.1: ×(1 − 0.1·0.2)
+    ]
+    for step, (kl, zero_std, expected) in enumerate(steps, start=1):
+        ctrl.update(step, mean_kl=kl, num_sequences=8, zero_std_fraction=zero_std)
+        assert ctrl.beta_base == pytest.approx(expected, rel=1e-14), step
+    assert ctrl.num_held_updates == 1
+
+
+def test_adaptive_reach_is_the_clipped_rule_applied_at_its_clip():
+    low, high = adaptive_reach(100, horizon=10000, num_sequences=8)
+    assert (round(1 - low, 4), round(high - 1, 4)) == (0.0159, 0.0161)  # Ziegler's horizon in a 100-step run
+    up = down = 1.0
+    for _ in range(30):
+        up = adaptive_kl_update(up, 10.0, target_kl=1.0, horizon=64, num_sequences=16)
+        down = adaptive_kl_update(down, 0.0, target_kl=1.0, horizon=64, num_sequences=16)
+    assert adaptive_reach(30, horizon=64, num_sequences=16) == pytest.approx((down, up), rel=1e-13)
+
+
+def test_dynamic_is_not_held_when_every_group_agrees():
+    """The hold is the target-KL controllers' rule: `dynamic`'s saturation trigger decays exactly there."""
+    ctrl = BetaController(0.2, dynamic=True, dynamic_trigger="saturation", saturation_threshold=1.0)
+    ctrl.update(1, zero_std_fraction=1.0)
+    assert (ctrl.beta_base, ctrl.num_decays, ctrl.num_held_updates) == (pytest.approx(0.18), 1, 0)
 
 
 @pytest.mark.parametrize("controller", ["adaptive", "stepwise"])
@@ -264,12 +320,12 @@ def test_controllers_skip_missing_or_non_finite_statistics(controller, kl, n):
     assert ctrl.num_skipped_updates == 1
 
 
-def test_overflowing_update_is_skipped():
-    """Stepwise ×1.5 of a huge β overflows to inf; the state must keep its last finite value."""
-    ctrl = BetaController(1.5e308, kl_controller="stepwise", target_kl=0.05)
+def test_an_overflowing_update_stops_at_the_ceiling():
+    """Stepwise ×1.5 of a huge β overflows to inf; the ceiling, finite, takes its place."""
+    ctrl = BetaController(1.5e308, kl_controller="stepwise", target_kl=0.05, beta_max=1.7e308)
     ctrl.update(1, mean_kl=10.0, num_sequences=4)
-    assert ctrl.beta_base == 1.5e308
-    assert ctrl.num_skipped_updates == 1
+    assert ctrl.beta_base == 1.7e308
+    assert ctrl.num_skipped_updates == 0
 
 
 @SETTINGS
@@ -287,11 +343,12 @@ def test_beta_stays_finite_and_above_beta_min_under_any_statistics(mode, beta, m
         beta_min=beta * min_fraction,
         kl_horizon=100,
         kl_scaling="log",
+        beta_max=3 * beta,
     )
     for step, (reward, kl, n) in enumerate(stats, start=1):
         ctrl.update(step, mean_reward=reward, mean_kl=kl, num_sequences=n)
         assert math.isfinite(ctrl.beta_base)
-        assert ctrl.beta_base >= beta * min_fraction
+        assert beta * min_fraction <= ctrl.beta_base <= 3 * beta  # dynamic only decays: its ceiling is its start
         assert math.isfinite(ctrl.beta(step + 1)) and ctrl.beta(step + 1) >= 0
     assert ctrl.last_step == len(stats)
 
@@ -310,7 +367,13 @@ def test_update_of_an_already_applied_step_is_ignored():
 
 def _run(ctrl, steps, *, start=1):
     for step in range(start, start + steps):
-        ctrl.update(step, mean_reward=0.9 if step % 3 else 0.1, mean_kl=0.02 * step, num_sequences=32)
+        ctrl.update(
+            step,
+            mean_reward=0.9 if step % 3 else 0.1,
+            mean_kl=0.02 * step,
+            num_sequences=32,
+            zero_std_fraction=1.0 if step % 4 == 0 else 0.5,
+        )
 
 
 @pytest.mark.parametrize(
@@ -319,6 +382,7 @@ def _run(ctrl, steps, *, start=1):
         dict(dynamic=True, dynamic_beta_decay=0.8, reward_threshold=0.5, beta_min=0.01, kl_scaling="sqrt"),
         dict(kl_controller="adaptive", target_kl=0.05, kl_horizon=200),
         dict(kl_controller="stepwise", target_kl=0.1, beta_min=0.02),
+        dict(kl_controller="stepwise", target_kl=0.05, beta_max=0.6),  # held on every 4th step, at the ceiling
     ],
 )
 def test_state_dict_round_trip_resumes_the_same_trajectory(kwargs):
@@ -356,6 +420,7 @@ def test_load_state_dict_refuses_invalid_beta_and_keeps_state(bad):
         ("num_decays", math.inf),
         ("num_skipped_updates", "3"),
         ("num_decays", True),
+        ("num_held_updates", -2),
     ],
 )
 def test_load_state_dict_refuses_invalid_counters_and_keeps_state(entry, bad):
@@ -371,7 +436,13 @@ def test_load_state_dict_refuses_invalid_counters_and_keeps_state(entry, bad):
 def test_load_state_dict_takes_whole_floats_and_refuses_a_state_without_last_step():
     ctrl = BetaController(0.4)
     ctrl.load_state_dict({"beta_base": 0.2, "last_step": 5.0, "num_decays": 2.0, "num_skipped_updates": 0})
-    assert ctrl.state_dict() == {"beta_base": 0.2, "last_step": 5, "num_decays": 2, "num_skipped_updates": 0}
+    assert ctrl.state_dict() == {
+        "beta_base": 0.2,
+        "last_step": 5,
+        "num_decays": 2,
+        "num_skipped_updates": 0,
+        "num_held_updates": 0,
+    }
     assert all(type(v) is int for k, v in ctrl.state_dict().items() if k != "beta_base")
     with pytest.raises(ValueError, match="last_step is missing"):
         ctrl.load_state_dict({"beta_base": 0.2})
@@ -395,8 +466,14 @@ def test_which_controllers_carry_training_state(kwargs, stateful):
 
 def test_load_state_dict_defaults_missing_counters():
     ctrl = BetaController(0.4)
-    ctrl.load_state_dict({"beta_base": 0.2, "last_step": 5})
-    assert ctrl.state_dict() == {"beta_base": 0.2, "last_step": 5, "num_decays": 0, "num_skipped_updates": 0}
+    ctrl.load_state_dict({"beta_base": 0.2, "last_step": 5})  # saved before num_held_updates existed, or older
+    assert ctrl.state_dict() == {
+        "beta_base": 0.2,
+        "last_step": 5,
+        "num_decays": 0,
+        "num_skipped_updates": 0,
+        "num_held_updates": 0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -427,6 +504,7 @@ def _args(**overrides):
         kl_controller="fixed",
         target_kl=0.07,
         kl_horizon=5000,
+        beta_max=None,
     )
     base.update(overrides)
     return SimpleNamespace(**base)
@@ -445,11 +523,18 @@ def test_from_args_copies_every_field():
     assert (ctrl.kl_scaling, ctrl.kl_controller, ctrl.target_kl, ctrl.kl_horizon) == ("exp", "fixed", 0.07, 5000)
     assert (ctrl.dynamic_trigger, ctrl.saturation_threshold, ctrl.kl_scaling_rate) == ("saturation", 0.3, 0.97)
     assert ctrl.trigger_threshold == 0.3 and ctrl.scale(3) == pytest.approx(0.97**2, rel=1e-15)
-    assert ctrl.state_dict() == {"beta_base": 0.3, "last_step": 0, "num_decays": 0, "num_skipped_updates": 0}
+    assert ctrl.beta_max == 0.3  # None: where β starts
+    assert ctrl.state_dict() == {
+        "beta_base": 0.3,
+        "last_step": 0,
+        "num_decays": 0,
+        "num_skipped_updates": 0,
+        "num_held_updates": 0,
+    }
 
 
 def test_from_args_dynamic_only_when_requested():
-    ctrl = BetaController.from_args(_args(kl_methods=("clip",), kl_controller="adaptive"))
+    ctrl = BetaController.from_args(_args(kl_methods=("clip",), kl_controller="adaptive", beta_max=0.5))
     assert ctrl.dynamic is False
     ctrl.update(1, mean_reward=1.0, mean_kl=1.0, num_sequences=500)
     assert ctrl.beta_base == pytest.approx(0.3 * (1 + 0.2 * 500 / 5000), rel=1e-14)

@@ -549,7 +549,7 @@ def test_stepwise_update_is_monotone_with_exact_boundaries(beta, target, kl_a, k
 
 hostile_statistic = st.one_of(
     st.none(),
-    st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e308, -1e308, 5e-324]),
+    st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, 1e308, -1e308, 5e-324]),  # 1.0: all groups agree
     st.floats(min_value=-2.0, max_value=2.0),
 )
 controller_settings = st.fixed_dictionaries(
@@ -566,6 +566,7 @@ controller_settings = st.fixed_dictionaries(
         "beta_schedule_steps": st.integers(min_value=1, max_value=80),
         "target_kl": st.floats(min_value=1e-4, max_value=1.0),
         "kl_horizon": st.integers(min_value=1, max_value=10**4),
+        "max_factor": st.one_of(st.none(), st.floats(min_value=1.0, max_value=1e3)),  # beta_max = beta·max_factor
     }
 )
 # (step increment, mean_reward, mean_kl, num_sequences): steps mostly advance by one, sometimes jump, repeat or go
@@ -607,31 +608,42 @@ def _controller(p) -> BetaController:
         kl_controller=mode if mode in ("adaptive", "stepwise") else "fixed",
         target_kl=p["target_kl"],
         kl_horizon=p["kl_horizon"],
+        beta_max=_beta_max(p),
     )
 
 
+def _beta_max(p) -> float | None:
+    """The ceiling drawn: None (β's start), or β·max_factor where that is finite."""
+    if p["max_factor"] is None or not math.isfinite(p["beta"] * p["max_factor"]):
+        return None
+    return p["beta"] * p["max_factor"]
+
+
 def _reference_update(p, beta, reward, kl, n):
-    """docs/design.md §5 in plain Python: (new β_base, skipped?) for one step's statistics; the saturation trigger
-    reads the fraction of zero-std groups, which the test passes in the KL's slot."""
+    """docs/design.md §5 in plain Python: (new β_base, "skipped", "held" or None) for one step's statistics; the
+    saturation trigger and the controllers' hold read the fraction of zero-std groups, which the test passes in the
+    KL's slot."""
     mode, beta_min = p["mode"], p["beta"] * p["min_fraction"]
     if mode == "dynamic":
         saturation = p["dynamic_trigger"] == "saturation"
         statistic, threshold = (kl, p["saturation_threshold"]) if saturation else (reward, p["reward_threshold"])
         if statistic is None or not math.isfinite(statistic):
-            return beta, True
-        return (max(beta * p["dynamic_beta_decay"], beta_min) if statistic >= threshold else beta), False
+            return beta, "skipped"
+        return (max(beta * p["dynamic_beta_decay"], beta_min) if statistic >= threshold else beta), None
     if mode == "fixed":
-        return beta, False
+        return beta, None
     if kl is None or not math.isfinite(kl) or not n:
-        return beta, True
+        return beta, "skipped"
+    if kl == 1.0:  # the zero-std fraction: every group agreed
+        return beta, "held"
     target = p["target_kl"]
+    ceiling = p["beta"] if _beta_max(p) is None else _beta_max(p)
     if mode == "adaptive":
         error = min(max(kl / target - 1.0, -0.2), 0.2)
-        new = max(beta * (1.0 + error * n / p["kl_horizon"]), beta_min)
+        new = beta * (1.0 + error * n / p["kl_horizon"])
     else:
-        factor = 1.5 if kl > 1.5 * target else 0.75 if kl < 0.5 * target else 1.0
-        new = max(beta * factor, beta_min)
-    return (new, False) if math.isfinite(new) else (beta, True)  # an overflowing update is skipped
+        new = beta * (1.5 if kl > 1.5 * target else 0.75 if kl < 0.5 * target else 1.0)
+    return min(max(new, beta_min), ceiling), None  # ×1.5 past the largest float gives inf: the ceiling
 
 
 @SLOW
@@ -639,9 +651,9 @@ def _reference_update(p, beta, reward, kl, n):
 def test_beta_controller_survives_any_sequence_of_hostile_updates(p, updates, data):
     """Updates in any order with NaN/inf/None/huge statistics and zero sequences, for fixed, dynamic and both
     controllers and every kl_scaling: β_base follows the design rules (a float64 model), is never NaN/inf/negative nor
-    below β_min (nor above β under dynamic), β_t is finite and ≥ 0 for any step, replayed steps change nothing, the
-    skip counter counts the unusable statistics and overflowing updates, and a JSON state saved at any point resumes
-    the same trajectory."""
+    below β_min nor above the ceiling (β under dynamic, beta_max under a controller), β_t is finite and ≥ 0 for any
+    step, replayed steps change nothing, the skip counter counts the unusable statistics and the hold counter the steps
+    where every group agreed, and a JSON state saved at any point resumes the same trajectory."""
     ctrl = _controller(p)
     beta_min = p["beta"] * p["min_fraction"]
     steps = np.cumsum([0] + [increment for increment, *_ in updates])[1:].tolist()
@@ -650,7 +662,7 @@ def test_beta_controller_survives_any_sequence_of_hostile_updates(p, updates, da
         for step, (_, reward, kl, n) in zip(steps, updates)
     ]
     split = data.draw(st.integers(min_value=0, max_value=len(updates)), label="resume_after")
-    expected_beta, expected_last, expected_skipped, expected_decays = p["beta"], 0, 0, 0
+    expected_beta, expected_last, expected_skipped, expected_decays, expected_held = p["beta"], 0, 0, 0, 0
     saved = None
     for i, (step, reward, kl, n) in enumerate(updates):
         if i == split:
@@ -658,18 +670,19 @@ def test_beta_controller_survives_any_sequence_of_hostile_updates(p, updates, da
         ctrl.update(step, mean_reward=reward, zero_std_fraction=kl, mean_kl=kl, num_sequences=n)
         if step > expected_last:
             expected_last = step
-            new, skipped = _reference_update(p, expected_beta, reward, kl, n)
-            expected_skipped += skipped
+            new, untouched = _reference_update(p, expected_beta, reward, kl, n)
+            expected_skipped += untouched == "skipped"
+            expected_held += untouched == "held"
             expected_decays += p["mode"] == "dynamic" and new != expected_beta
             expected_beta = new
         assert ctrl.beta_base == pytest.approx(expected_beta, rel=1e-12, abs=0.0)
         assert math.isfinite(ctrl.beta_base) and ctrl.beta_base >= max(beta_min, 0.0)
-        if p["mode"] == "dynamic":
-            assert ctrl.beta_base <= p["beta"]
-        assert (ctrl.last_step, ctrl.num_skipped_updates, ctrl.num_decays) == (
+        assert ctrl.beta_base <= (p["beta"] if p["mode"] == "dynamic" or _beta_max(p) is None else _beta_max(p))
+        assert (ctrl.last_step, ctrl.num_skipped_updates, ctrl.num_decays, ctrl.num_held_updates) == (
             expected_last,
             expected_skipped,
             expected_decays,
+            expected_held,
         )
         for t in (-1, 1, 2, step, step + 1, p["beta_schedule_steps"] - 1, p["beta_schedule_steps"], 10**9):
             schedule_over = p["mode"] == "dynamic" and t >= p["beta_schedule_steps"]
@@ -718,7 +731,13 @@ def test_load_state_dict_refuses_nan_inf_or_negative_beta_in_any_container(bad, 
 def test_load_state_dict_accepts_any_finite_nonnegative_beta(beta_base, last_step):
     """Any finite β_base ≥ 0 round-trips through JSON exactly, and β_t is then finite for the saved step."""
     ctrl = BetaController(0.4, kl_scaling="sqrt")
-    state = {"beta_base": beta_base, "last_step": last_step, "num_decays": 0, "num_skipped_updates": 0}
+    state = {
+        "beta_base": beta_base,
+        "last_step": last_step,
+        "num_decays": 0,
+        "num_skipped_updates": 0,
+        "num_held_updates": 0,
+    }
     ctrl.load_state_dict(json.loads(json.dumps(state)))
     assert ctrl.state_dict() == state
     assert math.isfinite(ctrl.beta(last_step + 1))

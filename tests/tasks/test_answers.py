@@ -9,6 +9,7 @@ from adaptive_kl.tasks.answers import (
     answers_match,
     completion_text,
     extract_answer,
+    final_number,
     has_answer_format,
     normalize_number,
 )
@@ -127,6 +128,35 @@ def test_extract_answer_never_raises_on_garbage():
         assert extract_answer(text) is None
     assert extract_answer("#### " + "9" * 999) == "9" * 999  # exact, no float overflow
     assert extract_answer(None) is None
+
+
+@pytest.mark.parametrize(
+    "text, strict, lenient",
+    [
+        # The `####` line's concluding number: an equation's result, else the line's first number.
+        ("#### 4 + 13 = 17", "4", "17"),
+        ("4 + 13 = 17\n#### 4 + 13 = 17\nThe answer is 17.", "4", "17"),
+        ("#### 17 apples (4 + 13)", "17", "17"),
+        ("#### 17", "17", "17"),
+        ("#### $1,234.50.", "1234.5", "1234.5"),
+        ("#### 4 + 13", "4", "4"),  # no `=`: nothing is concluded beyond the first number
+        ("#### x = -3", "-3", "-3"),
+        ("####\n\n17", "17", "17"),  # the first line with text after the marker
+        ("#### 19\n20 = 20", "19", "19"),  # only that line
+        ("#### 4 + 13 = seventeen", "4", "4"),  # no number after `=`: the line's first
+        # No number after the marker, or no marker: the last number anywhere.
+        ("12 + 7 = 19 ####", None, "19"),
+        ("so 7 + 12 = 19.", None, "19"),
+        ("<answer>12 + 7 = 19</answer> #### 5", "19", "19"),  # a block keeps its priority
+        ("<answer>none</answer> 19", None, "19"),
+        ("<think>#### 2 = 3</think> 4 + 13 = 17", None, "17"),
+        ("no number", None, None),
+    ],
+)
+def test_final_number_reads_the_number_the_marker_line_concludes_with(text, strict, lenient):
+    """The format-free accuracy's reading (`final_number`) beside the rewards' strict one (`extract_answer`)."""
+    assert extract_answer(text) == strict
+    assert final_number(text) == lenient
 
 
 @pytest.mark.parametrize(

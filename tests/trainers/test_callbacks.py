@@ -51,8 +51,41 @@ def test_one_warning_per_episode_and_rearm(warnings_seen):
     assert callback.episodes[0]["value"] == 0.3
     assert len(warnings_seen) == 4
     assert "0.3" in warnings_seen[0] and "step 3" in warnings_seen[0] and "[0.01, 0.2]" in warnings_seen[0]
-    assert "beta" in warnings_seen[0] and 'kl_controller="adaptive"' in warnings_seen[0]
+    assert "Raise beta." in warnings_seen[0]
     assert "Lower beta" in warnings_seen[2]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(beta=0.0),
+        dict(beta=0.04),
+        dict(beta=0.04, kl_adaptation_method="dynamic"),
+        dict(beta=0.04, kl_controller="stepwise"),
+        dict(beta=0.04, kl_controller="adaptive", beta_max=0.1),
+    ],
+)
+def test_the_above_band_advice_names_only_settings_the_config_accepts(kwargs, warnings_seen):
+    """Each setting the warning names is written in it with its value, and the config with those settings builds: no
+    target-KL controller beside `dynamic` or at β = 0, and a ceiling above β for a controller to raise β at all."""
+    from adaptive_kl import AdaptiveKLGRPOConfig
+
+    def build(**fields):
+        return AdaptiveKLGRPOConfig(output_dir="unused", report_to="none", use_cpu=True, **fields)
+
+    callback = KLHealthCallback(low=0.01, high=0.2, grace_steps=0, window=1)
+    args = build(**kwargs)
+    text, settings = callback.above_band_advice(args)
+    for name, value in settings.items():
+        assert f"{name}={value!r}" in text or f"{name}={value:g}" in text
+    changed = build(**{**kwargs, **settings})
+    if "kl_controller" in settings:
+        assert changed.beta_max > changed.beta
+    callback.on_log(args, SimpleNamespace(global_step=1), None, logs={"kl": 0.5})
+    (warning,) = warnings_seen
+    assert text in warning
+    if "dynamic" in args.kl_methods or args.beta == 0:
+        assert "kl_controller" not in settings and 'kl_controller="' not in warning
 
 
 def test_the_running_mean_keeps_a_kl_hovering_at_a_bound_from_warning_again_and_again(warnings_seen):

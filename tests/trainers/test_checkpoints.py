@@ -94,17 +94,32 @@ def edit_state(checkpoint, edit) -> None:
 
 
 def test_a_killed_run_resumes_on_the_uninterrupted_trajectory(killed_run, uninterrupted, tiny_model_dir, tmp_path):
-    """Resumed from the killed run's checkpoint-3, β at steps 4–6 and the final controller state are those of a run
-    that was never interrupted (the adaptive controller moved β at every step, from the measured KL)."""
+    """Resumed from the killed run's checkpoint-3, β at steps 4–6 and the final controller state are bitwise those of
+    a run that was never interrupted: the adaptive controller moved β from the measured KL, held it after the step
+    whose groups all agreed and stopped it at its ceiling, and the resumed run goes on from where it held."""
     saved = trainer_state(killed_run / "checkpoint-3")["stateful_callbacks"][STATE_KEY]["attributes"]
     assert saved["controller_state"]["last_step"] == 3
+    assert saved["controller_state"]["num_held_updates"] == 1
     assert saved["controller_state"]["beta_base"] != RUN["beta"]  # β moved: a restart at beta would show
     resumed = build(tiny_model_dir, tmp_path / "resumed")
     resumed.train(resume_from_checkpoint=str(killed_run / "checkpoint-3"))
     expected = betas(uninterrupted)
-    assert len(set(expected.values())) == 6  # β differs at every step
-    assert betas(resumed, first=4) == pytest.approx({t: expected[t] for t in (4, 5, 6)}, rel=1e-9)
-    assert resumed.beta_controller.state_dict() == pytest.approx(uninterrupted.beta_controller.state_dict(), rel=1e-9)
+    move = 0.2 * 4 / RUN["kl_horizon"]  # the clipped error × 4 sequences a step / H: 5%
+    fallen = RUN["beta"] * (1 - move)  # step 1's KL is 0
+    assert expected == pytest.approx(
+        {
+            1: RUN["beta"],
+            2: fallen,
+            3: fallen,
+            4: fallen * (1 + move),
+            5: fallen * (1 + move) ** 2,
+            6: RUN["beta_max"],
+        },
+        rel=1e-12,
+    )
+    assert betas(resumed, first=4) == {t: expected[t] for t in (4, 5, 6)}
+    assert resumed.beta_controller.state_dict() == uninterrupted.beta_controller.state_dict()
+    assert uninterrupted.beta_controller.state_dict()["num_held_updates"] == 1
 
 
 def test_resume_true_finds_the_last_checkpoint_of_the_killed_run(killed_run, uninterrupted, tiny_model_dir, tmp_path):

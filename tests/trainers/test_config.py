@@ -22,6 +22,7 @@ NEW_FIELD_DEFAULTS = {
     "reward_threshold": 0.8,
     "saturation_threshold": 0.5,
     "beta_min": 0.0,
+    "beta_max": None,
     "beta_schedule_steps": 1000,
     "kl_scaling": "none",
     "kl_scaling_rate": 0.99,
@@ -110,6 +111,10 @@ INVALID = [
     (dict(kl_horizon=0), "kl_horizon", "> 0"),
     (dict(kl_controller="adaptive", kl_horizon=1, per_device_train_batch_size=8), "kl_horizon", "negative"),
     (dict(kl_adaptation_method="dynamic", kl_controller="adaptive"), "kl_controller", "both steer beta"),
+    (dict(beta_max=0.05), "beta_max", "a finite number >= beta"),
+    (dict(beta_max=float("inf")), "beta_max", "a finite number >= beta"),
+    (dict(beta_max=float("nan")), "beta_max", "a finite number >= beta"),
+    (dict(beta_max="1"), "beta_max", "None (the ceiling is beta=0.1)"),
     (dict(beta=float("nan")), "beta", ">= 0"),
     (dict(loss_type="reinforce"), "loss_type", "'dapo'"),
     (dict(ref_reset_steps=-1), "ref_reset_steps", ">= 0"),
@@ -209,6 +214,7 @@ UNREAD_PARAMETERS = [
     ("target_kl", 0.2, {"kl_controller": "stepwise"}),
     ("kl_horizon", 500, {"kl_controller": "adaptive"}),
     ("beta_min", 0.01, {"kl_controller": "stepwise"}),
+    ("beta_max", 0.5, {"kl_controller": "stepwise"}),
     ("kl_monitor_steps", 5, {"kl_adaptation_method": "dynamic"}),
     ("resume_without_kl_state", True, {"kl_adaptation_method": "dynamic"}),
 ]
@@ -270,3 +276,22 @@ def test_kl_target_and_target_kl_point_to_each_other():
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(AdaptiveKLGRPOConfig)}
     assert "sigmoid only" in helps["kl_target"] and "target_kl" in helps["kl_target"]
     assert "kl_controller='adaptive' or 'stepwise' only" in helps["target_kl"] and "kl_target" in helps["target_kl"]
+
+
+def test_an_adaptive_horizon_that_cannot_move_beta_in_the_run_warns_naming_one_that_can():
+    """Ziegler's horizon (10,000) with 8 sequences a step moves β by 1.6% at most in 100 steps: a warning with the
+    bound and a horizon that moves it 10x in half the run, which does not warn; nor does a run of unknown length."""
+    adaptive = dict(beta=0.1, kl_controller="adaptive", per_device_train_batch_size=8)
+    with pytest.warns(UserWarning) as caught:
+        config(max_steps=100, **adaptive)
+    (message,) = [str(w.message) for w in caught if "kl_horizon" in str(w.message)]
+    assert message == (
+        "kl_horizon=10000 with 8 sequences per optimizer step moves beta by at most 1.6% in max_steps=100 steps, "
+        "(1 + 0.2 x 8/10000)^100: in this run the 'adaptive' controller is a constant beta. kl_horizon=35 lets it "
+        "move beta 10x in half the run."
+    )
+    for quiet in (dict(max_steps=100, kl_horizon=35), dict(max_steps=-1)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            config(**adaptive, **quiet)
+        assert not [w for w in caught if "kl_horizon" in str(w.message)], quiet
