@@ -77,6 +77,15 @@ FRONTIER_LOG_SCALING = f"{METHODS_BASE} kl_scaling=log"
 FRONTIER_TARGET_KL = "0.147"
 FRONTIER_STEPWISE = f"{METHODS_BASE} kl_controller=stepwise target_kl={FRONTIER_TARGET_KL}"
 FRONTIER_STEP_2 = [FRONTIER_LOG_SCALING, FRONTIER_STEPWISE]
+# Step 3 (issue 70): the target-KL controllers with a ceiling and the hold on steps whose groups all agreed, at step
+# 2's target and floor. beta_max=0.2 is the default ceiling (β's start), written out so that the bounded stepwise is
+# not step 2's command. `adaptive`'s horizon is the one the config's warning names for this run: β moved 10x in half
+# of 100 steps of 8 sequences, `adaptive_horizon_for(100, 8)` = 35 (at the default 10,000, β moves 1.6% at most).
+FRONTIER_BOUNDED_STEPWISE = f"{FRONTIER_STEPWISE} beta_max=0.2"
+FRONTIER_BOUNDED_ADAPTIVE = (
+    f"{METHODS_BASE} kl_controller=adaptive target_kl={FRONTIER_TARGET_KL} kl_horizon=35 beta_max=0.2"
+)
+FRONTIER_STEP_3 = [FRONTIER_BOUNDED_STEPWISE, FRONTIER_BOUNDED_ADAPTIVE]
 # The second frontier (issue 69): the β study's setting (the full reward, 64 tokens), where reward can keep rising
 # with drift. Its constant-β line; β = 0, 0.04 and 0.2 are the β study's runs (the same command; each run's first two
 # steps were checked bit for bit against the current code before reuse, docs/studies/README.md).
@@ -88,11 +97,12 @@ SUM_BASE = "beta=0.2"  # every method adapts from the line's strongest β, as in
 # a constant β holds the policy (β = 0.2's runs did so on 7-18 steps from step 29-42 on). 0.8 of the maximum, 1.6,
 # needs the sum learned first, which no β > 0 of the β study did: that arm would never decay and test nothing.
 SUM_DYNAMIC = f"{SUM_BASE} kl_adaptation_method=dynamic dynamic_beta_decay=0.9 beta_min=0 reward_threshold=0.8"
-SUM_METHODS = [f"{SUM_BASE} kl_adaptation_method=clip", f"{SUM_BASE} kl_scaling=log", SUM_DYNAMIC]
-SUM_SIGMOID = f"{SUM_BASE} kl_adaptation_method=sigmoid"  # if the cores allow, after the others' five seeds
 # The target-KL controller's target, by the frontier study's rule on this line's middle β: the mean
 # `adaptive_kl/raw_kl` over the 100 logged steps of each of β = 0.04's seeds 0-2, 3 significant digits.
 SUM_TARGET_KL = "0.184"
+SUM_STEPWISE = f"{SUM_BASE} kl_controller=stepwise target_kl={SUM_TARGET_KL} beta_max=0.2"  # the default ceiling
+SUM_METHODS = [f"{SUM_BASE} kl_adaptation_method=clip", f"{SUM_BASE} kl_scaling=log", SUM_DYNAMIC, SUM_STEPWISE]
+SUM_SIGMOID = f"{SUM_BASE} kl_adaptation_method=sigmoid"  # if the cores allow, after the others' five seeds
 # The start's point on every seed's line (issue 69), stated before the second frontier's runs: drift 0 (the start's
 # held-out KL to itself) and, for the reward, the mean reward of the first `START_STEPS` steps of that seed's
 # constant-β runs: the endpoint's own quantity (sampled completions of training prompts, scored by the training
@@ -203,9 +213,17 @@ STUDIES = {
     # measured range, where the controller can land above, on or below it. Before its 5 seeds, a pilot (seed 0, 25
     # steps, outside the study) must show the controller moving β; both arms (FRONTIER_STEP_2) join the methods read
     # against the frontier and the Holm family.
+    #
+    # Step 3 (issue 70), stated before its runs: the bounded controllers (FRONTIER_STEP_3), 5 seeds each, read with
+    # the study's endpoint (D, stated and with the start on the line, Holm with the other methods) and, for each, the
+    # last quarter's training KL (`adaptive_kl/raw_kl`, steps 76-100) / target_kl, its largest β and its last quarter's
+    # format reward. The claim they test: the bounded controller does not collapse (on every seed its reward is at
+    # least half the seed's line at its drift, where step 2's collapsed seeds had 0.04-0.29 against ~0.6-0.9, and D
+    # with the start on the line is not below 0 at 95%) and lands within ±50% of its target (the 95% interval of the
+    # KL / target ratio inside [0.5, 1.5]). Whatever it shows goes to the README and the studies page.
     "frontier": {
-        "variants": [*FRONTIER_LINE, *FRONTIER_METHODS, *FRONTIER_STEP_2],
-        "phases": [FRONTIER_STEP_2],  # after every seed of step 1's runs
+        "variants": [*FRONTIER_LINE, *FRONTIER_METHODS, *FRONTIER_STEP_2, *FRONTIER_STEP_3],
+        "phases": [FRONTIER_STEP_2, FRONTIER_STEP_3],  # each after every seed of the runs before it
         "reused": {
             "beta=0 loss_type=grpo": ("length", "beta=0 loss_type=grpo"),
             "beta=0.2 loss_type=grpo": ("length", METHODS_BASE),
@@ -251,8 +269,10 @@ STUDIES = {
     # did); per arm the count of seeds with an exact (Clopper-Pearson) 95% interval.
     #
     # The methods adapt from β = 0.2 with seed 001's parameters: `clip` (threshold 1.0), `kl_scaling=log`, `dynamic`
-    # (SUM_DYNAMIC), `sigmoid` (τ 0.1). The bounded target-KL controller (issue 70) joins phase 1 once its ceiling and
-    # no-advantage rule have landed: `stepwise` from β = 0.2 at target_kl SUM_TARGET_KL, its ceiling at the default.
+    # (SUM_DYNAMIC), `sigmoid` (τ 0.1), and the bounded target-KL controller of issue 70 (its ceiling and its hold on
+    # steps whose groups all agreed landed before the line's first run): `stepwise` from β = 0.2 at target_kl
+    # SUM_TARGET_KL, its ceiling at the default (β's start, 0.2), its floor compare's 0.004; for it also the last
+    # quarter's training KL / target.
     "frontier_sum": {
         "variants": [*SUM_LINE, *SUM_METHODS, SUM_SIGMOID],
         "phases": [SUM_METHODS, [SUM_SIGMOID]],

@@ -558,7 +558,70 @@ def frontier_sections(runs: list[VariantRun], frontier: Frontier, plot: str | No
     if frontier.start_steps and frontier.start_added_after_runs:
         corrected = read_methods(runs, frontier, with_start=True)
         sections += methods_section(corrected, frontier, with_start=True, correction=True)
-    return sections + secondary_section(stated, frontier) + learned_section(runs, frontier)
+    return (
+        sections
+        + controller_section(runs, frontier)
+        + secondary_section(stated, frontier)
+        + learned_section(runs, frontier)
+    )
+
+
+def _setting(variant: str, name: str) -> str | None:
+    """The value a variant's name gives `name` (`"…, target_kl=0.147, …"` → `"0.147"`), None without it."""
+    return next((part.split("=", 1)[1] for part in variant.split(", ") if part.startswith(f"{name}=")), None)
+
+
+def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
+    """Markdown for the target-KL controllers among the methods ("" without one): per method the last quarter's mean
+    training KL (`adaptive_kl/raw_kl`) over its `target_kl` by seed and its mean ± 95% half-width, the largest β it
+    logged, its last quarter's reward, that reward over its seed's line at its drift (with the start's point when the
+    frontier states it) at its least over the seeds, and the steps it held β (every group agreed)."""
+    controllers = [method for method in methods(runs, frontier) if _setting(method, "target_kl") is not None]
+    if not controllers:
+        return ""
+    lines = line_by_seed(runs, frontier, with_start=bool(frontier.start_steps))
+    groups = seed_groups(runs)
+    _, y_spec = metric_column(frontier.y)
+    rows = []
+    for method in controllers:
+        target = float(_setting(method, "target_kl"))
+        group = sorted(groups[method], key=run_seed)
+        ratios = [(run_seed(run), late_mean(run, "adaptive_kl/raw_kl") / target) for run in group]
+        largest = [max((h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h),
+                       default=math.nan) for run in group]  # fmt: skip
+        held = [next((h["adaptive_kl/held_updates"] for h in reversed(run.history) if "adaptive_kl/held_updates" in h),
+                     math.nan) for run in group]  # fmt: skip
+        shares = []
+        for run in group:
+            row = summarize(run)
+            points = lines[run_seed(run)].curve(frontier.x, frontier.y) if run_seed(run) in lines else None
+            if points and math.isfinite(row[frontier.x]):
+                shares.append(row[frontier.y] / interpolate(points, row[frontier.x]))
+        mean, half_width, _ = mean_interval([ratio for _, ratio in ratios])
+        rows.append(
+            [
+                method,
+                str(len(group)),
+                ", ".join(f"{ratio:.2f} ({seed})" for seed, ratio in ratios),
+                format_interval(mean, half_width, ".2f"),
+                _cell(largest, ".4g") + f" (largest {max(largest):.4g})" if largest else "—",
+                _cell([summarize(run)[frontier.y] for run in group], y_spec),
+                f"{min(shares):.2f}" if shares else "—",
+                _cell(held, ".1f"),
+            ]
+        )
+    header = (
+        "controller", "seeds", "last-quarter KL / target by seed (seed)", "KL / target", "largest β",
+        f"{metric_column(frontier.y)[0]}", "least reward / the line's at its drift", "steps held",
+    )  # fmt: skip
+    return (
+        "\n## What the target-KL controllers did\n\n"
+        "Per controller: the last quarter's mean training KL (`adaptive_kl/raw_kl`) over its `target_kl` (1: on "
+        "target), mean ± the 95% half-width over its seeds; the largest β it logged; its reward; the least over its "
+        "seeds of its reward over the seed's line at its drift (below 0.5: it earned less than half what a constant "
+        "β earned there); and the steps after which it held β because every group's rewards agreed (n/a for "
+        "runs made before the hold existed).\n\n" + markdown_table(header, rows)
+    )
 
 
 def learned_section(runs: list[VariantRun], frontier: Frontier) -> str:

@@ -369,7 +369,33 @@ def test_the_second_frontiers_controller_target_and_order_are_the_stated_ones(sc
     order = [(run.variant, run.seed) for run in script.planned_runs(script.STUDIES, ["frontier_sum"])]
     line = [(variant, seed) for seed in range(5) for variant in script.SUM_LINE]
     assert order[: len(line)] == line
-    assert {variant for variant, _ in order[len(line) : len(line) + 15]} == set(script.SUM_METHODS)
+    assert {variant for variant, _ in order[len(line) : len(line) + 20]} == set(script.SUM_METHODS)
+    assert f"target_kl={script.SUM_TARGET_KL}" in script.SUM_STEPWISE
     assert {variant for variant, _ in order[-5:]} == {script.SUM_SIGMOID}
     settings = script.STUDIES["frontier_sum"]
     assert settings["args"] == script.STUDIES["beta"]["args"] and settings["frontier"]["line"] == script.SUM_LINE
+
+
+def test_the_bounded_controllers_arms_are_new_commands_at_the_stated_horizon(script, tmp_path, monkeypatch):
+    """Step 3's arms run after every seed of step 2's; the bounded stepwise is not step 2's command (its ceiling is
+    written out), and `adaptive`'s horizon is the one the config names for 100 steps of this run's 8 sequences, at
+    which the config does not warn that β cannot move."""
+    import warnings
+
+    from adaptive_kl.trainers.kl_fields import adaptive_horizon_for
+
+    monkeypatch.setattr("adaptive_kl.demo.arguments.check_model", lambda *args: None)
+    frontier = script.STUDIES["frontier"]
+    assert frontier["phases"][-1] == script.FRONTIER_STEP_3 == frontier["variants"][-2:]
+    assert script.FRONTIER_BOUNDED_STEPWISE != script.FRONTIER_STEPWISE
+    run = script.Run("frontier", script.FRONTIER_BOUNDED_ADAPTIVE, 0)
+    settings, (variant,), _, _ = build(run.command(str(tmp_path), script.STUDIES)[3:])
+    from adaptive_kl.demo.runner import make_config
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = make_config(variant, settings, str(tmp_path))
+    sequences = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.world_size
+    assert (config.kl_controller, config.kl_horizon, config.beta_max, config.max_steps) == ("adaptive", 35, 0.2, 100)
+    assert adaptive_horizon_for(config.max_steps, sequences) == 35
+    assert not [w for w in caught if "kl_horizon" in str(w.message)]

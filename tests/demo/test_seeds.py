@@ -29,8 +29,8 @@ from adaptive_kl.demo.report import (
 )
 from adaptive_kl.demo.runner import VariantRun
 from adaptive_kl.demo.seeds import (
-    binomial_interval,
     T_975,
+    binomial_interval,
     detectable_difference,
     format_p,
     group_name,
