@@ -25,18 +25,27 @@ repeating one; a claim left by a runner that no longer lives is taken over.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
-import subprocess
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPOSITORY)  # this checkout's package (a study's worktree), whatever is installed
+
+from adaptive_kl.demo.sweep import (  # noqa: E402
+    CLAIM_FILE,  # noqa: F401 (the tests')
+    SweepRun,
+    provenance_lines,
+    run_argv,
+    run_devices,
+    run_sweep,
+)
+from adaptive_kl.demo.sweep import finished as finished_directory  # noqa: E402
+from adaptive_kl.demo.sweep import recorded_command as sweep_command  # noqa: E402
+
+
 STUDIES_DIR = os.path.join(
     "docs", "studies", "real"
 )  # relative to the repository: summaries record a portable command
@@ -306,15 +315,15 @@ class Run:
     variant: str
     seed: int
 
+    @property
+    def sweep_run(self) -> SweepRun:
+        return SweepRun(self.variant, self.seed)
+
     def directory(self, out: str) -> str:
-        slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in self.variant.replace(" ", "__"))
-        return os.path.join(out, self.study, "runs", slug.replace("=", "-"), f"seed-{self.seed}")
+        return self.sweep_run.directory(os.path.join(out, self.study))
 
     def command(self, out: str, studies: dict) -> list[str]:
-        return [
-            sys.executable, "-m", "adaptive_kl", "compare", *studies[self.study]["args"], "--variant", self.variant,
-            "--seed", str(self.seed), "--out", self.directory(out), "--no-progress",
-        ]  # fmt: skip
+        return self.sweep_run.command(studies[self.study]["args"], os.path.join(out, self.study))
 
 
 def study_seeds(studies: dict, name: str, seeds: list[int] | None = None) -> list[int]:
@@ -357,89 +366,23 @@ def variant_key(variant: str) -> str:
 
 
 def finished(run: Run, out: str) -> bool:
-    from adaptive_kl.demo.run_files import has_runs
-
-    return has_runs(os.path.join(REPOSITORY, run.directory(out)))
-
-
-CLAIM_FILE = "running.pid"
-
-
-def claim(run: Run, out: str) -> bool:
-    """Claims `run` for this process; False when it is finished or a live process (another runner) has it."""
-    directory = os.path.join(REPOSITORY, run.directory(out))
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, CLAIM_FILE)
-    for _ in range(2):
-        try:
-            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            if _claimed_by_live_process(path):
-                return False
-            os.remove(path)  # left by a runner that was killed: take the run over
-            continue
-        with os.fdopen(descriptor, "w") as f:
-            f.write(str(os.getpid()))
-        if finished(run, out):  # finished by another runner between the listing and now
-            release(run, out)
-            return False
-        return True
-    return False
-
-
-def release(run: Run, out: str) -> None:
-    path = os.path.join(REPOSITORY, run.directory(out), CLAIM_FILE)
-    if os.path.isfile(path):
-        os.remove(path)
-
-
-def _claimed_by_live_process(path: str) -> bool:
-    try:
-        with open(path) as f:
-            pid = int(f.read().strip())
-    except (OSError, ValueError):
-        return False  # an unreadable claim is a stale one
-    if pid == os.getpid():
-        return True  # another thread of this runner
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return finished_directory(os.path.join(REPOSITORY, run.directory(out)))
 
 
 def execute_argv(run: Run, out: str, studies: dict) -> list[str]:
-    """The command line `execute` runs: the run's command with checkpointing (`--save-every`, `--resume`)."""
-    return [*run.command(out, studies), "--save-every", str(CHECKPOINT_EVERY), "--resume"]
+    """The command line the runner executes (`sweep.run_argv`): the run's command with checkpointing."""
+    return run_argv(run.sweep_run, studies[run.study]["args"], os.path.join(out, run.study), CHECKPOINT_EVERY)
 
 
 def recorded_command(run: Run, out: str, studies: dict) -> str:
-    """The command `runs.json`'s provenance records for `run` made by `execute`
-    (`adaptive_kl.demo.command.provenance`): `adaptive-kl compare ...`, the arguments after `python -m adaptive_kl`
-    as the shell would read them."""
-    return "adaptive-kl " + shlex.join(execute_argv(run, out, studies)[3:])
-
-
-def execute(run: Run, out: str, studies: dict, threads: int) -> int:
-    directory = os.path.join(REPOSITORY, run.directory(out))
-    os.makedirs(directory, exist_ok=True)
-    argv = execute_argv(run, out, studies)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # runs side by side must not fight over cores
-    start = time.perf_counter()
-    print(f"[{time.strftime('%H:%M:%S')}] {run.study}: {run.variant}, seed {run.seed}", flush=True)
-    with open(os.path.join(directory, "run.log"), "a") as log:  # a resumed run's log goes on after the killed one's
-        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPOSITORY)
-    minutes = (time.perf_counter() - start) / 60
-    print(f"[{time.strftime('%H:%M:%S')}] {run.study}: {run.variant}, seed {run.seed}: exit {code} after "
-          f"{minutes:.1f} min", flush=True)  # fmt: skip
-    return code
+    """The command `runs.json`'s provenance records for `run` (`sweep.recorded_command`)."""
+    return sweep_command(execute_argv(run, out, studies))
 
 
 def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None) -> str | None:
     """Rewrites `<out>/<name>/summary.md`, `metrics.csv` and plots from the study's finished runs; returns the
     summary's path (None when no run is finished yet)."""
+    from adaptive_kl.demo.frontier import Frontier, write_frontier_report
     from adaptive_kl.demo.report import PairedEndpoint, write_report
     from adaptive_kl.demo.run_files import load_runs
     from adaptive_kl.metrics.environment import environment_lines
@@ -500,79 +443,19 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
         for stated in studies[name].get("endpoints", ())
     ]
     directory = os.path.join(REPOSITORY, out, name)
-    paths = write_report(runs, directory, f"Real-model study: {name}", notes, endpoints, with_activity=True)
+    title = f"Real-model study: {name}"
     stated = studies[name].get("frontier")
-    if stated is not None:
-        from adaptive_kl.demo.frontier import Frontier, frontier_sections, write_frontier_plot
-
-        frontier = Frontier(
-            line=tuple(", ".join(variant.split()) for variant in stated["line"]),
-            x=stated["x"],
-            y=stated["y"],
-            secondary=tuple(stated.get("secondary", ())),
-            y_range=tuple(stated.get("y_range", (-math.inf, math.inf))),
-            start_steps=stated.get("start_steps", 0),
-            start_added_after_runs=stated.get("start_added_after_runs", False),
-            learned=stated.get("learned"),
-        )
-        plot = write_frontier_plot(runs, frontier, os.path.join(directory, FRONTIER_PLOT))
-        with open(paths["summary"], "a") as f:
-            f.write(frontier_sections(runs, frontier, FRONTIER_PLOT if plot else None))
-    return paths["summary"]
+    if stated is None:
+        return write_report(runs, directory, title, notes, endpoints, with_activity=True)["summary"]
+    frontier = Frontier(**{
+        **stated,
+        "line": tuple(", ".join(variant.split()) for variant in stated["line"]),  # as `compare --variant` names them
+        "secondary": tuple(stated.get("secondary", ())),
+    })  # fmt: skip
+    return write_frontier_report(runs, directory, title, notes, frontier, endpoints, plot=FRONTIER_PLOT)["summary"]
 
 
 FRONTIER_PLOT = "frontier.png"
-UNRECORDED = "not recorded (made before provenance was recorded)"
-
-
-def provenance_lines(provenances: list[dict]) -> list[str]:
-    """The summary's note of where its runs' code came from, from each run's `runs.json` provenance (empty for runs
-    made before it was recorded): the commits with how many runs each, then a warning when the recorded runs were
-    made at different commits, or from source that differed from its commit (`source_modified`), either of which
-    can be part of a difference between arms."""
-    counts: dict[str, int] = {}
-    for provenance in provenances:
-        if not provenance:
-            label = UNRECORDED
-        elif provenance.get("commit") is None:
-            label = "no git commit (not run from a checkout)"
-        else:
-            label = f"`{provenance['commit'][:10]}`"
-        counts[label] = counts.get(label, 0) + 1
-    lines = [
-        "- commits of the runs (their runs.json provenance): "
-        + "; ".join(f"{label} ({n} run{'s' if n > 1 else ''})" for label, n in counts.items())
-    ]
-    commits = list(dict.fromkeys(p["commit"][:10] for p in provenances if p and p.get("commit")))
-    if len(commits) > 1:
-        lines.append(
-            f"- warning: the runs were made at {len(commits)} different commits ({', '.join(commits)}): a change "
-            "between them may be part of a difference between arms"
-        )
-    modified = sum(1 for p in provenances if p and p.get("source_modified"))
-    if modified:
-        lines.append(
-            f"- warning: {modified} run{'s were' if modified > 1 else ' was'} made from source that differed from "
-            "its commit (source_modified): the code that ran is not exactly any commit"
-        )
-    return lines
-
-
-def run_devices(directories: list[str]) -> str:
-    """The `- device:` lines of the runs' own `summary.md` files, each with how many runs it ran (first seen first),
-    e.g. `CPU: AMD EPYC, 2 cores, torch threads 1 (4 runs)`."""
-    counts: dict[str, int] = {}
-    for directory in directories:
-        try:
-            with open(os.path.join(directory, "summary.md")) as f:
-                device = next((line[len("- device:") :].strip() for line in f if line.startswith("- device:")), None)
-        except OSError:
-            device = None
-        device = device or "not recorded"
-        counts[device] = counts.get(device, 0) + 1
-    return "; ".join(f"{device} ({n} run{'s' if n > 1 else ''})" for device, n in counts.items())
-
-
 # Studies begun after `runs.json` recorded provenance: every run they make themselves (not reused) must have it.
 RECORDED_STUDIES = ("frontier",)
 
@@ -626,6 +509,11 @@ def found_seeds(name: str, out: str, studies: dict) -> set[int]:
             if entry.startswith("seed-") and entry[5:].lstrip("-").isdigit():
                 found.add(int(entry[5:]))
     return found
+
+
+def label(run: Run) -> str:
+    """How the log names a run: `frontier: beta=0.02 loss_type=grpo, seed 0`."""
+    return f"{run.study}: {run.variant}, seed {run.seed}"
 
 
 def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
@@ -684,30 +572,17 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
         todo = list(dict.fromkeys(source_run(run, studies) for run in planned))
         todo = [run for run in todo if not finished(run, args.out)]
         print(f"{len(todo)} runs to do; finished runs are skipped.", flush=True)
-        threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
-
-        lock = threading.Lock()  # one summary at a time: two runs may finish together
-
-        def work(run: Run) -> int:
-            if args.stop_file and os.path.exists(args.stop_file):
-                print(
-                    f"{run.study}: {run.variant}, seed {run.seed}: not started ({args.stop_file} exists)", flush=True
-                )
-                return 0
-            if not claim(run, args.out):
-                print(f"{run.study}: {run.variant}, seed {run.seed}: done or in flight elsewhere, skipped", flush=True)
-                return 0
-            try:
-                code = execute(run, args.out, studies, threads)
-            finally:
-                release(run, args.out)
-            if code == 0:
-                with lock:
-                    summarize(run.study, args.out, studies, seeds)
-            return code
-
-        with ThreadPoolExecutor(args.jobs) as pool:
-            codes = list(pool.map(work, todo))
+        by_label = {label(run): run for run in todo}
+        codes = run_sweep(
+            [(label(run), execute_argv(run, args.out, studies), os.path.join(REPOSITORY, run.directory(args.out)))
+             for run in todo],
+            jobs=args.jobs,
+            threads=args.threads,
+            cwd=REPOSITORY,
+            after_each=lambda done: summarize(by_label[done].study, args.out, studies, seeds),
+            stop_file=args.stop_file,
+            progress=False,  # the log has a line per run
+        )  # fmt: skip
         if any(codes):
             print(f"{sum(1 for c in codes if c)} runs failed (see their run.log)", file=sys.stderr)
     for name in names:

@@ -219,7 +219,7 @@ def test_the_console_entry_point_is_the_dispatcher():
         [sys.executable, "-m", "adaptive_kl", "--help"], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith("usage: adaptive-kl [-h] {demo,grpo,rloo,compare} ...")
+    assert result.stdout.startswith("usage: adaptive-kl [-h] {demo,grpo,rloo,compare,frontier} ...")
 
 
 def test_the_tests_are_laid_out_like_the_package():

@@ -17,8 +17,9 @@ import os
 from ..usage import UsageError, check_local_path, check_model
 
 
-def _shared_options() -> argparse.ArgumentParser:
-    """The options of both subcommands (a parent parser)."""
+def run_options() -> argparse.ArgumentParser:
+    """What every run trains and on what (a parent parser): of `demo` and `compare`, and passed on by `frontier` to
+    each of its runs."""
     # No abbreviations: `--kl` must not silently stand for a shared option, as config fields are matched by name.
     shared = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     shared.add_argument(
@@ -36,8 +37,6 @@ def _shared_options() -> argparse.ArgumentParser:
     shared.add_argument("--steps", type=int, help="optimizer steps per variant (default 200; --quick: 6)")
     shared.add_argument("--eval-every", type=int, help="steps between validation evaluations (default 20)")
     shared.add_argument("--n-validation", type=int, help="validation problems (default 200)")
-    shared.add_argument("--seed", default="0", help="seed of the trainer and the train problems (compare: a list)")
-    shared.add_argument("--out", default="adaptive-kl-demo", help="output directory (created if missing)")
     shared.add_argument(
         "--quick",
         action="store_true",
@@ -46,6 +45,14 @@ def _shared_options() -> argparse.ArgumentParser:
         "that a group's completions do not all tie and the run trains",
     )
     shared.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config field for all runs")
+    return shared
+
+
+def _shared_options() -> argparse.ArgumentParser:
+    """The options of `demo` and `compare` (a parent parser): `run_options`, and where and how a comparison runs."""
+    shared = argparse.ArgumentParser(add_help=False, allow_abbrev=False, parents=[run_options()])
+    shared.add_argument("--seed", default="0", help="seed of the trainer and the train problems (compare: a list)")
+    shared.add_argument("--out", default="adaptive-kl-demo", help="output directory (created if missing)")
     shared.add_argument("--no-progress", action="store_true", help="no progress bar")
     shared.add_argument(
         "--save-every",

@@ -28,7 +28,7 @@ import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .report import early_mean, late_mean, markdown_table, metric_column, summarize
+from .report import early_mean, late_mean, markdown_table, metric_column, summarize, write_report
 from .runner import VariantRun
 from .seeds import (
     binomial_interval,
@@ -548,6 +548,25 @@ def secondary_section(readings: list[MethodReading], frontier: Frontier) -> str:
     )
 
 
+def write_frontier_report(
+    runs: list[VariantRun],
+    directory: str,
+    title: str,
+    notes: str,
+    frontier: Frontier,
+    endpoints: Iterable = (),
+    plot: str = "frontier.png",
+) -> dict:
+    """`report.write_report` of the runs (with what each method did), then the frontier's picture (`plot`, beside the
+    summary) and its sections at the end of the summary: what `adaptive-kl frontier` and the studies' runner write.
+    Returns `write_report`'s paths and `"frontier_plot"` (None without matplotlib)."""
+    paths = write_report(runs, directory, title, notes, list(endpoints), with_activity=True)
+    drawn = write_frontier_plot(runs, frontier, os.path.join(directory, plot))
+    with open(paths["summary"], "a") as f:
+        f.write(frontier_sections(runs, frontier, plot if drawn else None))
+    return {**paths, "frontier_plot": drawn}
+
+
 def frontier_sections(runs: list[VariantRun], frontier: Frontier, plot: str | None = None) -> str:
     """The summary's frontier sections: constant β's table (with `plot`, the picture's file name, when given), the
     methods against it (the primary endpoint; with `start_added_after_runs`, then the correction with the start's
@@ -655,6 +674,8 @@ def learned_section(runs: list[VariantRun], frontier: Frontier) -> str:
 
 
 MARKERS = ("s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
+LINE_LABEL = "constant β (seed means)"
+START_LABEL = "the start (drift 0; on a log axis, drawn at its left edge)"
 
 
 def bar(value: float, half_width: float, low: float = -math.inf, high: float = math.inf) -> tuple[float, float]:
@@ -719,13 +740,22 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
         return [[length] for length in bar(y, half_width, *frontier.y_range)]
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
+    starts = [seed_line.start for seed_line in line_by_seed(runs, frontier, with_start=True).values()]
+    start_y = mean_interval([start[frontier.y] for start in starts if start]) if frontier.start_steps else None
     if line:
         ordered = sorted(line, key=lambda point: point[1][0])
         ax.plot([x for _, (x, _), _ in ordered], [y for _, _, (y, _) in ordered], "-", color="0.45", zorder=1)
+        if start_y is not None and start_y[2]:  # the start's point: drift 0, at the axis' left edge on a log axis
+            start_x = left if logarithmic else 0.0
+            mean, half_width = start_y[0], 0.0 if math.isnan(start_y[1]) else start_y[1]
+            ax.plot([start_x, ordered[0][1][0]], [mean, ordered[0][2][0]], "--", color="0.45", zorder=1)
+            ax.errorbar(start_x, mean, yerr=yerr(mean, half_width), fmt="o", mfc="white", color="black", ecolor="0.4",
+                        elinewidth=1, capsize=3, markersize=6, zorder=3,
+                        label=START_LABEL)  # fmt: skip
         for i, (beta, (x, x_half), (y, y_half)) in enumerate(line):
             ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=yerr(y, y_half), fmt="o", color="black", ecolor="0.4",
                         elinewidth=1, capsize=3, markersize=6, zorder=3,
-                        label="constant β (seed means)" if i == 0 else None)  # fmt: skip
+                        label=LINE_LABEL if i == 0 else None)  # fmt: skip
             ax.annotate(f"β = {beta}", (x, y), textcoords="offset points", xytext=(6, -13), fontsize=8, color="0.1",
                         bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.8),
                         zorder=5)  # fmt: skip
@@ -736,15 +766,17 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
                     label=label)  # fmt: skip
     if logarithmic:
         ax.set_xscale("log")
-        ax.set_xlim(left=left)
+        ax.set_xlim(left=left / 1.25)  # the start's marker, drawn at `left`, whole
     ax.set_xlabel(f"{x_header}{' (log scale)' if logarithmic else ''}")
     ax.set_ylabel(y_header)
     ax.set_title("Constant β's frontier and the methods (means over seeds ± 95% half-widths)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.grid(alpha=0.1, which="minor")
     handles, labels = ax.get_legend_handles_labels()
-    if line:  # constant β last, below the methods its title introduces
-        handles, labels = handles[1:] + handles[:1], labels[1:] + labels[:1]
+    # Constant β and the start last, below the methods the legend's title introduces.
+    last = [i for i, label in enumerate(labels) if label in (LINE_LABEL, START_LABEL)]
+    order = [i for i in range(len(labels)) if i not in last] + last
+    handles, labels = [handles[i] for i in order], [labels[i] for i in order]
     legend = ax.legend(
         handles,
         [textwrap.fill(label, 95, subsequent_indent="  ") for label in labels],

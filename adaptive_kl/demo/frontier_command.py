@@ -1,0 +1,235 @@
+"""`adaptive-kl frontier`: which β gives which drift on your model and task, and does a method beat a constant β there?
+
+    adaptive-kl frontier --model smollm2 --steps 100 --betas 0,0.02,0.05,0.1,0.2 --seeds 0,1,2 \\
+        --variant 'beta=0.2 kl_adaptation_method=clip' --out my-frontier --jobs 2
+    adaptive-kl frontier --model smollm2 --quick          # a smoke run: 2 steps, β = 0 and 0.2, 2 seeds
+    adaptive-kl frontier --out my-frontier --summarize    # rewrite the summary from the runs so far
+
+Runs `adaptive-kl compare` once per β of the line and per `--variant`, on each seed (`sweep`), into
+`<out>/runs/<variant>/seed-<s>/`, and writes `<out>/summary.md` (with `frontier.png`) after every run: constant β's
+table of drift (the held-out KL to the start) and reward with what each β kept the drift under, each method's D (its
+reward minus the line's at its drift, on its own seed) with its interval and Holm's adjustment, the secondaries at
+matched drift, and what each method did (`demo.frontier`). Every option of `compare` that says what to train
+(`--model`, `--task`, `--steps`, `--set`, ...) goes to each run unchanged. A finished run is never redone, a killed
+one goes on from its latest checkpoint, and each run's `runs.json` records the command that made it: run the same
+command again to resume, or with more `--seeds` or `--variant`s to extend.
+
+Importing this module imports no TRL, so that `--unsloth` can import Unsloth first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from ..usage import UsageError, import_unsloth, quiet_host_libraries
+from .arguments import TRAINERS, run_options
+
+
+DEFAULT_BETAS = "0,0.02,0.05,0.1,0.2"
+DEFAULT_SEEDS = "0,1,2"
+QUICK_BETAS, QUICK_SEEDS = "0,0.2", "0,1"
+# The studies' checkpoint interval: a kill loses at most this many steps of each run in flight.
+DEFAULT_SAVE_EVERY = 25
+# The start's point on every seed's line: the mean reward of the first steps (at most a quarter of the run).
+START_STEPS = 5
+SECONDARY = ("final_accuracy", "length_drift", "delta_retention")
+
+
+def add_frontier_parser(commands: argparse._SubParsersAction) -> None:
+    frontier = commands.add_parser(
+        "frontier",
+        parents=[run_options()],
+        allow_abbrev=False,
+        help="constant β's frontier of reward against drift on your model, and methods read against it",
+        description=__doc__.split("\n")[0],
+    )
+    frontier.add_argument(
+        "--betas",
+        help=f"the constant-β line, comma-separated (default {DEFAULT_BETAS}; --quick: {QUICK_BETAS}); include 0 "
+        "for the most drift",
+    )
+    frontier.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="'FIELD=VALUE ...'",
+        help="a method to read against the line, written out as compare takes it (repeat for each), e.g. "
+        "--variant 'beta=0.2 kl_adaptation_method=clip'",
+    )
+    frontier.add_argument("--seeds", help=f"comma-separated seeds (default {DEFAULT_SEEDS}; --quick: {QUICK_SEEDS})")
+    frontier.add_argument("--trainer", choices=TRAINERS, help="the trainer of every run (default grpo)")
+    frontier.add_argument("--out", default="adaptive-kl-frontier", help="the sweep's directory (created if missing)")
+    frontier.add_argument("--jobs", type=int, default=1, help="runs side by side (default 1)")
+    frontier.add_argument(
+        "--threads", type=int, help="torch threads of each run (default: the machine's cores shared by --jobs)"
+    )
+    frontier.add_argument(
+        "--save-every",
+        type=int,
+        default=DEFAULT_SAVE_EVERY,
+        metavar="N",
+        help=f"checkpoint every N steps, so that a killed run loses at most N (default {DEFAULT_SAVE_EVERY})",
+    )
+    frontier.add_argument("--no-progress", action="store_true", help="no progress bar")
+    frontier.add_argument("--summarize", action="store_true", help="only rewrite the summary from the finished runs")
+    frontier.add_argument(
+        "--stop-file", metavar="PATH", help="start no further run once PATH exists (the runs in flight finish)"
+    )
+
+
+def run_arguments(opts: argparse.Namespace) -> list[str]:
+    """The `compare` options every run gets: those of `run_options` the command line gave, and `--trainer`."""
+    args = []
+    for name in ("model", "task", "steps", "eval_every", "n_validation"):
+        value = getattr(opts, name)
+        if value is not None:
+            args += [f"--{name.replace('_', '-')}", str(value)]
+    if opts.gsm8k_path != "openai/gsm8k":
+        args += ["--gsm8k-path", opts.gsm8k_path]
+    args += ["--unsloth"] * opts.unsloth + ["--quick"] * opts.quick
+    for assignment in opts.set:
+        args += ["--set", assignment]
+    if opts.trainer is not None:
+        args += ["--trainer", opts.trainer]
+    return args
+
+
+def _numbers(text: str, option: str, kind: type) -> list:
+    values = [value.strip() for value in text.split(",") if value.strip()]
+    try:
+        parsed = [kind(value) for value in values]
+    except ValueError:
+        parsed = []
+    if not parsed:
+        raise UsageError(f"{option} expects comma-separated {kind.__name__}s, got {text!r}")
+    if len(set(parsed)) != len(parsed):
+        raise UsageError(f"{option} repeats a value: {text!r}")
+    return parsed
+
+
+def plan(opts: argparse.Namespace):
+    """`(line, methods, seeds)`: the line's variants (`beta=<β>`, in the order given), the methods, and the seeds; bad
+    values raise `UsageError`."""
+    betas = opts.betas or (QUICK_BETAS if opts.quick else DEFAULT_BETAS)
+    if any(beta < 0 for beta in _numbers(betas, "--betas", float)):
+        raise UsageError(f"--betas must be >= 0, got {betas!r}")
+    seeds = _numbers(opts.seeds or (QUICK_SEEDS if opts.quick else DEFAULT_SEEDS), "--seeds", int)
+    line = [f"beta={beta.strip()}" for beta in betas.split(",") if beta.strip()]  # as written: the runs' names
+    if any(assignment.split("=", 1)[0].strip().replace("-", "_") == "beta" for assignment in opts.set):
+        raise UsageError("--set beta=... would fix every run's β: the line's are --betas, a method's its --variant")
+    methods = [" ".join(variant.split()) for variant in opts.variant]
+    if len(set(methods)) != len(methods):
+        raise UsageError("--variant repeats a method")
+    for method in methods:
+        if not any(part.startswith("beta=") for part in method.split()):
+            raise UsageError(
+                f"--variant {method!r} sets no beta: a method starts from its own β (e.g. 'beta=0.2 {method}')"
+            )
+        if method in line:
+            raise UsageError(f"--variant {method!r} is a point of the line (--betas)")
+    return line, methods, seeds
+
+
+def frontier_of(line: list[str], steps: int):
+    """The frontier the summary reads: the line as `compare` names its variants, the held-out KL to the start against
+    the reward of the last quarter, the start's point on every line, and the secondaries at matched drift."""
+    from .frontier import Frontier
+
+    return Frontier(
+        line=tuple(", ".join(variant.split()) for variant in line),
+        secondary=SECONDARY,
+        start_steps=max(1, min(START_STEPS, steps // 4)),
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Runs `adaptive-kl frontier ...` (`argv` from the subcommand's name on): bad input is `adaptive-kl: error: ...`,
+    exit status 2, before any run starts."""
+    from .arguments import build
+
+    parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
+    add_frontier_parser(parser.add_subparsers(dest="command", required=True))
+    opts = parser.parse_args(argv)
+    from .sweep import SweepRun, run_argv
+
+    try:
+        if opts.unsloth:  # the runs' commands are checked here, which builds their configs: Unsloth first
+            import_unsloth()
+        for name in ("jobs", "save_every"):
+            if getattr(opts, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(opts, name)}")
+        if opts.threads is not None and opts.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {opts.threads}")
+        quiet_host_libraries()
+        line, methods, seeds = plan(opts)
+        args = run_arguments(opts)
+        runs = [SweepRun(variant, seed) for seed in seeds for variant in [*line, *methods]]
+        # Every variant's command checked as its run will read it, before any run starts.
+        settings = None
+        for variant in [*line, *methods]:
+            settings, *_ = build(SweepRun(variant, seeds[0]).command(args, opts.out)[3:])
+    except UsageError as error:
+        print(f"adaptive-kl: error: {error}", file=sys.stderr)
+        return 2
+    command = "adaptive-kl " + shlex.join(argv)
+    frontier = frontier_of(line, settings.steps)
+    codes = []
+    if not opts.summarize:
+        from .sweep import finished, run_sweep
+
+        todo = [run for run in runs if not finished(run.directory(opts.out))]
+        print(f"{len(runs)} runs, {len(runs) - len(todo)} finished; {len(todo)} to do in {opts.out}", flush=True)
+        codes = run_sweep(
+            [(f"{run.variant}, seed {run.seed}", run_argv(run, args, opts.out, opts.save_every),
+              run.directory(opts.out)) for run in todo],
+            jobs=opts.jobs,
+            threads=opts.threads,
+            after_each=lambda _: write_summary(opts.out, runs, frontier, command),
+            stop_file=opts.stop_file,
+            progress=not opts.no_progress,
+        )  # fmt: skip
+        if any(codes):
+            failed = [f"{run.variant}, seed {run.seed}" for run, code in zip(todo, codes) if code]
+            print(f"{len(failed)} runs failed (their run.log says why): {'; '.join(failed)}", file=sys.stderr)
+    summary = write_summary(opts.out, runs, frontier, command)
+    print(f"Wrote {summary}" if summary else "No finished run yet: no summary.")
+    return 1 if any(codes) else 0
+
+
+def write_summary(out: str, runs, frontier, command: str) -> str | None:
+    """Rewrites `<out>/summary.md`, `metrics.csv` and the plots from the sweep's finished runs; returns the summary's
+    path (None before any run has finished)."""
+    from ..metrics.environment import environment_lines
+    from .frontier import write_frontier_report
+    from .run_files import load_runs
+    from .sweep import finished, provenance_lines, run_devices
+
+    done = [run for run in runs if finished(run.directory(out))]
+    if not done:
+        return None
+    trained = []
+    for run in done:
+        (loaded,) = load_runs(run.directory(out))
+        label = ", ".join(run.variant.split())  # as `compare --seed` names a seed's run, so the report groups them
+        loaded.name, loaded.config = f"{label}, seed={run.seed}", {**loaded.config, "seed": run.seed}
+        trained.append(loaded)
+    order = list(dict.fromkeys(run.variant for run in runs))
+    counts = {variant: sum(1 for run in done if run.variant == variant) for variant in order}
+    notes = "\n".join(
+        [
+            "Each run: `adaptive-kl compare ... --variant <variant> --seed <s>` (its `runs.json` records the whole "
+            "command).",
+            "",
+            "Seeds so far: " + "; ".join(f"{', '.join(v.split())}: {n}" for v, n in counts.items()) + ".",
+            "",
+            *(f"- devices of the runs: {run_devices([run.directory(out) for run in done])}" if line.startswith(
+                "- device:") else line for line in environment_lines(command)),
+            f"- wall time: {sum(run.wall_time for run in trained) / 3600:.2f} h of training and evaluation over "
+            f"{len(trained)} runs",
+            *provenance_lines([run.provenance for run in trained]),
+        ]
+    )  # fmt: skip
+    title = "adaptive-kl frontier: constant β's reward against drift, and the methods"
+    return write_frontier_report(trained, out, title, notes, frontier)["summary"]

@@ -1,0 +1,224 @@
+"""A sweep: `adaptive-kl compare` once per variant and seed, each run its own process and directory, surviving kills
+and sessions. What `adaptive-kl frontier` runs, and what the real-model studies' runner (`scripts/run_real_studies.py`)
+runs for each study.
+
+    runs = [SweepRun("beta=0.02", seed) for seed in (0, 1, 2)]
+    codes = run_sweep([(run, run_argv(run, args, out, save_every=25)) for run in runs], out, jobs=2)
+
+A run writes `<root>/runs/<variant>/seed-<s>/` (`SweepRun.directory`): its `runs.json` (the run in full, with the
+command that made it), `summary.md`, `metrics.csv`, `completions.md` and `run.log`. A run whose `runs.json` exists is
+finished and never redone; one killed mid-way goes on from its latest checkpoint (`--save-every N --resume`: a
+resumed run reports what the uninterrupted one does), so a kill loses at most N steps of each run in flight. A run in
+flight is claimed by its sweep's process (`running.pid` in its directory), so that a second sweep started later over
+the same directory (more cores free, say) takes the next run instead of repeating one; a claim left by a process that
+no longer lives is taken over.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .run_files import has_runs
+
+
+CLAIM_FILE = "running.pid"
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of a sweep: a variant as `compare --variant` takes it (`"beta=0.02 loss_type=grpo"`) and a seed."""
+
+    variant: str
+    seed: int
+
+    def directory(self, root: str) -> str:
+        """`<root>/runs/<variant as a file name>/seed-<seed>`."""
+        slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in self.variant.replace(" ", "__"))
+        return os.path.join(root, "runs", slug, f"seed-{self.seed}")
+
+    def command(self, args: list[str], root: str) -> list[str]:
+        """The `compare` command line of the run: the sweep's shared `args`, the variant, the seed, the directory."""
+        return [
+            sys.executable, "-m", "adaptive_kl", "compare", *args, "--variant", self.variant, "--seed", str(self.seed),
+            "--out", self.directory(root), "--no-progress",
+        ]  # fmt: skip
+
+
+def run_argv(run: SweepRun, args: list[str], root: str, save_every: int) -> list[str]:
+    """The command line a sweep executes: the run's command with a checkpoint every `save_every` steps and `--resume`.
+    Checkpointing is how a run is executed, not what it computes (saving and resuming change no logged value)."""
+    return [*run.command(args, root), "--save-every", str(save_every), "--resume"]
+
+
+def recorded_command(argv: list[str]) -> str:
+    """What the run's `runs.json` records of `argv` (`command.provenance`): `adaptive-kl compare ...`, the arguments
+    after `python -m adaptive_kl` as the shell would read them."""
+    return "adaptive-kl " + shlex.join(argv[3:])
+
+
+def finished(directory: str) -> bool:
+    return has_runs(directory)
+
+
+def claim(directory: str) -> bool:
+    """Claims the run of `directory` for this process; False when it is finished or a live process has it."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, CLAIM_FILE)
+    for _ in range(2):
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _claimed_by_live_process(path):
+                return False
+            os.remove(path)  # left by a sweep that was killed: take the run over
+            continue
+        with os.fdopen(descriptor, "w") as f:
+            f.write(str(os.getpid()))
+        if finished(directory):  # finished by another sweep between the listing and now
+            release(directory)
+            return False
+        return True
+    return False
+
+
+def release(directory: str) -> None:
+    path = os.path.join(directory, CLAIM_FILE)
+    if os.path.isfile(path):
+        os.remove(path)
+
+
+def _claimed_by_live_process(path: str) -> bool:
+    try:
+        with open(path) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return False  # an unreadable claim is a stale one
+    if pid == os.getpid():
+        return True  # another thread of this sweep
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def execute(argv: list[str], directory: str, threads: int, cwd: str | None = None, label: str = "") -> int:
+    """Runs `argv` with `threads` torch threads, its output appended to `directory/run.log` (a resumed run's log goes
+    on after the killed one's); prints when it starts and ends. Returns its exit status."""
+    os.makedirs(directory, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # runs side by side must not fight over cores
+    start = time.perf_counter()
+    print(f"[{time.strftime('%H:%M:%S')}] {label}", flush=True)
+    with open(os.path.join(directory, "run.log"), "a") as log:
+        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    minutes = (time.perf_counter() - start) / 60
+    print(f"[{time.strftime('%H:%M:%S')}] {label}: exit {code} after {minutes:.1f} min", flush=True)
+    return code
+
+
+def run_sweep(
+    todo: list[tuple[str, list[str], str]],
+    *,
+    jobs: int = 1,
+    threads: int | None = None,
+    cwd: str | None = None,
+    after_each: Callable[[str], None] | None = None,
+    stop_file: str | None = None,
+    progress: bool = True,
+) -> list[int]:
+    """Executes each `(label, argv, directory)` of `todo` not finished yet, `jobs` side by side with `threads` torch
+    threads each (default: the cores shared by the jobs), skipping a run another live sweep has claimed; calls
+    `after_each(label)` after every run that exits 0, one at a time; starts no further run once `stop_file` exists.
+    A progress bar counts the runs (`progress`). Returns the exit statuses (0 for a run skipped)."""
+    from tqdm.auto import tqdm
+
+    threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+    lock = threading.Lock()  # one `after_each` at a time: two runs may finish together
+    bar = tqdm(total=len(todo), unit="run", disable=None if progress else True, dynamic_ncols=True)
+
+    def work(item: tuple[str, list[str], str]) -> int:
+        label, argv, directory = item
+        try:
+            if stop_file and os.path.exists(stop_file):
+                print(f"{label}: not started ({stop_file} exists)", flush=True)
+                return 0
+            if not claim(directory):
+                print(f"{label}: done or in flight elsewhere, skipped", flush=True)
+                return 0
+            try:
+                code = execute(argv, directory, threads, cwd, label)
+            finally:
+                release(directory)
+            if code == 0 and after_each is not None:
+                with lock:
+                    after_each(label)
+            return code
+        finally:
+            bar.update(1)
+
+    try:
+        with ThreadPoolExecutor(jobs) as pool:
+            return list(pool.map(work, todo))
+    finally:
+        bar.close()
+
+
+UNRECORDED = "not recorded (made before provenance was recorded)"
+
+
+def provenance_lines(provenances: list[dict]) -> list[str]:
+    """The summary's note of where its runs' code came from, from each run's `runs.json` provenance (empty for runs
+    made before it was recorded): the commits with how many runs each, then a warning when the recorded runs were
+    made at different commits, or from source that differed from its commit (`source_modified`), either of which
+    can be part of a difference between arms."""
+    counts: dict[str, int] = {}
+    for provenance in provenances:
+        if not provenance:
+            label = UNRECORDED
+        elif provenance.get("commit") is None:
+            label = "no git commit (not run from a checkout)"
+        else:
+            label = f"`{provenance['commit'][:10]}`"
+        counts[label] = counts.get(label, 0) + 1
+    lines = [
+        "- commits of the runs (their runs.json provenance): "
+        + "; ".join(f"{label} ({n} run{'s' if n > 1 else ''})" for label, n in counts.items())
+    ]
+    commits = list(dict.fromkeys(p["commit"][:10] for p in provenances if p and p.get("commit")))
+    if len(commits) > 1:
+        lines.append(
+            f"- warning: the runs were made at {len(commits)} different commits ({', '.join(commits)}): a change "
+            "between them may be part of a difference between arms"
+        )
+    modified = sum(1 for p in provenances if p and p.get("source_modified"))
+    if modified:
+        lines.append(
+            f"- warning: {modified} run{'s were' if modified > 1 else ' was'} made from source that differed from "
+            "its commit (source_modified): the code that ran is not exactly any commit"
+        )
+    return lines
+
+
+def run_devices(directories: list[str]) -> str:
+    """The `- device:` lines of the runs' own `summary.md` files, each with how many runs it ran (first seen first),
+    e.g. `CPU: AMD EPYC, 2 cores, torch threads 1 (4 runs)`."""
+    counts: dict[str, int] = {}
+    for directory in directories:
+        try:
+            with open(os.path.join(directory, "summary.md")) as f:
+                device = next((line[len("- device:") :].strip() for line in f if line.startswith("- device:")), None)
+        except OSError:
+            device = None
+        device = device or "not recorded"
+        counts[device] = counts.get(device, 0) + 1
+    return "; ".join(f"{device} ({n} run{'s' if n > 1 else ''})" for device, n in counts.items())
