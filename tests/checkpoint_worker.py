@@ -37,10 +37,15 @@ AGREE_AT_STEP = 2  # every completion earns the same: no group has an advantage,
 
 def indexed_reward(completions, trainer_state=None, **kwargs):
     """Content-blind rewards (the same for every run whatever its policy does); dies at step `KILL_AT_STEP`."""
-    step = trainer_state.global_step + 1
-    if KILL_AT_STEP is not None and step == KILL_AT_STEP:
+    if KILL_AT_STEP is not None and trainer_state.global_step + 1 == KILL_AT_STEP:
         os.kill(os.getpid(), signal.SIGKILL)
-    return [1.0 if step == AGREE_AT_STEP else float(i % 4) for i in range(len(completions))]
+    return [float(i % 4) for i in range(len(completions))]
+
+
+def agreeing_reward(completions, trainer_state=None, **kwargs):
+    """The run's reward: `indexed_reward`, except that every completion of step `AGREE_AT_STEP` earns the same."""
+    rewards = indexed_reward(completions, trainer_state=trainer_state, **kwargs)
+    return [1.0] * len(rewards) if trainer_state.global_step + 1 == AGREE_AT_STEP else rewards
 
 
 if __name__ == "__main__":
@@ -56,7 +61,7 @@ if __name__ == "__main__":
         AdaptiveKLGRPOTrainer,
         AdaptiveKLGRPOConfig,
         model_dir,
-        reward_funcs=[indexed_reward],
+        reward_funcs=[agreeing_reward],
         output_dir=output_dir,
         **RUN,
     )

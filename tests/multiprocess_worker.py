@@ -49,7 +49,7 @@ CONFIGS = {
         gradient_accumulation_steps=2,
     ),
     "adaptive": dict(kl_controller="adaptive", target_kl=0.1, kl_horizon=100, loss_type="grpo"),
-    "stepwise": dict(kl_controller="stepwise", target_kl=0.002, kl_estimator="k2", loss_type="dapo"),
+    "stepwise": dict(kl_controller="stepwise", target_kl=0.002, kl_estimator="k2", loss_type="dapo", beta_max=0.15),
     # KL in the reward: the penalties of both processes enter every group's advantages (gathered in TRL's order).
     "reward-adaptive": dict(
         kl_placement="reward", kl_estimator="k1", kl_controller="adaptive", target_kl=0.1, kl_horizon=100

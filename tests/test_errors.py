@@ -360,9 +360,11 @@ def _sync_run(tiny_model_dir, tmp_path, sync: bool):
         AdaptiveKLGRPOConfig,
         tiny_model_dir,
         output_dir=str(tmp_path / f"sync-{sync}"),
+        reward_funcs=[lambda completions, **kwargs: [float(i % 4) for i in range(len(completions))]],  # never tied
         beta=0.1,
         kl_controller="stepwise",
         target_kl=1e-3,
+        beta_max=1.0,  # room to raise β above its start
         sync_ref_model=sync,
         ref_model_sync_steps=2,
         ref_model_mixup_alpha=1.0,  # the reference becomes the policy at each sync

@@ -115,7 +115,8 @@ class KLHealthCallback(TrainerCallback):
                 f"(beta_max={ceiling:g}), raise it (beta_max={settings['beta_max']:g}).",
                 settings,
             )
-        settings = {"kl_controller": "stepwise", "target_kl": (self.low + self.high) / 2, "beta_max": 4 * beta}
+        middle = float(f"{(self.low + self.high) / 2:.3g}")  # the band's middle, as a reader would write it
+        settings = {"kl_controller": "stepwise", "target_kl": middle, "beta_max": float(f"{4 * beta:.3g}")}
         return (
             "Raise beta, or let a target-KL controller hold the KL in the band ("
             + ", ".join(f"{name}={value!r}" for name, value in settings.items())

@@ -222,7 +222,7 @@ class AdaptiveKLFields:
         default=10000,
         metadata={
             "help": "Horizon H, in sequences, of the 'adaptive' controller: N steps of n sequences move beta by a "
-            "factor of at most (1 +- 0.2*n/H)^N (1.6% in 100 steps of 8 at 10000). Must be > 0."
+            "factor of at most (1 +- 0.2*n/H)^N (1.6 percent in 100 steps of 8 at 10000). Must be > 0."
         },
     )
     beta_min: float = field(

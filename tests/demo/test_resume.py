@@ -25,7 +25,7 @@ from adaptive_kl.demo.run_files import load_runs
 # An adaptive β (moved from each step's KL) so that only a restored controller gives the uninterrupted trajectory;
 # 4 steps, evaluated (validation, retention, KL to the start) at 0, 2 and 4.
 ARGV = ["compare", "--steps", "4", "--eval-every", "2", "--n-validation", "16", "--seed", "0", "--no-progress",
-        "--variant", "kl_controller=adaptive target_kl=0.001"]  # fmt: skip
+        "--variant", "kl_controller=adaptive target_kl=0.001 beta_max=0.2"]  # fmt: skip
 # Wall-clock times: the only values a resumed run may differ in.
 TIMES = ("step_time", "wall_time")
 
@@ -80,7 +80,7 @@ def test_the_report_says_where_it_resumed(runs):
     _, killed, _ = runs
     with open(os.path.join(killed, "summary.md")) as f:
         summary = f.read()
-    assert "resumed from checkpoints (kl_controller=adaptive, target_kl=0.001 at step 3)" in summary
+    assert "resumed from checkpoints (kl_controller=adaptive, target_kl=0.001, beta_max=0.2 at step 3)" in summary
 
 
 def test_a_checkpoint_without_the_record_is_refused_before_any_run(runs, capsys, tmp_path):

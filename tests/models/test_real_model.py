@@ -306,3 +306,30 @@ def test_compare_quick_on_the_real_model(smollm2_dir, tmp_path):
     adapter = load_file(str(checkpoint / "adapter_model.safetensors"))
     lora_b = [tensor for name, tensor in adapter.items() if "lora_B" in name]
     assert lora_b and any(tensor.abs().max() > 0 for tensor in lora_b)
+
+
+def test_frontier_quick_on_the_real_model(smollm2_dir, tmp_path):
+    """`adaptive-kl frontier --model smollm2 --quick --seeds 0`: the quick line (β = 0 and 0.2) on one seed, each run
+    a `compare --quick` of its own, and the summary's table of β against drift with the start's point. The limit is
+    a guard against a hang, far above the ~3 min it takes on 2 quiet cores."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "frontier"
+    result = subprocess.run(
+        [sys.executable, "-m", "adaptive_kl", "frontier", "--model", "smollm2", "--quick", "--seeds", "0", "--out",
+         str(out), "--no-progress"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=3600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "2 runs, 0 finished; 2 to do" in result.stdout
+    summary = (out / "summary.md").read_text()
+    assert "Seeds so far: beta=0: 1; beta=0.2: 1." in summary
+    table = summary[summary.index("## Constant β's frontier") :]
+    assert "| start | 1 | 0.0000 |" in table and "| 0 | 1 |" in table and "| 0.2 | 1 |" in table
+    from adaptive_kl.demo.run_files import load_runs
+
+    (run,) = load_runs(str(out / "runs" / "beta_0.2" / "seed-0"))
+    assert len(run.history) == 2 and run.provenance["command"].startswith(
+        "adaptive-kl compare --model smollm2 --quick"
+    )

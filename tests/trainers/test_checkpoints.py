@@ -19,7 +19,7 @@ import sys
 import warnings
 
 import pytest
-from checkpoint_worker import RUN, indexed_reward
+from checkpoint_worker import RUN, agreeing_reward
 from repo_paths import TESTS
 from tiny import make_trainer
 from trl import GRPOConfig, GRPOTrainer
@@ -35,7 +35,7 @@ def build(model_dir, output_dir, cls=AdaptiveKLGRPOTrainer, config_cls=AdaptiveK
     """The worker's run (for stock TRL, its fields that `GRPOConfig` has) with `changes`."""
     fields = {k: v for k, v in {**RUN, **changes}.items() if k in config_cls.__dataclass_fields__}
     return make_trainer(
-        cls, config_cls, model_dir, reward_funcs=[indexed_reward], output_dir=str(output_dir), **fields
+        cls, config_cls, model_dir, reward_funcs=[agreeing_reward], output_dir=str(output_dir), **fields
     )
 
 

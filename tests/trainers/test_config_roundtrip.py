@@ -52,6 +52,7 @@ DOCUMENTED_KL_FIELDS = (
     "target_kl",
     "kl_horizon",
     "beta_min",
+    "beta_max",
     "ref_reset_steps",
     "ref_reset_kl",
     "ref_reset_optimizer",
@@ -76,6 +77,7 @@ DYNAMIC_SET = dict(
     reward_threshold=-1.0,  # every step's mean reward reaches it: β decays in the first step
     saturation_threshold=0.25,
     beta_min=0.01,
+    beta_max=0.3,
     beta_schedule_steps=7,
     kl_scaling="sqrt",
     kl_scaling_rate=0.9,
@@ -105,6 +107,7 @@ CONTROLLER_SET = dict(
     reward_threshold=0.5,
     saturation_threshold=0.75,
     beta_min=0.02,
+    beta_max=0.45,
     beta_schedule_steps=50,
     kl_scaling="exp",
     kl_scaling_rate=0.95,
@@ -127,7 +130,7 @@ CONTROLLER_SET = dict(
 FIELD_SETS = pytest.mark.parametrize("values", [DYNAMIC_SET, CONTROLLER_SET], ids=["dynamic", "controller"])
 
 # One out-of-range value per checked field, of the field's own type (so argparse parses it and the config must
-# refuse it). Valid in neither field set: beta_min=0.5 exceeds both betas.
+# refuse it). Valid in neither field set: beta_min=0.5 exceeds both betas, beta_max=0.01 is below both.
 BAD = [
     ("kl_adaptation_method", "clip+sigmoid"),
     ("kl_log_ratio_clip", 100.0),
@@ -137,6 +140,7 @@ BAD = [
     ("dynamic_beta_decay", 1.5),
     ("reward_threshold", float("nan")),
     ("beta_min", 0.5),
+    ("beta_max", 0.01),
     ("beta_schedule_steps", 0),
     ("kl_scaling", "cosine"),
     ("kl_scaling_rate", 1.5),

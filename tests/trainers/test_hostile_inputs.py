@@ -191,6 +191,7 @@ def test_missing_rewards_skip_the_dynamic_update_and_log_like_trl(tiny_model_dir
         "last_step": 4,
         "num_decays": 3,
         "num_skipped_updates": 1,
+        "num_held_updates": 0,
     }
     assert [s["num_skipped_updates"] for s in ours.recorder.states] == [0, 1, 1, 1]
     # Visible: one warning for the run, and the count in the logs.
@@ -210,7 +211,16 @@ def test_missing_rewards_skip_the_dynamic_update_and_log_like_trl(tiny_model_dir
     "sign,adaptive",
     [
         (1.0, dict(kl_adaptation_method="dynamic+sigmoid", reward_threshold=-10.0)),
-        (-1.0, dict(kl_adaptation_method="clip", kl_clip_threshold=1e-3, kl_controller="stepwise", target_kl=2e-3)),
+        (
+            -1.0,
+            dict(
+                kl_adaptation_method="clip",
+                kl_clip_threshold=1e-3,
+                kl_controller="stepwise",
+                target_kl=2e-3,
+                beta_max=0.2,
+            ),
+        ),
     ],
     ids=["+inf-dynamic", "-inf-stepwise"],
 )
@@ -296,6 +306,7 @@ def test_trl_divergence_is_kept_and_beta_stays_finite(diverging_runs):
         "last_step": 2,
         "num_decays": 0,
         "num_skipped_updates": 1,
+        "num_held_updates": 0,
     }
 
 
@@ -407,14 +418,15 @@ def test_every_row_masked(tiny_model_dir, tmp_path):
         ),
         (
             dict(kl_adaptation_method="sigmoid", kl_controller="adaptive", target_kl=1e-3, kl_horizon=16),
-            {1: 0.1, 2: 0.09, 3: 0.081},
+            {1: 0.1, 2: 0.1, 3: 0.1},
         ),
     ],
     ids=["dynamic", "adaptive"],
 )
 def test_zero_reward_spread(tiny_model_dir, tmp_path, adaptive, expected_betas):
     """Two groups, each with a constant reward (0 and 1): advantages 0, KL 0, loss exactly 0 as in stock TRL; β
-    follows its rule exactly (dynamic: mean 0.5 ≥ threshold; adaptive: KL 0 → β·(1 − 0.2·8/16)); all finite."""
+    follows its rule exactly (dynamic: mean 0.5 ≥ threshold; adaptive: every group agreed, so the controller holds
+    β, where its rule on KL 0 would have lowered it to β·(1 − 0.2·8/16)); all finite."""
     ours, stock = train_both(
         tiny_model_dir,
         tmp_path,
@@ -429,6 +441,7 @@ def test_zero_reward_spread(tiny_model_dir, tmp_path, adaptive, expected_betas):
     assert history(ours, "loss") == history(stock, "loss") == {1: 0.0, 2: 0.0, 3: 0.0}
     assert history(ours, "adaptive_kl/current_beta") == pytest.approx(expected_betas, rel=1e-12)
     assert ours.beta_controller.num_skipped_updates == 0
+    assert ours.beta_controller.num_held_updates == (3 if "kl_controller" in adaptive else 0)
     assert_matches_trl(ours, stock, same_values_at=(1, 2, 3))
 
 

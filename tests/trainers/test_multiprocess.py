@@ -68,8 +68,9 @@ def _global_mean_kl(ranks, step):
     return sum(record["kl"][step][1] for record in ranks) / tokens
 
 
-def _expected_betas(fields: dict, mean_reward, mean_kl, num_sequences: int) -> dict[str, float]:
-    """β_t of steps 1..STEPS from the rules, written out here, fed by `mean_reward(step)` / `mean_kl(step)`."""
+def _expected_betas(fields: dict, mean_reward, mean_kl, num_sequences: int, agreed=lambda t: False) -> dict:
+    """β_t of steps 1..STEPS from the rules, written out here, fed by `mean_reward(step)` / `mean_kl(step)`, and for
+    the controllers `agreed(step)`: whether every group's rewards agreed (then they hold β)."""
     beta, betas = 0.1, {}
     for t in range(1, worker.STEPS + 1):
         scale = 1 / math.sqrt(t) if fields.get("kl_scaling") == "sqrt" and t > 1 else 1.0
@@ -80,12 +81,16 @@ def _expected_betas(fields: dict, mean_reward, mean_kl, num_sequences: int) -> d
         if "dynamic" in fields.get("kl_adaptation_method", ""):
             if mean_reward(str(t)) >= fields["reward_threshold"]:
                 beta *= fields["dynamic_beta_decay"]
+        elif fields.get("kl_controller", "fixed") != "fixed" and agreed(str(t)):
+            pass
         elif fields.get("kl_controller") == "adaptive":
             error = min(max(mean_kl(str(t)) / fields["target_kl"] - 1, -0.2), 0.2)
             beta *= 1 + error * num_sequences / fields["kl_horizon"]
         elif fields.get("kl_controller") == "stepwise":
             kl = mean_kl(str(t))
             beta *= 1.5 if kl > 1.5 * fields["target_kl"] else 0.75 if kl < 0.5 * fields["target_kl"] else 1.0
+        if fields.get("kl_controller", "fixed") != "fixed":
+            beta = min(beta, fields.get("beta_max", 0.1))  # the ceiling: β's start unless set
     return betas
 
 
@@ -105,8 +110,13 @@ def test_beta_follows_the_rules_on_global_statistics(runs, name):
     """(a) β_t equals the rule applied to the whole step's mean reward / mean KL, not to one process's."""
     fields, ranks = worker.CONFIGS[name], runs[name]["two"]
     sequences = 2 * PER_DEVICE_BATCH * fields.get("gradient_accumulation_steps", 1)
+    logs = {str(h["step"]): h for h in ranks[0]["log_history"]}
     expected = _expected_betas(
-        fields, lambda t: _global_mean_reward(ranks, t), lambda t: _global_mean_kl(ranks, t), sequences
+        fields,
+        lambda t: _global_mean_reward(ranks, t),
+        lambda t: _global_mean_kl(ranks, t),
+        sequences,
+        lambda t: logs[t]["frac_reward_zero_std"] == 1.0,  # TRL's, over every process's groups
     )
     assert ranks[0]["beta"] == pytest.approx(expected, rel=1e-6)
     # The stepwise thresholds do not separate the two processes' KL in these 4 steps, and a β switched off by the

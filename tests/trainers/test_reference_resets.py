@@ -79,6 +79,7 @@ def every_two_steps(request, tiny_model_dir, tmp_path_factory):
         ref_reset_steps=2,
         kl_controller="stepwise",
         target_kl=1e-3,
+        beta_max=1.0,  # room to raise β above its start
     )
     trainer.train()
     return request.param, trainer, snapshots

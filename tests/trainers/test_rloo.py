@@ -535,14 +535,15 @@ def test_dynamic_beta_decays_and_reaches_beta_min(tiny_model_dir, tmp_path, monk
 
 
 def test_stepwise_controller_follows_the_measured_kl(tiny_model_dir, tmp_path, monkeypatch):
-    """A target far below the measured KL: the stepwise controller raises β by 1.5 after each step."""
+    """A target far below the measured KL: the stepwise controller raises β by 1.5 after each step, up to its
+    ceiling."""
     betas = penalty_betas(monkeypatch)
     trainer = build(
         AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, max_steps=3, kl_controller="stepwise",
-        target_kl=1e-9,
+        target_kl=1e-9, beta_max=2 * BETA,
     )  # fmt: skip
     logs, _ = run(trainer)
-    assert betas == pytest.approx([BETA, 1.5 * BETA, 2.25 * BETA])
+    assert betas == pytest.approx([BETA, 1.5 * BETA, 2 * BETA])  # ×1.5 again would be 2.25 β
     assert all(log["adaptive_kl/raw_kl"] == pytest.approx(log["kl"]) for log in logs[:-1])
 
 

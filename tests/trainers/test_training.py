@@ -80,8 +80,10 @@ def test_step_scaling_values(tiny_model_dir, tmp_path, scaling, alpha):
 
 @pytest.mark.parametrize("controller", ["adaptive", "stepwise"])
 def test_target_kl_controller_follows_its_rule(tiny_model_dir, tmp_path, controller):
-    """β_{t+1} is the rule applied to β_t and the step's logged mean raw KL (logging window = one step)."""
-    target, horizon, beta_min = 1e-3, 16, 0.05
+    """β_{t+1} is the rule applied to β_t and the step's logged mean raw KL (logging window = one step), held where the
+    step's groups all agreed (its logged `frac_reward_zero_std` is 1), within [beta_min, beta_max]; here β falls,
+    is held, and rises to its ceiling."""
+    target, horizon, beta_min, beta_max = 1e-3, 16, 0.05, 0.21
     trainer = train(
         tiny_model_dir,
         tmp_path,
@@ -90,21 +92,26 @@ def test_target_kl_controller_follows_its_rule(tiny_model_dir, tmp_path, control
         target_kl=target,
         kl_horizon=horizon,
         beta_min=beta_min,
+        beta_max=beta_max,
         gradient_accumulation_steps=2,
         max_steps=6,
         learning_rate=5e-2,
     )
     betas, kls = history(trainer, "adaptive_kl/current_beta"), history(trainer, "adaptive_kl/raw_kl")
+    agreed, held = history(trainer, "frac_reward_zero_std"), history(trainer, "adaptive_kl/held_updates")
     sequences_per_step = 4 * 2  # per-device batch × accumulation
     assert betas[1] == 0.2
     for t in range(1, 6):
-        if controller == "adaptive":
+        if agreed[t] == 1.0:
+            nxt = betas[t]
+        elif controller == "adaptive":
             error = min(max(kls[t] / target - 1, -0.2), 0.2)
             nxt = betas[t] * (1 + error * sequences_per_step / horizon)
         else:
             nxt = betas[t] * (1.5 if kls[t] > 1.5 * target else 0.75 if kls[t] < 0.5 * target else 1.0)
-        assert betas[t + 1] == pytest.approx(max(nxt, beta_min), rel=1e-6)
-    assert len(set(betas.values())) > 1  # the controller did move β
+        assert betas[t + 1] == pytest.approx(min(max(nxt, beta_min), beta_max), rel=1e-6)
+        assert held[t] == sum(agreed[s] == 1.0 for s in range(1, t + 1))  # counted up to and including step t
+    assert len(set(betas.values())) > 1 and max(betas.values()) == beta_max and 0 < held[6]
 
 
 def test_all_metrics_logged_in_train_and_eval(tiny_model_dir, tmp_path):
@@ -183,6 +190,7 @@ def test_a_second_train_without_resume_starts_beta_afresh(tiny_model_dir, tmp_pa
         "last_step": 3,
         "num_decays": 3,
         "num_skipped_updates": 0,
+        "num_held_updates": 0,
     }
 
 
