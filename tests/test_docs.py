@@ -305,6 +305,7 @@ NOT_FIELDS = {
     "kl_length_corr": "a metric (`adaptive_kl/kl_length_corr`)",
     "kl_penalty": "a function of the trainer (the KL in the reward)",
     "kl_to_start": "a RetentionCallback argument",
+    "betas": "adaptive-kl frontier's option (`--betas`), the constant-β line",
 }
 FIELD_PREFIXES = ("kl_", "beta", "ref_reset", "reward_threshold", "dynamic_", "target_kl", "skip_zero",
                   "resume_without", "diversity_", "correct_", "binomial_")  # fmt: skip
