@@ -132,8 +132,8 @@ def best_at_most(points: Iterable[tuple[float, float]], x: float) -> float:
     """E(x): the most y the curve reaches at x or less, the larger of F(x) and every vertex's y at or left of x. Where
     the line dips (a constant β that drifted more earned less than one that drifted less), F reads the dip and E the
     better point before it: D against E is never above D against F, so a method above F only by sitting in a dip is
-    not above E. Added once seed 0's line was seen to dip, after the runs began: a reading beside the primary, not
-    one stated before the runs. NaN without points."""
+    not above E. Added once the frontier study's line was seen to dip (seeds 0 and 2), after its runs began: a
+    sensitivity analysis beside the primary (the second frontier states it before its runs). NaN without points."""
     vertices = curve(points)
     if not vertices:
         return math.nan
