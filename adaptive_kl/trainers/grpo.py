@@ -1,11 +1,13 @@
 """`AdaptiveKLGRPOTrainer`: `trl.GRPOTrainer` with an adaptive KL term.
 
-The host computes its own loss with β = 0 (the policy term, untouched), and this class adds `β_t · Agg(f(k))` computed
-from the log-probabilities the host already computed for that loss: no copy of the host's loss, no extra forward
-pass. The KL term's path: `compute_loss` (`lifecycle.AdaptiveKLRun`) → `_loss_and_kl_statistics` →
-`hooks.HostHooks.host_loss_without_kl` (what the host's loss scored) → `_host_kl_inputs` (its aggregation,
-`hooks.host_loss_settings`) → `kl.term.adapted_kl_term`. With `kl_placement="reward"` the KL is instead a penalty on
-each completion's reward (`_score_kl`), and the loss only measures it.
+With every KL field at its default the host computes its own loss, KL term included, bit for bit as stock TRL does
+(`host_kl_term`), and this class only measures the term for `adaptive_kl/*`. Otherwise the host computes its loss with
+β = 0 (the policy term, untouched), and this class adds `β_t · Agg(f(k))` computed from the log-probabilities the
+host already computed for that loss: no copy of the host's loss, no extra forward pass. The KL term's path:
+`compute_loss` (`lifecycle.AdaptiveKLRun`) → `_loss_and_kl_statistics` → `hooks.HostHooks.host_loss_scoring` (what
+the host's loss scored) → `_host_kl_inputs` (its aggregation, `hooks.host_loss_settings`) →
+`kl.term.adapted_kl_term`. With `kl_placement="reward"` the KL is instead a penalty on each completion's reward
+(`_score_kl`), and the loss only measures it.
 
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
 Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`. Everything taken from the
@@ -73,7 +75,6 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
     """
 
     host_class, host_family, config_class = GRPOTrainer, "grpo", AdaptiveKLGRPOConfig
-    logs_host_kl = True  # the host's loss runs with β = 0, so it logs no `kl`: this trainer does, as TRL would
 
     def __init__(self, model, reward_funcs=None, args=None, *more, diversity_embedder=None, **kwargs):
         super().__init__(model, reward_funcs, args, *more, **kwargs)
@@ -95,7 +96,23 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         if self._unsloth_module is not None:
             self.host_log_ratio_clip = UNSLOTH_LOG_RATIO_CLAMP
 
-    kl_in_reward = property(lambda self: self.args.kl_placement == "reward")
+    @property
+    def kl_in_reward(self) -> bool:
+        return self.args.kl_placement == "reward"
+
+    @property
+    def host_kl_term(self) -> bool:
+        """Whether the host's loss keeps its own KL term: nothing of the config changes it (β constant, k3 in the loss,
+        no transform, no mask, no clamp), so the loss, its gradients and every value TRL logs are stock TRL's, bit
+        for bit. Not on Unsloth, whose loss computes its KL inside a fused kernel this class cannot measure it from
+        without running its own term."""
+        args = self.args
+        return not args.uses_adaptive_kl and args.kl_log_ratio_clip is None and self._unsloth_module is None
+
+    @property
+    def logs_host_kl(self) -> bool:
+        """Whether this trainer logs TRL's `kl` itself: when the host's loss runs with β = 0 (and logs no `kl`)."""
+        return not self.host_kl_term
 
     # --- a scored generation batch -----------------------------------------------------------------------------------
 
@@ -180,19 +197,28 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
 
     def _loss_and_kl_statistics(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
         backend_capture = capturing_efficient_grpo if self._unsloth_module is not None else None
-        with self.host_loss_without_kl(backend_capture) as captured:
+        policy_losses = metric_store(self, mode).get("policy_loss")  # TRL's, with its entropy bonus on
+        logged = len(policy_losses) if policy_losses is not None else 0
+        with self.host_loss_scoring(backend_capture, host_kl=self.host_kl_term) as captured:
             loss = self.host_compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if "ref_per_token_logps" not in inputs:  # `_scores_reference`: β_t = 0, the term adds exactly 0
             return loss, None
         host_inputs = self._host_kl_inputs(
             captured, inputs, mode, training=torch.is_grad_enabled() and mode == "train"
         )
-        if self.kl_in_reward:
-            # The KL is in the advantages: measured here, without a graph, for the metrics and controllers only.
+        if self.host_kl_term or self.kl_in_reward:
+            # The host's own term is in the loss, or the KL is in the advantages: measured here, without a graph, for
+            # the metrics and controllers only (in the reward, without the loss's importance ratio).
+            if self.kl_in_reward:
+                host_inputs["use_bias_correction"] = False
             with torch.no_grad():
-                _, stats = self._adapted_kl_term({**host_inputs, "use_bias_correction": False})
+                _, stats = self._adapted_kl_term(host_inputs)
             return loss, stats
         kl_term, stats = self._adapted_kl_term(host_inputs)
+        policy_losses = metric_store(self, mode).get("policy_loss")
+        if policy_losses is not None and len(policy_losses) > logged:
+            # TRL's `policy_loss` is its loss before the entropy bonus, KL term included; the host's ran without it
+            policy_losses[-1] += self.accelerator.gather((beta * kl_term).detach()).nanmean().item()
         return loss + beta * kl_term, stats  # Unsloth's backward ignores its incoming gradient: add, never scale
 
     def _adapted_kl_term(self, host_inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:

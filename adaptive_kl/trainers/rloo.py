@@ -70,11 +70,21 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
 
     # --- a scored generation batch -----------------------------------------------------------------------------------
 
+    @property
+    def host_penalty(self) -> bool:
+        """Whether the host's own penalty stands: nothing of the config changes it (β constant, k1 summed), so the
+        advantages and every value TRL logs are stock TRL's, bit for bit; the package only measures the KL."""
+        return not self.args.uses_adaptive_kl
+
     def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
         if host_beta(self) == 0.0:  # stock RLOO (the config allows nothing else at β = 0): no penalty to replace
             return batch
         policy_logps, ref_logps = self._named_logps(scoring)
         output, mode = scoring.output, scoring.mode
+        if self.host_penalty:
+            if ref_logps is not None:  # for the KL statistics of its micro-batches
+                output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
+            return batch
         mask = completion_loss_mask(output)
         penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, policy_logps.dtype)
         settings, group_size = rloo_advantage_settings(self), host_rewards(self, mode).group_size

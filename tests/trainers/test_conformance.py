@@ -5,9 +5,10 @@ same tiny model, data and seed train for 2 steps three times, and must agree:
 
 - stock TRL refuses the input (at construction or in training) → ours refuses it with the same exception type, with
   every new field at its default and with adaptation on;
-- stock TRL trains → ours, every new field at its default, logs the same loss, gradient norm, reward and KL (TRL's
-  `kl`) at every step (to float32 rounding: ours adds the KL term after TRL aggregates its loss, stock inside);
-  ours with adaptation on (`clip+dynamic`, `kl_scaling="log"`) finishes with finite `adaptive_kl/*` metrics.
+- stock TRL trains → ours, every new field at its default, logs every value stock logs, exactly equal, at every step
+  (the loss, gradient norm, reward, TRL's `kl`, `policy_loss`, ...: all but the wall-clock `step_time`), adding only
+  its own `adaptive_kl/*`; ours with adaptation on (`clip+dynamic`, `kl_scaling="log"`) finishes with finite
+  `adaptive_kl/*` metrics.
 
 `RLOO_FEATURES` does the same for `RLOOTrainer` and `AdaptiveKLRLOOTrainer`. Adding a TRL feature is one row. Left
 out, with the reason (`LEFT_OUT`): what needs a GPU, a download or a model this suite cannot build offline. Fields
@@ -34,7 +35,8 @@ from adaptive_kl.kl.aggregation import LOSS_TYPES
 
 BETA = 0.1
 ADAPTATION = dict(kl_adaptation_method="clip+dynamic", kl_scaling="log", reward_threshold=0.0)
-COMPARED = ("loss", "grad_norm", "reward", "kl")
+OURS = "adaptive_kl/"  # the only keys ours logs that stock does not
+CLOCK = ("step_time",)  # measured, not computed
 
 
 def standard_rows(n: int = 16) -> list[dict]:
@@ -163,6 +165,20 @@ def build(cls, config_cls, tiny_model_dir, tmp_path, feature: dict, **extra):
                processing_class=tokenizer, **more)  # fmt: skip
 
 
+def assert_logs_stock(ours: list[dict], stock: list[dict]) -> None:
+    """Every step's log of ours holds exactly stock's values (NaN where stock's is NaN), and nothing else but
+    `adaptive_kl/*`."""
+    assert len(ours) == len(stock) >= 1
+    for step, (mine, theirs) in enumerate(zip(ours, stock, strict=True), 1):
+        own = {key for key in mine if key.startswith(OURS)}
+        assert set(mine) - own == set(theirs), (step, set(mine) ^ set(theirs))
+        for key, value in theirs.items():
+            if key in CLOCK:
+                continue
+            same = mine[key] == value or (isinstance(value, float) and math.isnan(value) and math.isnan(mine[key]))
+            assert same, (step, key, mine[key], value)
+
+
 def outcome(cls, config_cls, tiny_model_dir, tmp_path, feature, **extra):
     """The run's logs per step, or the exception it raised (at construction or in training)."""
     torch.manual_seed(0)
@@ -190,11 +206,7 @@ def test_feature_behaves_as_in_stock_trl(name, tiny_model_dir, tmp_path):
     assert "(refused)" not in name, "stock TRL trained on an input this row expects it to refuse"
     assert not isinstance(ours, Exception), f"stock trained, ours raised {ours!r}"
     assert not isinstance(adapted, Exception), f"stock trained, ours (adapted) raised {adapted!r}"
-    assert len(ours) == len(stock) >= 1
-    for step, (mine, theirs) in enumerate(zip(ours, stock, strict=True), 1):
-        for key in COMPARED:
-            if key in theirs:
-                assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), (key, step)
+    assert_logs_stock(ours, stock)
     last = adapted[-1]
     metrics = {k: v for k, v in last.items() if k.startswith("adaptive_kl/")}
     assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics
@@ -232,8 +244,8 @@ def test_environment_owned_data_without_prompts_is_accepted():
 # --- RLOO ------------------------------------------------------------------------------------------------------------
 
 # The rows of `FEATURES` that `RLOOTrainer` has (it has no loss_type, scale_rewards, importance sampling level,
-# top_entropy_quantile or delta), and RLOO's own options. Ours, every new field at its default, replaces TRL's penalty
-# with an equal one; adapted, it trains with finite `adaptive_kl/*` metrics.
+# top_entropy_quantile or delta), and RLOO's own options. Ours, every new field at its default, logs what stock logs,
+# exactly; adapted, it trains with finite `adaptive_kl/*` metrics.
 RLOO_FEATURES = {
     **{name: FEATURES[name] for name in (
         "map-style dataset", "iterable dataset", "iterable dataset without max_steps (refused)",
@@ -269,10 +281,6 @@ def test_rloo_feature_behaves_as_in_stock_trl(name, tiny_model_dir, tmp_path):
     assert "(refused)" not in name, "stock TRL trained on an input this row expects it to refuse"
     assert not isinstance(ours, Exception), f"stock trained, ours raised {ours!r}"
     assert not isinstance(adapted, Exception), f"stock trained, ours (adapted) raised {adapted!r}"
-    assert len(ours) == len(stock) >= 1
-    for step, (mine, theirs) in enumerate(zip(ours, stock, strict=True), 1):
-        for key in COMPARED:
-            if key in theirs:
-                assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), (key, step)
+    assert_logs_stock(ours, stock)
     metrics = {k: v for k, v in adapted[-1].items() if k.startswith("adaptive_kl/")}
     assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics

@@ -1,4 +1,6 @@
-"""Method "none" reproduces stock TRL: same loss and parameter gradients, for every loss type TRL offers.
+"""The package's KL term reproduces TRL's: same loss and parameter gradients, for every loss type TRL offers, through
+an adaptation that changes nothing (`IDENTITY`: α(t) = 1), so that the package's term replaces TRL's. (With every
+field at its default the host keeps its own term, bit for bit: `test_stock_bitwise.py`.)
 
 TRL adds β·k inside its per-token loss and aggregates once; we aggregate the term separately and add it. The two
 summation orders differ by rounding, which cancellation in a gradient (many rows of opposite sign) amplifies: in
@@ -28,6 +30,7 @@ from adaptive_kl.trainers.scorer import Float64LogProbFunction
 
 
 BETA = 0.3
+IDENTITY = dict(kl_scaling="exp", kl_scaling_rate=1.0)  # the package's term, TRL's value
 # TRL refuses these pairings at init; every other (loss_type, level) pair is offered.
 REQUIRED_LEVEL = {"luspo": "sequence", "vespo": "token"}
 CASES = [
@@ -53,7 +56,8 @@ RTOL = 1e-10
 @pytest.fixture(scope="module")
 def trainers(tiny_model_dir):
     stock = make_trainer(GRPOTrainer, GRPOConfig, tiny_model_dir, beta=BETA)
-    ours = make_trainer(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA)
+    ours = make_trainer(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA, **IDENTITY)
+    assert not ours.host_kl_term
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(trl_utils, "_ChunkedLogProbFunction", Float64LogProbFunction)
         for trainer in (stock, ours):
@@ -78,7 +82,7 @@ def policy_only(stock, inputs, **kwargs):
 
 
 @pytest.mark.parametrize("loss_type,level,bias", CASES)
-def test_method_none_matches_stock_loss_and_gradients(trainers, loss_type, level, bias):
+def test_our_term_matches_stock_loss_and_gradients(trainers, loss_type, level, bias):
     stock, ours = trainers
     configure(trainers, loss_type, level, bias)
     inputs = fabricated_inputs(stock)
@@ -98,7 +102,7 @@ def test_method_none_matches_stock_loss_and_gradients(trainers, loss_type, level
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_method_none_matches_stock_eval_loss(trainers, loss_type):
+def test_our_term_matches_stock_eval_loss(trainers, loss_type):
     configure(trainers, loss_type, REQUIRED_LEVEL.get(loss_type, "token"), True)
     stock, ours = trainers
     inputs = fabricated_inputs(stock, seed=1)
@@ -119,9 +123,10 @@ def far_from_the_reference(inputs: dict) -> dict:
 
 
 @pytest.mark.parametrize("loss_type,level,bias", CASES)
-def test_defaults_match_stock_past_log_ratios_of_20(trainers, loss_type, level, bias):
-    """A policy far from its reference (log-ratios of 25 and −30, an importance log-ratio of 24): at the defaults no
-    clamp is applied that TRL's loss does not apply, so our loss and gradients are stock's, every loss type."""
+def test_our_term_matches_stock_past_log_ratios_of_20(trainers, loss_type, level, bias):
+    """A policy far from its reference (log-ratios of 25 and −30, an importance log-ratio of 24): without
+    `kl_log_ratio_clip` our term applies no clamp that TRL's loss does not apply, so our loss and gradients are
+    stock's, every loss type."""
     stock, ours = trainers
     configure(trainers, loss_type, level, bias)
     assert ours.args.kl_log_ratio_clip is None
@@ -137,11 +142,11 @@ def test_defaults_match_stock_past_log_ratios_of_20(trainers, loss_type, level, 
 
 def test_the_opt_in_clamp_changes_the_far_tokens_only(tiny_model_dir):
     """`kl_log_ratio_clip=20` on the same far-from-reference batch: a different loss (the clamp acts), and the same as
-    the defaults on a batch whose log-ratios stay within ±20 (it acts nowhere else)."""
+    our term without it on a batch whose log-ratios stay within ±20 (it acts nowhere else)."""
     losses = {}
     for clip in (None, 20.0):
         trainer = make_trainer(
-            AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA, kl_log_ratio_clip=clip
+            AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA, kl_log_ratio_clip=clip, **IDENTITY
         )
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(trl_utils, "_ChunkedLogProbFunction", Float64LogProbFunction)

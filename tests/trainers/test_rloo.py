@@ -37,6 +37,9 @@ from adaptive_kl.trainers.scorer import Float64LogProbFunction, install_cpu_scor
 BETA = 0.2
 # Two groups of four per generation batch, one optimizer step each: the normalization spans groups.
 RUN = dict(per_device_train_batch_size=8, num_generations=4, beta=BETA, max_steps=2)
+# An adaptation that changes nothing (α(t) = γ^(t−1) = 1 at γ = 1): the package's own penalty path, whose value is
+# TRL's. At the defaults the host's penalty stands (`host_penalty`), so comparing there would compare TRL with itself.
+IDENTITY = dict(kl_scaling="exp", kl_scaling_rate=1.0)
 RTOL = 1e-9  # float64 end to end: the summation orders differ by rounding only (~1e-15)
 # With `normalize_advantages`, TRL's `nanstd` (and ours, in its arithmetic) takes Bessel's n / (n − 1) from integer
 # counts in the default float32, even for float64 rewards: against an exact formula the std carries a relative
@@ -232,30 +235,49 @@ PARITY_CASES = [(normalize, option) for normalize in (False, True) for option in
 
 
 @pytest.mark.parametrize("normalize,option", PARITY_CASES, ids=[f"{n}-{o}" for n, o in PARITY_CASES])
-def test_defaults_match_stock_rloo(tiny_model_dir, tmp_path, normalize, option):
-    """Method "none" with k1 (the defaults): our penalty replaces TRL's and the advantages are recomputed, yet the
-    logs and gradients are stock RLOO's with the same β."""
+def test_our_penalty_matches_stock_rloo(tiny_model_dir, tmp_path, normalize, option):
+    """k1 summed, through the package's penalty path (`IDENTITY`): our penalty replaces TRL's and the advantages are
+    recomputed, yet the logs and gradients are stock RLOO's with the same β."""
     fields = {"normalize_advantages": normalize, **LOSS_OPTIONS[option]}
     stock = run(build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path, **fields))
-    ours = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, **fields)
+    ours = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, **fields, **IDENTITY)
     explicit = ours.args.kl_adaptation_method == "none" and ours.args.kl_estimator == "k1"
     ours_run = run(ours)
-    assert explicit and "adaptive_kl/reward_penalty" in ours_run[0][0]  # our penalty ran
+    assert explicit and not ours.host_penalty and "adaptive_kl/reward_penalty" in ours_run[0][0]  # ours ran
     assert_same_run(ours_run, stock, RTOL)
 
 
 @pytest.mark.parametrize("normalize", [False, True])
-def test_defaults_are_stock_rloo_bit_for_bit_in_float32(tiny_model_dir, tmp_path, normalize, monkeypatch):
+def test_at_the_defaults_the_hosts_penalty_and_logs_stand(tiny_model_dir, tmp_path, normalize):
+    """Every new field at its default: the host's penalty, advantages and logs are stock RLOO's, bit for bit, and the
+    package only adds its `adaptive_kl/*` measurements (no recomputed penalty: no `adaptive_kl/reward_penalty`)."""
+    fields = {"normalize_advantages": normalize}
+    (stock_logs, stock_grads) = run(build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path, **fields))
+    ours = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, **fields)
+    (our_logs, our_grads) = run(ours)
+    assert ours.host_penalty
+    for mine, theirs in zip(our_logs, stock_logs, strict=True):
+        assert {k: v for k, v in mine.items() if not k.startswith("adaptive_kl/") and k not in UNTIMED} == {
+            k: v for k, v in theirs.items() if k not in UNTIMED
+        }
+    assert "adaptive_kl/raw_kl" in our_logs[0] and "adaptive_kl/reward_penalty" not in our_logs[0]
+    for mine, theirs in zip(our_grads, stock_grads, strict=True):
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in theirs)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_our_penalty_is_stock_rloo_bit_for_bit_in_float32(tiny_model_dir, tmp_path, normalize, monkeypatch):
     """In float32, TRL's own scorer (or, where it cannot run on a CPU, the float32 stand-in both trainers share): our
-    penalty, leave-one-out baseline and normalization are TRL's arithmetic, so every logged value and every gradient
-    of a run is stock RLOO's to the bit."""
+    penalty (`IDENTITY`), leave-one-out baseline and normalization are TRL's arithmetic, so every logged value and
+    every gradient of a run is stock RLOO's to the bit."""
     monkeypatch.undo()  # not the float64 scorer of this module's other tests
     install_cpu_scorer_if_needed("cpu")
     runs = []
     for cls, config_cls in ((RLOOTrainer, RLOOConfig), (AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig)):
+        ours = IDENTITY if cls is AdaptiveKLRLOOTrainer else {}
         trainer = make_trainer(
             cls, config_cls, tiny_model_dir, output_dir=str(tmp_path / cls.__name__), normalize_advantages=normalize,
-            **{**RUN, "max_steps": 8},  # 8 normalizations: (v·n)/(n − 1) would differ in the last bit on one of them
+            **{**RUN, "max_steps": 8}, **ours,  # 8 normalizations: (v·n)/(n − 1) would differ in the last bit on one
         )  # fmt: skip
         perturb(trainer.model)
         assert next(trainer.model.parameters()).dtype == torch.float32
@@ -269,13 +291,15 @@ def test_defaults_are_stock_rloo_bit_for_bit_in_float32(tiny_model_dir, tmp_path
         assert all(torch.equal(mine[name], theirs[name]) for name in theirs), normalize
 
 
-def test_defaults_match_stock_rloo_past_log_ratios_of_20(tiny_model_dir, tmp_path):
+def test_our_penalty_matches_stock_rloo_past_log_ratios_of_20(tiny_model_dir, tmp_path):
     """A reference far from the policy (its output embedding scaled by 50, so it puts almost no mass on most of the
-    tokens the policy samples: log-ratios past 20): at the defaults no clamp is applied that TRL does not apply, so
-    the run is stock RLOO's (k1 in the penalty)."""
+    tokens the policy samples: log-ratios past 20): our penalty (`IDENTITY`) applies no clamp that TRL does not
+    apply, so the run is stock RLOO's (k1 in the penalty)."""
     runs = []
     for cls, config_cls in ((RLOOTrainer, RLOOConfig), (AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig)):
-        trainer = build(cls, config_cls, tiny_model_dir, tmp_path)
+        trainer = build(
+            cls, config_cls, tiny_model_dir, tmp_path, **(IDENTITY if cls is AdaptiveKLRLOOTrainer else {})
+        )
         with torch.no_grad():
             trainer.ref_model.get_output_embeddings().weight.mul_(50.0)
         recorder = Recorder(trainer) if cls is AdaptiveKLRLOOTrainer else None
@@ -493,7 +517,7 @@ def test_each_method_penalizes_as_its_formula(tiny_model_dir, tmp_path, fields, 
 def test_the_clip_threshold_bites(tiny_model_dir, tmp_path):
     """The tests above are sensitive to the transform: its threshold does bite on this batch."""
     logs = {}
-    for method, fields in (("none", {}), ("clip", {"kl_clip_threshold": 0.02})):
+    for method, fields in (("none", IDENTITY), ("clip", {"kl_clip_threshold": 0.02})):
         trainer = build(
             AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path / method, max_steps=1,
             kl_adaptation_method=method, **fields,

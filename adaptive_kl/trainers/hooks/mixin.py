@@ -61,9 +61,9 @@ class HostHooks:
     These extension points are internal: their names are private because their signatures follow what TRL's private
     methods offer, and may change with a supported TRL release. Subclass the trainers' public API instead.
 
-    Policy scoring: inside `host_loss_without_kl()`, the host's loss runs with β = 0 and every
-    `_get_per_token_logps_and_entropies` result is recorded; `captured_policy_logps` checks that there was exactly one
-    and that it carries a gradient in training.
+    Policy scoring: inside `host_loss_scoring()`, every `_get_per_token_logps_and_entropies` result of the host's loss
+    is recorded, the loss running with β = 0 (its KL term left to the trainer) or, with `host_kl=True`, as the host's
+    own; `captured_policy_logps` checks that there was exactly one and that it carries a gradient in training.
 
     A subclass names its model-card tag in its bases: `class MyTrainer(HostHooks, GRPOTrainer, hub_tag="my-tag")`.
     """
@@ -170,16 +170,18 @@ class HostHooks:
             self.beta = beta
 
     @contextmanager
-    def host_loss_without_kl(self, backend_capture=None):
-        """Runs the host's loss with β = 0 and yields what it computed: `{"policy_logps": [...]}`, every policy scoring
-        of the loss. `backend_capture`, a context manager taking that dict (a backend whose loss scores the policy
-        its own way passes one: Unsloth's records its efficient loss's arguments under `"efficient_grpo"`), is
-        entered around the loss too."""
+    def host_loss_scoring(self, backend_capture=None, *, host_kl: bool = False):
+        """Runs the host's loss and yields what it computed: `{"policy_logps": [...]}`, every policy scoring of the
+        loss. The host's β is 0 inside (its loss without its KL term, which the trainer adds), or, with `host_kl`, its
+        own (the loss is the host's, KL term included). `backend_capture`, a context manager taking that dict (a
+        backend whose loss scores the policy its own way passes one: Unsloth's records its efficient loss's arguments
+        under `"efficient_grpo"`), is entered around the loss too."""
         capture = {"policy_logps": []}
         self._policy_scorings = capture["policy_logps"]
         try:
-            with self._host_beta_zero(), backend_capture(capture) if backend_capture else nullcontext():
-                yield capture
+            with nullcontext() if host_kl else self._host_beta_zero():
+                with backend_capture(capture) if backend_capture else nullcontext():
+                    yield capture
         finally:
             self._policy_scorings = None
 
