@@ -179,3 +179,33 @@ def test_logged_kl_is_trls_under_accumulation_with_unequal_lengths(trainers):
     tokens = [float(inputs["completion_mask"].sum()) for inputs in (first, second)]
     weighted = sum(kl * n for kl, n in zip(logged[stock], tokens)) / sum(tokens)
     assert abs(sum(logged[stock]) / 2 - weighted) > 1e-3 * abs(weighted)  # the two means differ here
+
+
+@pytest.mark.skipif(
+    "entropy_coef" not in GRPOConfig.__dataclass_fields__, reason="TRL's entropy bonus (policy_loss): TRL 1.16 on"
+)
+def test_policy_loss_keeps_trls_meaning_when_our_term_replaces_its(tiny_model_dir):
+    """With TRL's entropy bonus on, TRL logs `policy_loss`, its loss before the bonus, KL term included. The host's
+    loss runs without its term when ours replaces it, so ours adds its β·term to the value logged: stock's, to float
+    precision, and not the value without a KL term."""
+    pair = [
+        make_trainer(GRPOTrainer, GRPOConfig, tiny_model_dir, beta=BETA, entropy_coef=0.01),
+        make_trainer(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA, entropy_coef=0.01,
+                     **IDENTITY),
+    ]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trl_utils, "_ChunkedLogProbFunction", Float64LogProbFunction)
+        for trainer in pair:
+            trainer.model.double()
+        inputs = fabricated_inputs(pair[0], seed=6)
+        logged = []
+        for trainer in pair:
+            metric_store(trainer, "train").clear()
+            loss_and_grads(trainer, inputs)
+            logged.append(metric_store(trainer, "train")["policy_loss"][-1])
+        stock = pair[0]
+        stock.beta = 0.0
+        loss_and_grads(stock, inputs)
+        without_kl = metric_store(stock, "train")["policy_loss"][-1]
+    assert logged[1] == pytest.approx(logged[0], rel=RTOL)
+    assert abs(logged[0] - without_kl) > 1e-3 * abs(logged[0])
