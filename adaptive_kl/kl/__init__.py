@@ -3,7 +3,7 @@ peft or accelerate; `docs/design.md` gives the semantics).
 
 | module | what |
 |---|---|
-| `estimators` | per-token estimates k1, k2, k3, k1+, k3+ of r, its opt-in clamp; transforms f(k); importance ratio |
+| `estimators` | estimates k1, k2, k3, k1+, k3+ of r, transforms f(k), both at once; importance ratio |
 | `aggregation` | Agg(·): the host's loss-type aggregation and the length-normalized mean |
 | `term` | the whole KL term of one micro-batch, estimate → transform → aggregate, and its statistics |
 | `metrics` | the additive statistics behind the `adaptive_kl/*` metrics |
@@ -24,6 +24,7 @@ from .controller import (
 from .estimators import (
     ESTIMATORS,
     STRAIGHT_THROUGH_ESTIMATORS,
+    estimate_and_transform,
     importance_ratio,
     k1,
     k1_plus,
@@ -58,6 +59,7 @@ __all__ = [
     "BetaController",
     "adapted_kl_term",
     "aggregate_like_host",
+    "estimate_and_transform",
     "group_advantages",
     "importance_ratio",
     "k1",

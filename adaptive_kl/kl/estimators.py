@@ -170,6 +170,32 @@ def transform_kl(
     raise ValueError(f"Unknown KL transform {transform!r}; expected 'clip', 'sigmoid' or None.")
 
 
+def estimate_and_transform(
+    log_ratio: torch.Tensor,
+    *,
+    estimator: str = "k3",
+    transform: str | None = None,
+    clip_threshold: float = 1.0,
+    target: float = 0.1,
+    log_ratio_clip: float | None = None,
+    weight: torch.Tensor | None = None,
+    bound: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(k, f(k))`: the per-token estimate of `log_ratio` (`kl_estimate`), times `weight` when given (the bias
+    correction's importance ratio), bounded to ±`bound` when given (Unsloth's loss bounds its KL), and its transform
+    (`transform_kl`). Every KL of the package, in the loss and in the reward, is estimated and transformed here.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`, each of shape `(B, T)`.
+    """
+    kl = kl_estimate(log_ratio, estimator, log_ratio_clip)
+    if weight is not None:
+        kl = kl * weight
+    if bound is not None:
+        kl = kl.clamp(-bound, bound)
+    return kl, transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
+
+
 def importance_ratio(
     per_token_logps: torch.Tensor,
     old_per_token_logps: torch.Tensor,

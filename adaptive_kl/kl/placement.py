@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .aggregation import sequence_means, sequence_sums
-from .estimators import kl_estimate, masked_log_ratio, transform_kl
+from .estimators import estimate_and_transform, masked_log_ratio
 from .groups import nan_std
 from .metrics import kl_statistics
 
@@ -55,8 +55,10 @@ def sequence_kl_penalty(
         `torch.Tensor` of shape `(B,)`, in `penalty_dtype(per_token_logps.dtype)`.
     """
     with torch.no_grad():
-        kl = kl_estimate(masked_log_ratio(per_token_logps, ref_per_token_logps, mask), estimator, log_ratio_clip)
-        adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
+        _, adapted = estimate_and_transform(
+            masked_log_ratio(per_token_logps, ref_per_token_logps, mask), estimator=estimator, transform=transform,
+            clip_threshold=clip_threshold, target=target, log_ratio_clip=log_ratio_clip,
+        )  # fmt: skip
         mask = mask.to(adapted.dtype)
         per_sequence = sequence_means(adapted, mask) if length_normalized else sequence_sums(adapted, mask)
         return beta * per_sequence
@@ -176,8 +178,9 @@ def penalty_statistics(
         `torch.Tensor` of shape `(len(STAT_NAMES),)`, for these sequences only (the caller reduces it).
     """
     with torch.no_grad():
-        log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
-        kl = kl_estimate(log_ratio, estimator, log_ratio_clip)
-        adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
+        kl, adapted = estimate_and_transform(
+            masked_log_ratio(per_token_logps, ref_per_token_logps, mask), estimator=estimator, transform=transform,
+            clip_threshold=clip_threshold, target=target, log_ratio_clip=log_ratio_clip,
+        )  # fmt: skip
         clipped_at = clip_threshold if transform == "clip" else None
         return kl_statistics(kl, adapted, mask, clip_threshold=clipped_at)

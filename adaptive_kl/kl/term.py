@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .aggregation import aggregate_like_host, length_normalized_mean
-from .estimators import importance_ratio, kl_estimate, masked_log_ratio, transform_kl
+from .estimators import estimate_and_transform, importance_ratio, masked_log_ratio
 from .metrics import kl_statistics
 
 
@@ -67,18 +67,20 @@ def adapted_kl_term(
         statistics vector of shape `(len(STAT_NAMES),)` for this process only (the caller reduces it).
     """
     log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
-    kl = kl_estimate(log_ratio, estimator, log_ratio_clip)
-    # What the host logs as `kl`: k3 of the same log-ratio
-    host_kl = None if estimator == "k3" else kl_estimate(log_ratio.detach(), "k3", log_ratio_clip)
+    ratio = None
     if use_bias_correction:
         old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
         ratio = importance_ratio(per_token_logps, old, mask, importance_sampling_level, importance_log_ratio_clip)
-        kl = kl * ratio
-        host_kl = None if host_kl is None else host_kl * ratio.detach()
-    if kl_bound is not None:
-        kl = kl.clamp(-kl_bound, kl_bound)
-        host_kl = None if host_kl is None else host_kl.clamp(-kl_bound, kl_bound)
-    adapted = transform_kl(kl, transform, clip_threshold=clip_threshold, target=target)
+    kl, adapted = estimate_and_transform(
+        log_ratio, estimator=estimator, transform=transform, clip_threshold=clip_threshold, target=target,
+        log_ratio_clip=log_ratio_clip, weight=ratio, bound=kl_bound,
+    )  # fmt: skip
+    host_kl = None  # what the host logs as `kl`: k3 of the same log-ratio, weighted and bounded alike
+    if estimator != "k3":
+        host_kl, _ = estimate_and_transform(
+            log_ratio.detach(), estimator="k3", log_ratio_clip=log_ratio_clip,
+            weight=None if ratio is None else ratio.detach(), bound=kl_bound,
+        )  # fmt: skip
     kept = adapted
     if sequence_mask is not None:  # `where`, not a product: exactly 0, even for a non-finite f(k)
         kept = torch.where(sequence_mask.to(torch.bool).unsqueeze(-1), adapted, adapted.new_zeros(()))

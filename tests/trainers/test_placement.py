@@ -168,10 +168,14 @@ def test_our_group_advantages_equal_trls_on_its_own_rewards(tiny_model_dir, tmp_
     )
     recorder = GenerationRecorder(trainer)
     trainer.train()
-    for batch in recorder.batches:
+    logged = [h["reward"] for h in trainer.state.log_history if "reward" in h and "loss" in h]
+    assert len(logged) == len(recorder.batches) == 2
+    for batch, reward in zip(recorder.batches, logged):
         assert batch["rewards"].isnan().any()
         ours = group_advantages(batch["rewards"], trainer.num_generations, scale)
         torch.testing.assert_close(ours, batch["output"]["advantages"], rtol=0, atol=0)
+        # `total_rewards` (what `batch["rewards"]` is) is TRL's total: its mean is the `reward` TRL logged, to the bit
+        assert torch.nanmean(batch["rewards"]).item() == reward
 
 
 def test_reward_placement_loss_has_no_kl_term(tiny_model_dir, tmp_path):
