@@ -11,8 +11,6 @@ import math
 
 import torch
 
-from .aggregation import sequence_means, sequence_sums
-
 
 # Order of the entries of the statistics vector.
 STAT_NAMES = (
@@ -66,31 +64,22 @@ def kl_statistics(
         `torch.Tensor` of shape `(len(STAT_NAMES),)`.
     """
     dtype = torch.float32 if raw_kl.device.type == "mps" else torch.float64
-    raw_kl, adapted_kl, mask = (x.detach().to(dtype) for x in (raw_kl, adapted_kl, mask))
-    host_kl = raw_kl if host_kl is None else host_kl.detach().to(dtype)
-    lengths = mask.sum(-1)
-    seq_mean_kl = sequence_means(raw_kl, mask)
+    mask = mask.detach().to(dtype)
+    raw = raw_kl.detach().to(dtype)
+    masked = raw * mask
+    # Per-sequence sums of every per-token quantity at once, (5, B), then their totals: few kernels, since this runs
+    # on every micro-batch beside the host's loss.
+    clipped = mask * (raw > clip_threshold) if clip_threshold is not None else torch.zeros_like(mask)
+    host = masked if host_kl is None else host_kl.detach().to(dtype) * mask
+    per_sequence = torch.stack([mask, masked, adapted_kl.detach().to(dtype) * mask, clipped, host]).sum(-1)
+    lengths, sequence_kl = per_sequence[0], per_sequence[1]
     valid = (lengths > 0).to(dtype)
-    x, y = lengths * valid, seq_mean_kl * valid
-    zero = raw_kl.new_zeros(())
-    clipped = (mask * (raw_kl > clip_threshold)).sum() if clip_threshold is not None else zero
-    return torch.stack(
-        [
-            mask.sum(),
-            (raw_kl * mask).sum(),
-            (adapted_kl * mask).sum(),
-            clipped,
-            (host_kl * mask).sum(),
-            raw_kl.new_tensor(float(raw_kl.size(0))),
-            sequence_sums(raw_kl, mask).sum(),
-            valid.sum(),
-            x.sum(),
-            y.sum(),
-            (x * x).sum(),
-            (y * y).sum(),
-            (x * y).sum(),
-        ]
-    )
+    x, y = lengths * valid, sequence_kl / lengths.clamp(min=1.0) * valid  # L_i and K̄_i where L_i > 0
+    totals = per_sequence.sum(-1)
+    moments = torch.stack([valid, x, y, x * x, y * y, x * y]).sum(-1)
+    sequences = totals.new_tensor([float(raw.size(0))])
+    # Σ_i Σ_t m·k (seq_kl) is Σ m·k (raw_kl): one sum, both entries.
+    return torch.cat([totals, sequences, totals[1:2], moments])
 
 
 def pearson_from_moments(n: float, sx: float, sy: float, sxx: float, syy: float, sxy: float) -> float:

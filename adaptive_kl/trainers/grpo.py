@@ -72,6 +72,8 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
     Attributes:
         beta_controller (`BetaController`): owns β; saved in every checkpoint and restored on resume.
         reference_resets (`ReferenceResets`): when the reference is reset; saved in every checkpoint too.
+        host_kl_term (`bool`): the host's loss keeps its own KL term (every KL field at its default); the package
+            only measures it for `adaptive_kl/*`.
     """
 
     host_class, host_family, config_class = GRPOTrainer, "grpo", AdaptiveKLGRPOConfig
@@ -95,19 +97,16 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         self._unsloth_module = prepare_unsloth_host(GRPOTrainer, args.kl_placement, args.kl_mask_zero_std_groups)
         if self._unsloth_module is not None:
             self.host_log_ratio_clip = UNSLOTH_LOG_RATIO_CLAMP
+        # Nothing of the config changes the host's KL term (β constant, k3 in the loss, no transform, no mask, no
+        # clamp): the host keeps it, so the loss, its gradients and every value TRL logs are stock TRL's, bit for bit.
+        # Not on Unsloth, whose fused loss computes its KL where this class cannot measure it without its own term.
+        self.host_kl_term = (
+            not args.uses_adaptive_kl and args.kl_log_ratio_clip is None and self._unsloth_module is None
+        )
 
     @property
     def kl_in_reward(self) -> bool:
         return self.args.kl_placement == "reward"
-
-    @property
-    def host_kl_term(self) -> bool:
-        """Whether the host's loss keeps its own KL term: nothing of the config changes it (β constant, k3 in the loss,
-        no transform, no mask, no clamp), so the loss, its gradients and every value TRL logs are stock TRL's, bit
-        for bit. Not on Unsloth, whose loss computes its KL inside a fused kernel this class cannot measure it from
-        without running its own term."""
-        args = self.args
-        return not args.uses_adaptive_kl and args.kl_log_ratio_clip is None and self._unsloth_module is None
 
     @property
     def logs_host_kl(self) -> bool:

@@ -13,9 +13,10 @@ config they are called on.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import MISSING, dataclass, field, fields
-from types import SimpleNamespace
+from types import MappingProxyType, SimpleNamespace
 
 from ..kl.controller import (
     ADAPTIVE_ERROR_CLIP,
@@ -92,6 +93,9 @@ PARAMETER_READERS = {
 }
 
 
+ALLOWED_METHODS = f"one of {KL_METHODS}, or several of them joined by '+' with at most one of clip/sigmoid"
+
+
 def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
     """Splits `"dynamic+length_normalized"` into its methods; `()` for `"none"`.
 
@@ -99,9 +103,14 @@ def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
         ValueError: naming `kl_adaptation_method` and the allowed values, for an unknown or repeated name, `"none"`
             combined with another method, or both `clip` and `sigmoid`.
     """
-    allowed = f"one of {KL_METHODS}, or several of them joined by '+' with at most one of clip/sigmoid"
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"kl_adaptation_method must be {allowed}; got {value!r}.")
+        raise ValueError(f"kl_adaptation_method must be {ALLOWED_METHODS}; got {value!r}.")
+    return _parsed_methods(value)
+
+
+@functools.cache  # the config's `kl_methods` reads it at every micro-batch
+def _parsed_methods(value: str) -> tuple[str, ...]:
+    allowed = ALLOWED_METHODS
     methods = tuple(part.strip() for part in value.split("+"))
     unknown = [m for m in methods if m not in KL_METHODS]
     if unknown:
@@ -337,9 +346,10 @@ class AdaptiveKLFields:
             )
 
 
-def field_defaults(config_cls: type) -> dict:
-    """Each field of the dataclass `config_cls` that has a default (not a factory) → that default."""
-    return {f.name: f.default for f in fields(config_cls) if f.default is not MISSING}
+@functools.cache  # per class: a property of the config reads it at every micro-batch
+def field_defaults(config_cls: type) -> MappingProxyType:
+    """Each field of the dataclass `config_cls` that has a default (not a factory) → that default (read-only)."""
+    return MappingProxyType({f.name: f.default for f in fields(config_cls) if f.default is not MISSING})
 
 
 def unread_parameters(config) -> list[str]:

@@ -53,6 +53,8 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
     Attributes:
         beta_controller (`BetaController`): owns β_t; saved in every checkpoint and restored on resume.
         reference_resets (`ReferenceResets`): when the reference is reset; saved in every checkpoint too.
+        host_penalty (`bool`): the host's own penalty stands (every KL field at its default); the package only
+            measures the KL for `adaptive_kl/*`.
     """
 
     host_class, host_family, config_class = RLOOTrainer, "rloo", AdaptiveKLRLOOConfig
@@ -67,14 +69,11 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
     def _prepare_host(self, args, more: tuple, kwargs: dict) -> None:
         check_no_unsloth("AdaptiveKLRLOOTrainer")
         check_host(RLOOTrainer, "rloo", args, "AdaptiveKLRLOOTrainer", own_loss=False)  # the loss is the host's
+        # Nothing of the config changes the host's penalty (β constant, k1 summed): it stands, and the advantages and
+        # every value TRL logs are stock TRL's, bit for bit; the package only measures the KL.
+        self.host_penalty = not args.uses_adaptive_kl
 
     # --- a scored generation batch -----------------------------------------------------------------------------------
-
-    @property
-    def host_penalty(self) -> bool:
-        """Whether the host's own penalty stands: nothing of the config changes it (β constant, k1 summed), so the
-        advantages and every value TRL logs are stock TRL's, bit for bit; the package only measures the KL."""
-        return not self.args.uses_adaptive_kl
 
     def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
         if host_beta(self) == 0.0:  # stock RLOO (the config allows nothing else at β = 0): no penalty to replace
