@@ -1,14 +1,15 @@
 """The training part alone, to the percent: one micro-batch's loss forward and backward with this package's trainer
-(method `none`) against stock TRL's `GRPOTrainer`, as a ratio with its 95% interval, next to an A/A interval.
+(at its defaults, and on its adaptive path) against stock TRL's `GRPOTrainer`, as a ratio with its 95% interval, next
+to an A/A interval.
 
     python benchmarks/loss_cost.py                                                    # tiny model, CPU
     python benchmarks/loss_cost.py --model smollm2 --lora --prompts 2 --completion-length 128 --reps 40
     python benchmarks/loss_cost.py --shape qwen2.5-0.5b --lora --bf16 --prompts 2 --completion-length 256   # GPU
 
-Three trainers on the same weights: stock, stock again (the A/A: what the measurement reads where nothing differs) and
-ours at the same β. One micro-batch laid out as training lays it out (`testing.batches.grouped_inputs`: prompts
+Four trainers on the same weights: stock, stock again (the A/A: what the measurement reads where nothing differs),
+ours at the same β with every field at its default, and ours adapting (`VARIANTS`). One micro-batch laid out as training lays it out (`testing.batches.grouped_inputs`: prompts
 repeated over their group, completions of different lengths, drifted reference and old log-probabilities) goes
-through each trainer's `compute_loss` and `backward`, the three in turn, the order rotating every repetition, after
+through each trainer's `compute_loss` and `backward`, the four in turn, the order rotating every repetition, after
 `--warmup` untimed repetitions. Generation, rewards and the optimizer step are left out: they are the host's alone, so
 they only dilute the ratio (`step_overhead.py` measures the whole step).
 
@@ -38,8 +39,11 @@ from adaptive_kl.trainers.hooks import set_accumulation_steps
 from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
 
-STOCK, STOCK_AGAIN, OURS = "stock", "stock, again", "ours (none)"
-VARIANTS = {STOCK: None, STOCK_AGAIN: None, OURS: {"kl_adaptation_method": "none"}}
+STOCK, STOCK_AGAIN, OURS, ADAPTING = "stock", "stock, again", "ours (defaults)", "ours (adapting)"
+# Ours at the defaults: the host keeps its own KL term, and the package measures the KL beside it. Adapting: the
+# package's term replaces the host's, through an adaptation that changes nothing (α(t) = γ^(t−1) = 1 at γ = 1), so
+# the row times the adaptive path itself, on the same numbers.
+VARIANTS = {STOCK: None, STOCK_AGAIN: None, OURS: {}, ADAPTING: {"kl_scaling": "exp", "kl_scaling_rate": 1.0}}
 
 
 def elapsed_clock() -> Callable[[], Callable[[], float]]:
@@ -121,7 +125,7 @@ def summarize(results: dict) -> list[str]:
         "| memory difference (MiB), 95% |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for label in (OURS, STOCK_AGAIN):
+    for label in (OURS, ADAPTING, STOCK_AGAIN):
         ratio, low, high, n = ratio_interval(results[label]["time"], stock["time"])
         memory, memory_half, _ = difference_interval(results[label]["memory"], stock["memory"])
         lines.append(

@@ -57,7 +57,7 @@ def test_loss_cost_reports_ours_and_the_a_a_with_their_intervals(tmp_path):
     text = output.read_text()
     assert "- device: CPU" in text and "4 repetitions after 1" in text
     rows = {name: cells for name, (cells,) in _rows(text).items() if name != "against stock"}
-    assert list(rows) == ["ours (none)", "stock, again"]
+    assert list(rows) == ["ours (defaults)", "ours (adapting)", "stock, again"]
     for cells in rows.values():
         assert cells[1] == "4"
         ratio, (low, high) = _positive(cells[2]), map(float, cells[3].split("–"))
