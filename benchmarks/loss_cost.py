@@ -7,11 +7,12 @@ to an A/A interval.
     python benchmarks/loss_cost.py --shape qwen2.5-0.5b --lora --bf16 --prompts 2 --completion-length 256   # GPU
 
 Four trainers on the same weights: stock, stock again (the A/A: what the measurement reads where nothing differs),
-ours at the same β with every field at its default, and ours adapting (`VARIANTS`). One micro-batch laid out as training lays it out (`testing.batches.grouped_inputs`: prompts
-repeated over their group, completions of different lengths, drifted reference and old log-probabilities) goes
-through each trainer's `compute_loss` and `backward`, the four in turn, the order rotating every repetition, after
-`--warmup` untimed repetitions. Generation, rewards and the optimizer step are left out: they are the host's alone, so
-they only dilute the ratio (`step_overhead.py` measures the whole step).
+ours at the same β with every field at its default, and ours adapting (`VARIANTS`). One micro-batch laid out as
+training lays it out (`testing.batches.grouped_inputs`: prompts repeated over their group, completions of different
+lengths, drifted reference and old log-probabilities) goes through each trainer's `compute_loss` and `backward`, the
+four in turn, the order rotating every repetition, after `--warmup` untimed repetitions. Generation, rewards and the
+optimizer step are left out: they are the host's alone, so they only dilute the ratio (`step_overhead.py` measures the
+whole step).
 
 Time: `time.perf_counter` on a CPU, CUDA events on a GPU. Each repetition gives the paired ratios ours/stock and
 stock again/stock; the ratio reported is their geometric mean, with the 95% interval of Student's t over the

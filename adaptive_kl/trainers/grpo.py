@@ -116,33 +116,37 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
     # --- a scored generation batch -----------------------------------------------------------------------------------
 
     def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
-        # TRL's GRPO keeps the log-probabilities it scored in its output: the sampling policy's when it needs them
-        # (off-policy), the reference's when its β is not 0 and the reference was scored.
         output, mode = scoring.output, scoring.mode
-        keep = None
-        if self.args.kl_mask_zero_std_groups:
-            keep = self._kl_group_mask(output, batch.rewards, mode)
+        keep = self._kl_group_mask(output, batch.rewards, mode) if self.args.kl_mask_zero_std_groups else None
         if self.kl_in_reward:
-            mask = completion_loss_mask(output)
-            ref_logps = output.get("ref_per_token_logps")
-            policy_logps = output.get("old_per_token_logps")
-            if policy_logps is None and ref_logps is not None:  # on-policy: TRL did not score the sampling policy
-                policy_logps = self._sampling_policy_logps(output, mode)
-            # Without log-probabilities (scored without the reference, on-policy), those TRL would have scored are in
-            # the output embedding's dtype or float32, which the penalty's dtype does not tell apart (`penalty_dtype`)
-            embedding = host_models(self).policy.get_output_embeddings().weight
-            logps_dtype = policy_logps.dtype if policy_logps is not None else embedding.dtype
-            penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, logps_dtype)
-            if keep is not None:  # decided on the task rewards: those groups keep 0 advantages
-                penalty = torch.where(keep, penalty, torch.zeros_like(penalty))
-            group_size, scaling = host_rewards(self, mode).group_size, grpo_scale_rewards(self)
-            penalties, _ = self._penalize(
-                output, batch.rewards, penalty, mode, lambda rewards: group_advantages(rewards, group_size, scaling)
-            )
-            batch = dataclasses.replace(batch, penalty=penalties)
+            batch = self._penalize_rewards(output, batch, keep, mode)
         if self.args.diversity_metrics:
             self._log_diversity(output, mode)
         return batch
+
+    def _penalize_rewards(self, output: dict, batch: ScoredBatch, keep: torch.Tensor | None, mode: str) -> ScoredBatch:
+        """`kl_placement="reward"`: the advantages of `output` become those of the rewards minus β_t·Σ_t f(k), each
+        group's as TRL computes them; the completions of a group `keep` masks (`(B,)`, or None) get no penalty, so that
+        they keep their zero advantages. Returns `batch` with its `(N,)` penalties."""
+        # TRL's GRPO keeps the log-probabilities it scored in its output: the sampling policy's when it needs them
+        # (off-policy), the reference's when its β is not 0 and the reference was scored.
+        mask = completion_loss_mask(output)
+        ref_logps = output.get("ref_per_token_logps")
+        policy_logps = output.get("old_per_token_logps")
+        if policy_logps is None and ref_logps is not None:  # on-policy: TRL did not score the sampling policy
+            policy_logps = self._sampling_policy_logps(output, mode)
+        # Without log-probabilities (scored without the reference, on-policy), those TRL would have scored are in the
+        # output embedding's dtype or float32, which the penalty's dtype does not tell apart (`penalty_dtype`)
+        embedding = host_models(self).policy.get_output_embeddings().weight
+        logps_dtype = policy_logps.dtype if policy_logps is not None else embedding.dtype
+        penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, logps_dtype)
+        if keep is not None:  # decided on the task rewards: those groups keep 0 advantages
+            penalty = torch.where(keep, penalty, torch.zeros_like(penalty))
+        group_size, scaling = host_rewards(self, mode).group_size, grpo_scale_rewards(self)
+        penalties, _ = self._penalize(
+            output, batch.rewards, penalty, mode, lambda rewards: group_advantages(rewards, group_size, scaling)
+        )
+        return dataclasses.replace(batch, penalty=penalties)
 
     def _sampling_policy_logps(self, output: dict, mode: str) -> torch.Tensor:
         """`(B, T)` log π at the sampled tokens under the policy that sampled them, by one no-grad forward of the

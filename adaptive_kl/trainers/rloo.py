@@ -80,12 +80,15 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
             return batch
         policy_logps, ref_logps = self._named_logps(scoring)
         output, mode = scoring.output, scoring.mode
-        if self.host_penalty:
+        mask = completion_loss_mask(output)
+        penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, policy_logps.dtype)
+        if self.host_penalty:  # the host subtracted this penalty itself: logged, not applied
+            metric_store(self, mode)["adaptive_kl/reward_penalty"].append(
+                self.accelerator.gather(penalty).nanmean().item()
+            )
             if ref_logps is not None:  # for the KL statistics of its micro-batches
                 output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
             return batch
-        mask = completion_loss_mask(output)
-        penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, policy_logps.dtype)
         settings, group_size = rloo_advantage_settings(self), host_rewards(self, mode).group_size
         rewards = batch.rewards
         if settings.reward_clip_range:  # the host clamps the task reward, then subtracts its penalty: so do we

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import trl.trainer.utils as trl_utils
-from test_parity import REQUIRED_LEVEL, policy_only
+from test_parity import IDENTITY, REQUIRED_LEVEL, policy_only
 from test_placement import GenerationRecorder, independent_advantages, reward_trainer
 from test_unsloth import load_generated
 from tiny import constant_reward, fabricated_inputs, loss_and_grads, make_trainer, perturb
@@ -34,9 +34,11 @@ KEEP = [True, False, True, False]  # fabricated_inputs' rows have 6, 4, 1 and 3 
 
 @pytest.fixture(scope="module")
 def trainers(tiny_model_dir):
-    """Stock TRL, ours without the mask and ours with it, on the same weights, in float64."""
+    """Stock TRL, ours without the mask and ours with it, on the same weights, in float64. Without the mask, ours
+    computes its own term through an adaptation that changes nothing (`IDENTITY`): at the defaults the host keeps its
+    own, and the mask's path is the package's term with its rows masked."""
     stock = make_trainer(GRPOTrainer, GRPOConfig, tiny_model_dir, beta=BETA)
-    plain = make_trainer(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA)
+    plain = make_trainer(AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA, **IDENTITY)
     masked = make_trainer(
         AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, tiny_model_dir, beta=BETA, kl_mask_zero_std_groups=True
     )

@@ -250,7 +250,7 @@ def test_our_penalty_matches_stock_rloo(tiny_model_dir, tmp_path, normalize, opt
 @pytest.mark.parametrize("normalize", [False, True])
 def test_at_the_defaults_the_hosts_penalty_and_logs_stand(tiny_model_dir, tmp_path, normalize):
     """Every new field at its default: the host's penalty, advantages and logs are stock RLOO's, bit for bit, and the
-    package only adds its `adaptive_kl/*` measurements (no recomputed penalty: no `adaptive_kl/reward_penalty`)."""
+    package only adds its `adaptive_kl/*` measurements, the penalty the host subtracted among them."""
     fields = {"normalize_advantages": normalize}
     (stock_logs, stock_grads) = run(build(RLOOTrainer, RLOOConfig, tiny_model_dir, tmp_path, **fields))
     ours = build(AdaptiveKLRLOOTrainer, AdaptiveKLRLOOConfig, tiny_model_dir, tmp_path, **fields)
@@ -260,7 +260,11 @@ def test_at_the_defaults_the_hosts_penalty_and_logs_stand(tiny_model_dir, tmp_pa
         assert {k: v for k, v in mine.items() if not k.startswith("adaptive_kl/") and k not in UNTIMED} == {
             k: v for k, v in theirs.items() if k not in UNTIMED
         }
-    assert "adaptive_kl/raw_kl" in our_logs[0] and "adaptive_kl/reward_penalty" not in our_logs[0]
+    steps = [log for log in our_logs if "adaptive_kl/raw_kl" in log]
+    assert steps
+    for log in steps:  # the mean penalty β·Σ_t k1 of the host's, measured: β · (per-token k1) · (mean length)
+        expected = ours.beta * log["adaptive_kl/raw_kl"] * log["completions/mean_length"]
+        assert log["adaptive_kl/reward_penalty"] == pytest.approx(expected, rel=1e-5)
     for mine, theirs in zip(our_grads, stock_grads, strict=True):
         assert mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in theirs)
 

@@ -23,6 +23,7 @@ from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTraine
 from adaptive_kl.trainers.hooks import (
     ALLOW_UNSUPPORTED_ENV,
     SUPPORTED_TRL,
+    HostHooks,
     UnsupportedTRLError,
     installed_trl_version,
 )
@@ -338,7 +339,7 @@ def test_the_seam_check_fails_on_a_direct_access_to_the_host(names):
     caught = seam_violations(
         "class T(HostHooks, GRPOTrainer):\n"
         "    _tag_names = ['x']\n"
-        "    def _save_checkpoint(self, model, trial):\n"
+        "    def _load_from_checkpoint(self, checkpoint, model=None):\n"
         "        self._metrics['train']['a'].append(self.beta)\n"
         "    def compute_loss(self, model, inputs):\n"
         "        return self.loss_type\n"
@@ -353,7 +354,7 @@ def test_the_seam_check_fails_on_a_direct_access_to_the_host(names):
         own,
     )
     assert {name for name, _ in caught} == {
-        "_tag_names", "_save_checkpoint", "_metrics", "beta", "loss_type", "_logs", "scale_rewards",
+        "_tag_names", "_load_from_checkpoint", "_metrics", "beta", "loss_type", "_logs", "scale_rewards",
         "current_gradient_accumulation_steps", "num_generations_eval", "reward_weights", "temperature",
     }, caught  # fmt: skip
     assert [where for _, where in caught if "silent fallback" in where] == [
@@ -377,6 +378,26 @@ def test_the_seam_check_fails_on_a_direct_access_to_the_host(names):
     assert seam_violations("x = trainer.no_such_name\n", host, own) == [
         ("no_such_name", "line 1: trainer.no_such_name")
     ]
+
+
+def test_the_design_lists_every_private_name_the_package_uses():
+    """docs/design.md §9's table of private names is `HOST_INTERNALS`' private entries, no more, no fewer, with the
+    counts it states, which `scripts/code_counts.py` prints from the checkout."""
+    from adaptive_kl.trainers.hooks import HOST_INTERNALS
+
+    design = pathlib.Path(REPO, "docs", "design.md").read_text()
+    listed = set(re.findall(r"^  \| `(_\w+)` \|", design, flags=re.MULTILINE))
+    private = [entry for entry in HOST_INTERNALS if entry.name.startswith("_")]
+    assert listed == {entry.name for entry in private}
+    by_library = {
+        library: sum(entry.owner.split(".")[0] == library for entry in private)
+        for library in ("trl", "transformers", "accelerate")
+    }
+    overridden = [entry for entry in private if entry.kind == "method" and entry.name in vars(HostHooks)]
+    assert (
+        f"{len(private)} private names ({by_library['trl']} TRL, {by_library['transformers']} Transformers, "
+        f"{by_library['accelerate']} Accelerate) and {len(overridden)} overridden private methods"
+    ) in " ".join(design.split())
 
 
 def test_the_table_holds_every_internal_of_the_installed_host(tiny_model_dir, tmp_path):
@@ -429,7 +450,7 @@ def test_a_host_whose_training_loop_sets_no_attribute_of_the_table_fails_at_cons
     internals.check_host(GRPOTrainer, "grpo", args, "AdaptiveKLGRPOTrainer", own_loss=True)
 
 
-@pytest.mark.parametrize("name", ["_get_output_dir", "_load_callback_state", "_prepare_inputs", "_tag_names"])
+@pytest.mark.parametrize("name", ["_load_from_checkpoint", "_load_callback_state", "_prepare_inputs", "_tag_names"])
 def test_a_host_without_a_method_of_the_table_fails_at_construction(tiny_model_dir, tmp_path, monkeypatch, name):
     """A TRL that renamed one of the host's methods or class attributes is refused before any model is loaded,
     naming it, instead of failing deep inside training (e.g. at the first checkpoint)."""

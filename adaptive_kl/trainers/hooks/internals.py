@@ -116,10 +116,6 @@ HOST_INTERNALS = (
                  "(`_micro_batch_loss`)"),
     HostInternal("_prepare_inputs", "trl.GRPOTrainer", ("grpo",), "method",
                  "fills the generation buffer whose slots the binomial trainer counts correct sequences over"),
-    HostInternal("_save_checkpoint", "transformers.Trainer", ("grpo", "rloo"), "method",
-                 "extended: the reset reference's weights are saved in the checkpoint (`_on_checkpoint_saved`)"),
-    HostInternal("_get_output_dir", "transformers.Trainer", ("grpo", "rloo"), "method",
-                 "the directory `_save_checkpoint` wrote the checkpoint under"),
     HostInternal("_load_from_checkpoint", "transformers.Trainer", ("grpo", "rloo"), "method",
                  "extended: a PEFT model with a 'ref' adapter gets its trained adapter back "
                  "(`_on_checkpoint_loaded`)"),

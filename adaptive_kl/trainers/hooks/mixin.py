@@ -5,10 +5,12 @@ points, and `HostScoring` is what it hands them for each generation batch the ho
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
+from transformers import TrainerCallback
 
 from ..inputs import check_drawn_prompts
 from .access import checking_reward_outputs
@@ -77,6 +79,10 @@ class HostHooks:
         if hub_tag is not None:
             cls._tag_names = [*cls._tag_names, hub_tag]  # the host's tags, then ours
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_callback(CheckpointSaved(self._on_checkpoint_saved))
+
     # --- extension points -----------------------------------------------------------------------------------------
 
     def _on_generation_batch(self, mode: str) -> None:
@@ -106,14 +112,6 @@ class HostHooks:
 
     def _compute_loss(self, model, inputs):
         return self._micro_batch_loss(model, inputs)
-
-    def _save_checkpoint(self, model, trial):
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR  # not at import: see `check_trl_version`
-
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            checkpoint = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            self._on_checkpoint_saved(os.path.join(self._get_output_dir(trial=trial), checkpoint))
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -210,3 +208,29 @@ def check_carries_gradient(logps: torch.Tensor, training: bool, what: str) -> to
             "loss would not regularize the policy"
         )
     return logps
+
+
+class CheckpointSaved(TrainerCallback):
+    """Calls `on_saved(checkpoint directory)` after Transformers saved a checkpoint, on the processes that save
+    (`TrainingArguments.should_save`): the public `on_save` event, at `<output_dir>/checkpoint-<step>`. Under a
+    hyperparameter search Transformers saves elsewhere (a run directory per trial): the directory is then not there,
+    and this says so rather than writing beside it."""
+
+    def __init__(self, on_saved):
+        self.on_saved = on_saved
+
+    def on_save(self, args, state, control, **kwargs):
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR  # not at import: see `check_trl_version`
+
+        if not args.should_save:
+            return
+        checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if not os.path.isdir(checkpoint):
+            warnings.warn(
+                f"{checkpoint} was not saved where Transformers saves checkpoints outside a hyperparameter search: "
+                "what adaptive-kl adds to a checkpoint (a reset reference's weights) is not in it.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        self.on_saved(checkpoint)
