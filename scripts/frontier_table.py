@@ -28,6 +28,10 @@ METHOD_LABELS = {
     "beta=0.2, loss_type=grpo, kl_scaling=log": "`kl_scaling=log` (seed 000's)",
     "beta=0.2, loss_type=grpo, kl_controller=stepwise, target_kl=0.147": "`kl_controller=stepwise`, target_kl 0.147 "
     "(seed 003's)",
+    "beta=0.2, loss_type=grpo, kl_controller=stepwise, target_kl=0.147, beta_max=0.2": "`kl_controller=stepwise`, "
+    "target_kl 0.147, `beta_max=0.2` (bounded, issue 70)",
+    "beta=0.2, loss_type=grpo, kl_controller=adaptive, target_kl=0.147, kl_horizon=35, beta_max=0.2": "`kl_controller="
+    "adaptive`, target_kl 0.147, `kl_horizon=35`, `beta_max=0.2` (bounded, issue 70)",
 }
 LINE_HEADER = (
     "| β | seeds | held-out KL to start (final) | reward (last quarter) | mean completion length "
