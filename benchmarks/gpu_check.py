@@ -788,6 +788,7 @@ def cost_loss(opts) -> Outcome:
     from adaptive_kl.testing.batches import grouped_inputs
     from adaptive_kl.trainers.hooks import set_accumulation_steps
 
+    # On Unsloth the package's term always replaces the host's: the defaults are the adaptive path, one row for both
     fields = {STOCK: None, STOCK_AGAIN: None, OURS: {}}
     trainers = {label: build(opts, f, completion_length=opts.completion_length) for label, f in fields.items()}
     for trainer in trainers.values():
