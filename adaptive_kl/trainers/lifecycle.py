@@ -222,7 +222,7 @@ class AdaptiveKLRun:
         """Replaces the advantages of `output` by those of the `(N,)` `rewards` minus the `(B,)` `penalty` of this
         process's sequences, gathered; `advantages_of` maps the `(N,)` penalized rewards to advantages (GRPO's group
         advantages, RLOO's leave-one-out ones). Returns the `(N,)` penalties and penalized rewards."""
-        penalties = self.accelerator.gather(penalty)  # in the global order of the rewards
+        penalties = self._gather_penalties(penalty, mode)
         penalized = rewards.to(penalties.dtype) - penalties
         advantages = advantages_of(penalized)
         rows = len(output["completion_ids"])
@@ -230,8 +230,14 @@ class AdaptiveKLRun:
             output["advantages"].dtype
         )
         replace_logged_advantages(self, advantages)
-        metric_store(self, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
         return penalties, penalized
+
+    def _gather_penalties(self, penalty: torch.Tensor, mode: str) -> torch.Tensor:
+        """The `(N,)` penalties of every process's `(B,)` `penalty`, in the global order of the rewards; their mean is
+        logged as `adaptive_kl/reward_penalty`, whether the host or we subtract them."""
+        penalties = self.accelerator.gather(penalty)
+        metric_store(self, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
+        return penalties
 
     def _warn_infinite_rewards(self, rewards_per_func: torch.Tensor, names: list[str]) -> None:
         counts = torch.isinf(rewards_per_func).sum(dim=0).tolist()  # per reward function

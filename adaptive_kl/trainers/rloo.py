@@ -83,9 +83,7 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
         mask = completion_loss_mask(output)
         penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, policy_logps.dtype)
         if self.host_penalty:  # the host subtracted this penalty itself: logged, not applied
-            metric_store(self, mode)["adaptive_kl/reward_penalty"].append(
-                self.accelerator.gather(penalty).nanmean().item()
-            )
+            self._gather_penalties(penalty, mode)
             if ref_logps is not None:  # for the KL statistics of its micro-batches
                 output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
             return batch
