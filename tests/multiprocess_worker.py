@@ -130,12 +130,12 @@ def record_kl_sums(recorder: Recorder, step: int, log_ratio: torch.Tensor, mask:
 class RecordingTrainer(AdaptiveKLGRPOTrainer):
     recorder: Recorder
 
-    def _adapted_kl_term(self, host_inputs):
+    def _adapted_kl_term(self, host_inputs, with_term=True):
         log_ratio = host_inputs["per_token_logps"] - host_inputs["ref_per_token_logps"]
         record_kl_sums(
             self.recorder, self.state.global_step + 1, log_ratio, host_inputs["mask"], self.args.kl_estimator
         )
-        return super()._adapted_kl_term(host_inputs)
+        return super()._adapted_kl_term(host_inputs, with_term)
 
 
 class RecordingRLOOTrainer(AdaptiveKLRLOOTrainer):

@@ -71,7 +71,8 @@ def kl_statistics(
     # on every micro-batch beside the host's loss.
     clipped = mask * (raw > clip_threshold) if clip_threshold is not None else torch.zeros_like(mask)
     host = masked if host_kl is None else host_kl.detach().to(dtype) * mask
-    per_sequence = torch.stack([mask, masked, adapted_kl.detach().to(dtype) * mask, clipped, host]).sum(-1)
+    adapted = masked if adapted_kl is raw_kl else adapted_kl.detach().to(dtype) * mask  # f the identity: k itself
+    per_sequence = torch.stack([mask, masked, adapted, clipped, host]).sum(-1)
     lengths, sequence_kl = per_sequence[0], per_sequence[1]
     valid = (lengths > 0).to(dtype)
     x, y = lengths * valid, sequence_kl / lengths.clamp(min=1.0) * valid  # L_i and K̄_i where L_i > 0

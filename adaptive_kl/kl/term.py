@@ -35,7 +35,8 @@ def adapted_kl_term(
     log_ratio_clip: float | None = None,
     importance_log_ratio_clip: float | None = None,
     sequence_mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    with_term: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Agg(f(k)) for one micro-batch, and the statistics of `adaptive_kl.kl.metrics.kl_statistics`.
 
     Args:
@@ -61,10 +62,13 @@ def adapted_kl_term(
             normalizers still count every token of `mask` (the host's policy loss keeps them): the term is exactly the
             unmasked one with those rows zeroed, not a mean over the kept rows, which would raise the effective β of
             the kept ones by however many rows a batch masks. The statistics still cover every sequence.
+        with_term (`bool`): `False` where the KL is only measured (the host's own term is in the loss, or the KL is in
+            the reward): the statistics alone, without the aggregation.
 
     Returns:
-        `tuple[torch.Tensor, torch.Tensor]`: the scalar term (differentiable through `per_token_logps`) and the
-        statistics vector of shape `(len(STAT_NAMES),)` for this process only (the caller reduces it).
+        `tuple[torch.Tensor | None, torch.Tensor]`: the scalar term (differentiable through `per_token_logps`; `None`
+        without `with_term`) and the statistics vector of shape `(len(STAT_NAMES),)` for this process only (the caller
+        reduces it).
     """
     log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
     ratio = None
@@ -81,6 +85,11 @@ def adapted_kl_term(
             log_ratio.detach(), estimator="k3", log_ratio_clip=log_ratio_clip,
             weight=None if ratio is None else ratio.detach(), bound=kl_bound,
         )  # fmt: skip
+    stats = kl_statistics(
+        kl, adapted, mask, clip_threshold=clip_threshold if transform == "clip" else None, host_kl=host_kl
+    )
+    if not with_term:
+        return None, stats
     kept = adapted
     if sequence_mask is not None:  # `where`, not a product: exactly 0, even for a non-finite f(k)
         kept = torch.where(sequence_mask.to(torch.bool).unsqueeze(-1), adapted, adapted.new_zeros(()))
@@ -96,7 +105,4 @@ def adapted_kl_term(
             token_normalizer=token_normalizer,
             sample_weight=sample_weight,
         )
-    stats = kl_statistics(
-        kl, adapted, mask, clip_threshold=clip_threshold if transform == "clip" else None, host_kl=host_kl
-    )
     return term, stats

@@ -206,16 +206,17 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             loss = self.host_compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if "ref_per_token_logps" not in inputs:  # `_scores_reference`: β_t = 0, the term adds exactly 0
             return loss, None
+        measured_only = self.host_kl_term or self.kl_in_reward
         host_inputs = self._host_kl_inputs(
-            captured, inputs, mode, training=torch.is_grad_enabled() and mode == "train"
+            captured, inputs, mode, training=torch.is_grad_enabled() and mode == "train", aggregated=not measured_only
         )
-        if self.host_kl_term or self.kl_in_reward:
+        if measured_only:
             # The host's own term is in the loss, or the KL is in the advantages: measured here, without a graph, for
             # the metrics and controllers only (in the reward, without the loss's importance ratio).
             if self.kl_in_reward:
                 host_inputs["use_bias_correction"] = False
             with torch.no_grad():
-                _, stats = self._adapted_kl_term(host_inputs)
+                _, stats = self._adapted_kl_term(host_inputs, with_term=False)
             return loss, stats
         kl_term, stats = self._adapted_kl_term(host_inputs)
         policy_losses = metric_store(self, mode).get("policy_loss")
@@ -224,13 +225,16 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             policy_losses[-1] += self.accelerator.gather((beta * kl_term).detach()).nanmean().item()
         return loss + beta * kl_term, stats  # Unsloth's backward ignores its incoming gradient: add, never scale
 
-    def _adapted_kl_term(self, host_inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def _adapted_kl_term(self, host_inputs: dict, with_term: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Agg(f(k)) of one micro-batch from the host's inputs (`_host_kl_inputs`) and the config's estimate and
-        transform, and its statistics (this process's)."""
-        return adapted_kl_term(**host_inputs, **self.kl_options())
+        transform (`None` without `with_term`), and its statistics (this process's)."""
+        return adapted_kl_term(**host_inputs, **self.kl_options(), with_term=with_term)
 
-    def _host_kl_inputs(self, captured: dict, inputs: dict, mode: str, training: bool) -> dict:
-        """The log-probabilities, mask and aggregation of the host's loss that the KL term must share."""
+    def _host_kl_inputs(
+        self, captured: dict, inputs: dict, mode: str, training: bool, aggregated: bool = True
+    ) -> dict:
+        """The log-probabilities, mask and aggregation of the host's loss that the KL term must share (`aggregated`
+        False: the term is not aggregated, so TRL's token normalizer is not computed)."""
         if self._unsloth_module is not None:
             if "efficient_grpo" not in captured:
                 raise unsupported_unsloth("its GRPO loss no longer calls UnslothEfficientGRPO.apply")
@@ -242,7 +246,7 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         per_token_logps = self.captured_policy_logps(captured, training)
         settings = host_loss_settings(self, mode)
         token_normalizer = None
-        if settings.loss_type in TOKEN_SUM_LOSS_TYPES:
+        if aggregated and settings.loss_type in TOKEN_SUM_LOSS_TYPES:
             token_normalizer = token_sum_normalizer(
                 inputs["num_items_in_batch"],
                 self.accelerator.num_processes,
