@@ -14,17 +14,20 @@ four in turn, the order rotating every repetition, after `--warmup` untimed repe
 optimizer step are left out: they are the host's alone, so they only dilute the ratio (`step_overhead.py` measures the
 whole step).
 
-Time: `time.perf_counter` on a CPU, CUDA events on a GPU. Each repetition gives the paired ratios ours/stock and
-stock again/stock; the ratio reported is their geometric mean, with the 95% interval of Student's t over the
-repetitions (n − 1 degrees of freedom) on the log-ratios. Memory: the peak of each pass above the memory before it
-(`torch.cuda.max_memory_allocated` on a GPU, the process's peak resident set on a CPU: see `machine.py`), as the mean
-difference ours − stock (and A/A) in MiB with its 95% interval.
+Time: `time.perf_counter` on a CPU, CUDA events on a GPU, with Python's garbage collector paused in a timed pass and
+collected between repetitions. Each repetition gives the paired ratios ours/stock and stock again/stock; the ratio
+reported is their geometric mean, with the 95% interval of Student's t over the repetitions (n − 1 degrees of freedom)
+on the log-ratios. Memory, over `--memory-reps` further repetitions (untimed: its bookkeeping would disturb the
+times): the peak of each pass above the memory before it (`torch.cuda.max_memory_allocated` on a GPU, the process's
+peak resident set on a CPU: see `machine.py`), as the mean difference ours − stock (and A/A) in MiB with its 95%
+interval.
 
 Prints, and with `--output` writes, the two rows and the settings.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -77,32 +80,63 @@ def forward_and_backward(trainer, inputs: dict) -> None:
     trainer.compute_loss(trainer.model, inputs).backward()
 
 
-def loss_pass(trainer, inputs: dict, clock, run=forward_and_backward) -> tuple[float, float]:
-    """One `run(trainer, inputs)` (a loss forward and backward): `(seconds, peak MiB above the memory before it)`."""
+def timed_pass(trainer, inputs: dict, clock, run=forward_and_backward) -> float:
+    """One `run(trainer, inputs)` (a loss forward and backward), timed: its seconds."""
+    trainer.model.zero_grad(set_to_none=True)
+    stop = clock()
+    run(trainer, inputs)
+    return stop()
+
+
+def memory_pass(trainer, inputs: dict, run=forward_and_backward) -> float:
+    """One `run(trainer, inputs)`, untimed: its peak memory above the memory before it, in MiB."""
     trainer.model.zero_grad(set_to_none=True)
     reset_peak_memory()
     baseline = current_memory_mib()
-    stop = clock()
     run(trainer, inputs)
-    seconds = stop()
-    return seconds, peak_memory_mib() - baseline
+    return peak_memory_mib() - baseline
+
+
+def rotations(labels: list[str], reps: int):
+    """Each repetition's order of the variants: all of them, the first rotating by one every repetition."""
+    for rep in range(reps):
+        yield labels[rep % len(labels) :] + labels[: rep % len(labels)]
 
 
 def measure(
-    trainers: dict, inputs: dict, reps: int, warmup: int, run=forward_and_backward
+    trainers: dict, inputs: dict, reps: int, warmup: int, run=forward_and_backward, memory_reps: int = 10
 ) -> dict[str, dict[str, list[float]]]:
-    """Each variant's `{"time": [...], "memory": [...]}` over `reps` repetitions after `warmup` untimed ones; in each
-    repetition the variants run once each, the order rotating. `run(trainer, inputs)`: the pass that is timed."""
+    """Each variant's `{"time": [...], "memory": [...]}`: times over `reps` repetitions after `warmup` untimed ones,
+    then peak memories over `memory_reps` more; in each repetition the variants run once each, the order rotating.
+    `run(trainer, inputs)`: the pass that is measured.
+
+    Time and memory are measured apart. A timed pass runs with Python's garbage collector paused, the objects built
+    before the passes frozen out of its reach and a collection between repetitions, as `timeit` does; nothing else.
+    Reading a CPU's peak memory needs a full collection, glibc's trim and a reset of the peak before each pass and a
+    fixed mmap threshold (`machine.precise_cpu_memory`), which would put page faults of memory handed back to the
+    system and the collector's pauses into the times."""
     clock = elapsed_clock()
     labels = list(trainers)
     results = {label: {"time": [], "memory": []} for label in labels}
-    for rep in range(warmup + reps):
-        order = labels[rep % len(labels) :] + labels[: rep % len(labels)]
-        for label in order:
-            seconds, peak = loss_pass(trainers[label], inputs, clock, run)
+    gc.collect()
+    gc.freeze()  # the models, trainers and inputs: later collections only walk what the passes made
+    try:
+        for rep, order in enumerate(rotations(labels, warmup + reps)):
+            gc.disable()
+            times = {label: timed_pass(trainers[label], inputs, clock, run) for label in order}
+            gc.enable()
+            gc.collect()
             if rep >= warmup:
-                results[label]["time"].append(seconds)
-                results[label]["memory"].append(peak)
+                for label in labels:
+                    results[label]["time"].append(times[label])
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    if not torch.cuda.is_available():
+        precise_cpu_memory()
+    for order in rotations(labels, memory_reps):
+        for label in order:
+            results[label]["memory"].append(memory_pass(trainers[label], inputs, run))
     return results
 
 
@@ -141,10 +175,12 @@ def parse_args(argv):
     parser = timing_arguments(__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=2, help="prompts of the micro-batch (each with its group)")
     parser.add_argument("--reps", type=int, default=30, help="timed repetitions (each runs every variant once)")
+    parser.add_argument("--memory-reps", type=int, default=10, help="repetitions that measure peak memory, untimed")
     parser.set_defaults(warmup=3)
     opts = parser.parse_args(argv)
-    if opts.reps < 2:
-        parser.error(f"--reps must be at least 2 for an interval, got {opts.reps}.")
+    for option, value in (("--reps", opts.reps), ("--memory-reps", opts.memory_reps)):
+        if value < 2:
+            parser.error(f"{option} must be at least 2 for an interval, got {value}.")
     return opts
 
 
@@ -152,8 +188,6 @@ def main(argv=None):
     opts = parse_args(argv)
     torch.set_num_threads(opts.threads)
     scorer_note = install_cpu_scorer_if_needed()  # TRL 1.15 on a CPU: stock and ours alike
-    if not torch.cuda.is_available():
-        precise_cpu_memory()
     model_dir = benchmark_model(opts)
     opts.batch = opts.prompts * opts.num_generations
     trainers = {label: build_trainer(fields, model_dir, opts, steps=1) for label, fields in VARIANTS.items()}
@@ -161,12 +195,13 @@ def main(argv=None):
         trainer.model.train()
         set_accumulation_steps(trainer, 1)
     inputs = grouped_inputs(trainers[STOCK], opts.prompts, opts.completion_length, micro_batches=1)
-    results = measure(trainers, inputs, opts.reps, opts.warmup)
+    results = measure(trainers, inputs, opts.reps, opts.warmup, memory_reps=opts.memory_reps)
     model = f"model {opts.model}" if opts.model else f"shape {opts.shape}"
     settings = (
         f"- settings: {model}, lora {opts.lora}, bf16 {opts.bf16}, beta {opts.beta}, one micro-batch of "
         f"{opts.prompts} prompts x {opts.num_generations} completions of up to {opts.completion_length} tokens; "
-        f"loss forward and backward, {opts.reps} repetitions after {opts.warmup}, variants in rotating order; "
+        f"loss forward and backward, {opts.reps} repetitions after {opts.warmup}, variants in rotating order, "
+        f"the garbage collector paused in a timed pass; peak memory over {opts.memory_reps} more repetitions; "
         f"{'CUDA events' if torch.cuda.is_available() else 'perf_counter'}, torch threads {opts.threads}"
     )
     notes = [f"- note: {scorer_note}"] if scorer_note else []
