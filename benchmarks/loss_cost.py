@@ -22,20 +22,28 @@ times): the peak of each pass above the memory before it (`torch.cuda.max_memory
 peak resident set on a CPU: see `machine.py`), as the mean difference ours − stock (and A/A) in MiB with its 95%
 interval.
 
-Prints, and with `--output` writes, the two rows and the settings.
+Prints, and with `--output` writes, the two rows and the settings. `--count-ops` instead counts the tensor
+operations of one pass per variant (a `TorchDispatchMode`), and which of them the package's own code issued: on a
+model whose passes are mostly Python, each costs some microseconds whatever its size, so the count says where a cost
+on the tiny model comes from. At the defaults, what ours runs beyond stock's must all be the package's.
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import os
 import statistics
+import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 
+import accelerate
 import torch
 from machine import current_memory_mib, peak_memory_mib, precise_cpu_memory, report, reset_peak_memory
 from step_overhead import benchmark_model, build_trainer, timing_arguments
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from adaptive_kl.demo.seeds import mean_interval
 from adaptive_kl.testing.batches import grouped_inputs
@@ -107,11 +115,11 @@ def measure(
     trainers: dict, inputs: dict, reps: int, warmup: int, run=forward_and_backward, memory_reps: int = 10
 ) -> dict[str, dict[str, list[float]]]:
     """Each variant's `{"time": [...], "memory": [...]}`: times over `reps` repetitions after `warmup` untimed ones,
-    then peak memories over `memory_reps` more; in each repetition the variants run once each, the order rotating.
-    `run(trainer, inputs)`: the pass that is measured.
+    then peak memories over `memory_reps` more after a warm-up one; in each repetition the variants run once each, the
+    order rotating. `run(trainer, inputs)`: the pass that is measured.
 
-    Time and memory are measured apart. A timed pass runs with Python's garbage collector paused, the objects built
-    before the passes frozen out of its reach and a collection between repetitions, as `timeit` does; nothing else.
+    Time and memory are measured apart. A timed pass runs with Python's garbage collector paused (as `timeit` does),
+    collected between repetitions, the objects built before the passes frozen out of its reach; nothing else.
     Reading a CPU's peak memory needs a full collection, glibc's trim and a reset of the peak before each pass and a
     fixed mmap threshold (`machine.precise_cpu_memory`), which would put page faults of memory handed back to the
     system and the collector's pauses into the times."""
@@ -134,10 +142,65 @@ def measure(
         gc.unfreeze()
     if not torch.cuda.is_available():
         precise_cpu_memory()
-    for order in rotations(labels, memory_reps):
+    for rep, order in enumerate(rotations(labels, 1 + memory_reps)):
         for label in order:
-            results[label]["memory"].append(memory_pass(trainers[label], inputs, run))
+            peak = memory_pass(trainers[label], inputs, run)
+            if rep > 0:  # the first, in the allocator's new mode, is a warm-up
+                results[label]["memory"].append(peak)
     return results
+
+
+PACKAGE = os.path.dirname(sys.modules["adaptive_kl"].__file__) + os.sep
+# The libraries both the host and the package call (a reduction through Accelerate is its caller's operation).
+LIBRARIES = tuple(os.path.dirname(module.__file__) + os.sep for module in (torch, accelerate))
+HOST = "the host, autograd and the harness"
+
+
+class OperationCounter(TorchDispatchMode):
+    """Counts the tensor operations run under it, each under the function that issued it: the innermost frame outside
+    torch's and Accelerate's code, named `file:function` when it is the package's, else `HOST`."""
+
+    def __init__(self):
+        super().__init__()
+        self.issued_by = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(LIBRARIES):
+            frame = frame.f_back
+        path = frame.f_code.co_filename if frame is not None else ""
+        issuer = f"{path[len(PACKAGE) :]}:{frame.f_code.co_name}" if path.startswith(PACKAGE) else HOST
+        self.issued_by[issuer] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_operations(trainers: dict, inputs: dict, run=forward_and_backward) -> dict[str, Counter]:
+    """Per variant, the tensor operations of one pass (after an uncounted one), by the function that issued them."""
+    counts = {}
+    for label, trainer in trainers.items():
+        trainer.model.zero_grad(set_to_none=True)
+        run(trainer, inputs)
+        trainer.model.zero_grad(set_to_none=True)
+        with OperationCounter() as counter:
+            run(trainer, inputs)
+        counts[label] = counter.issued_by
+    return counts
+
+
+def operations_table(counts: dict[str, Counter]) -> list[str]:
+    """Per variant: its operations, those beyond stock's, and those the package issued, with the functions that issued
+    the most."""
+    stock = sum(counts[STOCK].values())
+    lines = [
+        "| variant | tensor operations of a pass | beyond stock's | issued by the package "
+        "| by the package's functions |",
+        "|---|---|---|---|---|",
+    ]
+    for label, issued in counts.items():
+        total, package = sum(issued.values()), sum(n for issuer, n in issued.items() if issuer != HOST)
+        functions = ", ".join(f"`{issuer}` {n}" for issuer, n in issued.most_common() if issuer != HOST)
+        lines.append(f"| {label} | {total} | {total - stock:+d} | {package} | {functions or '—'} |")
+    return lines
 
 
 def ratio_interval(numerators: list[float], denominators: list[float]) -> tuple[float, float, float, int]:
@@ -176,6 +239,9 @@ def parse_args(argv):
     parser.add_argument("--prompts", type=int, default=2, help="prompts of the micro-batch (each with its group)")
     parser.add_argument("--reps", type=int, default=30, help="timed repetitions (each runs every variant once)")
     parser.add_argument("--memory-reps", type=int, default=10, help="repetitions that measure peak memory, untimed")
+    parser.add_argument(
+        "--count-ops", action="store_true", help="count each variant's tensor operations of one pass instead of timing"
+    )
     parser.set_defaults(warmup=3)
     opts = parser.parse_args(argv)
     for option, value in (("--reps", opts.reps), ("--memory-reps", opts.memory_reps)):
@@ -195,8 +261,16 @@ def main(argv=None):
         trainer.model.train()
         set_accumulation_steps(trainer, 1)
     inputs = grouped_inputs(trainers[STOCK], opts.prompts, opts.completion_length, micro_batches=1)
-    results = measure(trainers, inputs, opts.reps, opts.warmup, memory_reps=opts.memory_reps)
     model = f"model {opts.model}" if opts.model else f"shape {opts.shape}"
+    if opts.count_ops:
+        settings = (
+            f"- settings: {model}, lora {opts.lora}, bf16 {opts.bf16}, beta {opts.beta}, one micro-batch of "
+            f"{opts.prompts} prompts x {opts.num_generations} completions of up to {opts.completion_length} tokens; "
+            "the tensor operations of one loss forward and backward, after one uncounted"
+        )
+        report("loss_cost.py", argv, [settings], operations_table(count_operations(trainers, inputs)), opts.output)
+        return
+    results = measure(trainers, inputs, opts.reps, opts.warmup, memory_reps=opts.memory_reps)
     settings = (
         f"- settings: {model}, lora {opts.lora}, bf16 {opts.bf16}, beta {opts.beta}, one micro-batch of "
         f"{opts.prompts} prompts x {opts.num_generations} completions of up to {opts.completion_length} tokens; "

@@ -65,6 +65,26 @@ def test_loss_cost_reports_ours_and_the_a_a_with_their_intervals(tmp_path):
         assert re.fullmatch(r"[+-]\d+\.\d ± \d+\.\d", cells[7]), cells[7]
 
 
+def test_at_the_defaults_every_operation_ours_adds_is_the_packages_own(tmp_path):
+    """`loss_cost.py --count-ops`: stock and the A/A run the same tensor operations; ours at the defaults runs stock's
+    (the host's loss with its own KL term, untouched) and, beyond them, exactly those the package's code issues (the KL
+    measured beside it). A change that made the host's own computation differ would break the equality. On TRL 1.15 on
+    a CPU every row also runs the package's stand-in for TRL's GPU-only scorer (`trainers/scorer.py`), stock's too."""
+    output = tmp_path / "ops.md"
+    run_python(
+        os.path.join(BENCHMARKS, "loss_cost.py"),
+        *("--count-ops", "--prompts", "2", "--num-generations", "4", "--completion-length", "6"),
+        *("--output", str(output)),
+    )
+    rows = {name: cells for name, (cells,) in _rows(output.read_text()).items() if name != "variant"}
+    assert list(rows) == ["stock", "stock, again", "ours (defaults)", "ours (adapting)"]
+    stock, again, ours = rows["stock"], rows["stock, again"], rows["ours (defaults)"]
+    assert again[1:] == stock[1:] and stock[2] == "+0", (stock, again)
+    assert all(name.startswith("`trainers/scorer.py:") for name in stock[4].split(", ") if stock[3] != "0"), stock
+    assert int(ours[2]) == int(ours[3]) - int(stock[3]) > 0, (ours, stock)
+    assert "`kl/metrics.py:kl_statistics`" in ours[4]
+
+
 def test_the_ratio_interval_is_students_on_the_log_ratios():
     """Paired ratios 1.1, 1.0 and 0.9 over 3 repetitions: the geometric mean, and exp(mean ± t_{0.975,2}·s/√3) of
     their logs."""
