@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPOSITORY)
+from adaptive_kl.demo.sweep import execute  # noqa: E402
+
+
 STUDIES_DIR = os.path.join("docs", "studies")  # relative to the repository, so summaries record a portable command
 
 # Name → the `adaptive-kl compare` arguments of the study (seeds, output and progress are added).
@@ -67,18 +69,10 @@ def command(name: str, seeds: str, out: str) -> list[str]:
     ]  # fmt: skip
 
 
-def run(name: str, seeds: str, out: str, threads: int) -> tuple[str, int, float]:
-    directory = os.path.join(REPOSITORY, out, name)
-    os.makedirs(directory, exist_ok=True)
+def run(name: str, seeds: str, out: str, threads: int) -> int:
+    """Runs study `name` (the sweep's `execute`: its log appended to `<out>/<name>/run.log`); its exit status."""
     argv = command(name, seeds, out)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # studies side by side must not fight over cores
-    start = time.perf_counter()
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(argv[1:])}", flush=True)
-    with open(os.path.join(directory, "run.log"), "w") as log:
-        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPOSITORY)
-    minutes = (time.perf_counter() - start) / 60
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: exit {code} after {minutes:.1f} min", flush=True)
-    return name, code, minutes
+    return execute(argv, os.path.join(REPOSITORY, out, name), threads, cwd=REPOSITORY, label=name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda name: run(name, args.seeds, args.out, threads), names))
-    failed = [name for name, code, _ in results if code]
+        codes = list(pool.map(lambda name: run(name, args.seeds, args.out, threads), names))
+    failed = [name for name, code in zip(names, codes, strict=True) if code]
     if failed:
         print(f"Failed: {', '.join(failed)} (see docs/studies/<name>/run.log)", file=sys.stderr)
     return 1 if failed else 0
