@@ -262,23 +262,22 @@ def main(argv=None):
         set_accumulation_steps(trainer, 1)
     inputs = grouped_inputs(trainers[STOCK], opts.prompts, opts.completion_length, micro_batches=1)
     model = f"model {opts.model}" if opts.model else f"shape {opts.shape}"
-    if opts.count_ops:
-        settings = (
-            f"- settings: {model}, lora {opts.lora}, bf16 {opts.bf16}, beta {opts.beta}, one micro-batch of "
-            f"{opts.prompts} prompts x {opts.num_generations} completions of up to {opts.completion_length} tokens; "
-            "the tensor operations of one loss forward and backward, after one uncounted"
-        )
-        report("loss_cost.py", argv, [settings], operations_table(count_operations(trainers, inputs)), opts.output)
-        return
-    results = measure(trainers, inputs, opts.reps, opts.warmup, memory_reps=opts.memory_reps)
     settings = (
         f"- settings: {model}, lora {opts.lora}, bf16 {opts.bf16}, beta {opts.beta}, one micro-batch of "
         f"{opts.prompts} prompts x {opts.num_generations} completions of up to {opts.completion_length} tokens; "
+    )
+    notes = [f"- note: {scorer_note}"] if scorer_note else []
+    if opts.count_ops:
+        settings += "the tensor operations of one loss forward and backward, after one uncounted"
+        counts = count_operations(trainers, inputs)
+        report("loss_cost.py", argv, [settings, *notes], operations_table(counts), opts.output)
+        return
+    results = measure(trainers, inputs, opts.reps, opts.warmup, memory_reps=opts.memory_reps)
+    settings += (
         f"loss forward and backward, {opts.reps} repetitions after {opts.warmup}, variants in rotating order, "
         f"the garbage collector paused in a timed pass; peak memory over {opts.memory_reps} more repetitions; "
         f"{'CUDA events' if torch.cuda.is_available() else 'perf_counter'}, torch threads {opts.threads}"
     )
-    notes = [f"- note: {scorer_note}"] if scorer_note else []
     report("loss_cost.py", argv, [settings, *notes], summarize(results), opts.output)
 
 

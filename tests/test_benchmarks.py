@@ -76,7 +76,7 @@ def test_at_the_defaults_every_operation_ours_adds_is_the_packages_own(tmp_path)
         *("--count-ops", "--prompts", "2", "--num-generations", "4", "--completion-length", "6"),
         *("--output", str(output)),
     )
-    rows = {name: cells for name, (cells,) in _rows(output.read_text()).items() if name != "variant"}
+    rows = {name: cells for name, (cells,) in _rows(output.read_text()).items()}
     assert list(rows) == ["stock", "stock, again", "ours (defaults)", "ours (adapting)"]
     stock, again, ours = rows["stock"], rows["stock, again"], rows["ours (defaults)"]
     assert again[1:] == stock[1:] and stock[2] == "+0", (stock, again)
