@@ -5,7 +5,6 @@ first, then TRL and Transformers, quieted)."""
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import os
 import warnings
@@ -13,16 +12,11 @@ import warnings
 from .models import MissingModelError
 from .models.paths import looks_like_local_path
 from .tasks.policies import is_named_policy, resolve_policy
+from .tasks.recipe import closest  # noqa: F401  (the commands take the hint from here)
 
 
 class UsageError(Exception):
     """Bad input: reported as `adaptive-kl: error: ...` with exit status 2."""
-
-
-def closest(name: str, candidates) -> str:
-    """` (did you mean 'x'?)` for the candidates closest to `name`, or an empty string."""
-    matches = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
-    return f" (did you mean {' or '.join(repr(m) for m in matches)}?)" if matches else ""
 
 
 def import_unsloth(option: str = "--unsloth") -> None:

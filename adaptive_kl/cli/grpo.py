@@ -26,10 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import importlib
-import importlib.util
-import os
-import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -37,8 +33,9 @@ import yaml
 from trl import DatasetMixtureConfig, ModelConfig, TrlParser, get_dataset, get_peft_config, get_quantization_config
 from trl.scripts.grpo import GRPOScriptArguments
 
+from ..tasks import recipe
 from ..tasks.policies import resolve_policy
-from ..tasks.rewards import accuracy_reward, format_reward
+from ..tasks.recipe import RecipeError, load_dataset_dict, resolve_reward_func
 from ..trainers.config import AdaptiveKLGRPOConfig
 from ..trainers.grpo import AdaptiveKLGRPOTrainer
 from ..trainers.hooks import close_progress_bars, set_wrapped_model
@@ -85,99 +82,22 @@ def make_parser(script: TrainingScript = GRPO_SCRIPT) -> TrlParser:
     return TrlParser(script.dataclass_types, prog=script.prog)
 
 
-# --- reward functions ------------------------------------------------------------------------------------------------
-
-
-def answer_accuracy_reward(completions, answer, **kwargs) -> list[float]:
-    """This package's task accuracy (1.0 when the answer after `####` equals the `answer` column): the name keeps TRL's
-    `accuracy_reward` for TRL's math-verify reward."""
-    return accuracy_reward(completions, answer, **kwargs)
-
-
-def _trl_reward(name: str):
-    import trl.rewards
-
-    if name == "get_soft_overlong_punishment":  # TRL's script's settings
-        return trl.rewards.get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)
-    if name in ("accuracy_reward", "reasoning_accuracy_reward") and importlib.util.find_spec("math_verify") is None:
-        raise UsageError(f"reward_funcs {name}: TRL's {name} needs math-verify: pip install math-verify")
-    return getattr(trl.rewards, name)
-
-
-PACKAGE_REWARDS = {"format_reward": format_reward, "answer_accuracy_reward": answer_accuracy_reward}
-TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
-
-
-def resolve_reward_func(spec: str):
-    """The reward function `spec` names: a registered name, `module.path:function` or `module.path.function`."""
-    if spec in PACKAGE_REWARDS:
-        return PACKAGE_REWARDS[spec]
-    if spec in TRL_REWARDS:
-        return _trl_reward(spec)
-    if ":" in spec:
-        module_name, _, attribute = spec.partition(":")
-    elif "." in spec:
-        module_name, _, attribute = spec.rpartition(".")
-    else:
-        known = [*PACKAGE_REWARDS, *TRL_REWARDS]
-        raise UsageError(
-            f"reward_funcs {spec!r} is not a known reward function{closest(spec, known)}; give one of {known}, or "
-            "'module.path:function' for your own"
-        )
-    if not module_name or not attribute:
-        raise UsageError(f"reward_funcs {spec!r}: expected 'module.path:function'")
-    if os.getcwd() not in sys.path:  # as TRL's script: modules next to the recipe are importable
-        sys.path.insert(0, os.getcwd())
-    importlib.invalidate_caches()  # a module written since the last import (a test, a notebook) is found
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise UsageError(f"reward_funcs {spec!r}: cannot import module {module_name!r} ({error})") from None
-    if not hasattr(module, attribute):
-        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        hint = closest(attribute, names)
-        raise UsageError(f"reward_funcs {spec!r}: module {module_name!r} has no {attribute!r}{hint}")
-    func = getattr(module, attribute)
-    if not callable(func):
-        what = type(func).__name__
-        raise UsageError(f"reward_funcs {spec!r}: {module_name}.{attribute} is a {what}, not a function")
-    return func
+# --- reward functions and data --------------------------------------------------------------------------------------
 
 
 def reward_funcs_of(script_args) -> list:
     """Reward model and functions, in TRL's script's order: the reward model first."""
     funcs = [script_args.reward_model_name_or_path] if script_args.reward_model_name_or_path else []
-    funcs += [resolve_reward_func(spec) for spec in script_args.reward_funcs or []]
+    try:
+        funcs += [resolve_reward_func(spec) for spec in script_args.reward_funcs or []]
+    except RecipeError as error:
+        raise UsageError(f"reward_funcs {error}") from None
     if not funcs:
         raise UsageError(
             "no reward: give reward_funcs (e.g. --reward_funcs format_reward answer_accuracy_reward) or "
             "reward_model_name_or_path"
         )
     return funcs
-
-
-# --- datasets --------------------------------------------------------------------------------------------------------
-
-
-# Local file suffix → `datasets` builder.
-DATA_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-def _load_local_dataset(path: str, train_split: str):
-    """A `DatasetDict` from a local file (its rows are the `train_split` split), a `save_to_disk` directory, or a
-    directory of data files named by split."""
-    import datasets
-
-    if os.path.isfile(path):
-        suffix = os.path.splitext(path)[1].lower()
-        if suffix not in DATA_FILE_BUILDERS:
-            allowed = list(DATA_FILE_BUILDERS)
-            raise UsageError(f"dataset_name {path}: unsupported file type {suffix!r}; use one of {allowed}")
-        return datasets.load_dataset(DATA_FILE_BUILDERS[suffix], data_files={train_split: path})
-    if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
-        loaded = datasets.load_from_disk(path)
-        return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict({train_split: loaded})
-    return datasets.load_dataset(path)
 
 
 def load_datasets(script_args, dataset_args):
@@ -188,24 +108,19 @@ def load_datasets(script_args, dataset_args):
     if not name:
         raise UsageError("no data: give dataset_name (a local file or directory, or a hub id) or a datasets mixture")
     check_local_path("dataset_name", name)
-    local = os.path.expanduser(name)
     try:
-        if os.path.exists(local):
-            return _load_local_dataset(local, script_args.dataset_train_split)
-        import datasets
-
-        return datasets.load_dataset(name, name=script_args.dataset_config, streaming=script_args.dataset_streaming)
-    except UsageError:
-        raise
-    except Exception as error:  # datasets raises many types (FileNotFoundError, DatasetNotFoundError, ValueError)
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise UsageError(f"dataset_name {name}: cannot load it ({first_line})") from None
+        return load_dataset_dict(
+            name, script_args.dataset_train_split, script_args.dataset_config, script_args.dataset_streaming
+        )
+    except RecipeError as error:
+        raise UsageError(f"dataset_name {error}") from None
 
 
 def split_of(dataset_dict, split: str, option: str, name: str):
-    if split not in dataset_dict:
-        raise UsageError(f"{option} {split!r} is not a split of {name} (its splits: {list(dataset_dict)})")
-    return dataset_dict[split]
+    try:
+        return recipe.split_of(dataset_dict, split, name)
+    except RecipeError as error:
+        raise UsageError(f"{option} {error}") from None
 
 
 # --- the run ---------------------------------------------------------------------------------------------------------

@@ -34,6 +34,23 @@ def run_options() -> argparse.ArgumentParser:
         help="training/validation task (default: chat for --model smollm2, else embedded)",
     )
     shared.add_argument("--gsm8k-path", default="openai/gsm8k", help="hub id or local file/directory of GSM8K")
+    shared.add_argument(
+        "--dataset",
+        metavar="PATH_OR_ID",
+        help="your own prompts instead of a task: a local file (JSON Lines, JSON, Parquet, CSV), a local directory or "
+        "a hub id, in TRL's format (a 'prompt' column, text or conversation; the other columns go to the reward "
+        "functions); held out: the first --n-validation rows of its test split, else the last of its train split",
+    )
+    shared.add_argument(
+        "--reward-funcs",
+        nargs="+",
+        metavar="FUNC",
+        help="--dataset's reward functions, summed: this package's (format_reward, answer_accuracy_reward), TRL's "
+        "(think_format_reward, accuracy_reward, ...) or your own 'module.path:function', as adaptive-kl grpo takes "
+        "them",
+    )
+    shared.add_argument("--dataset-train-split", help="--dataset's split to train on (default train)")
+    shared.add_argument("--dataset-test-split", help="--dataset's split to hold out from (default test)")
     shared.add_argument("--steps", type=int, help="optimizer steps per variant (default 200; --quick: 6)")
     shared.add_argument("--eval-every", type=int, help="steps between validation evaluations (default 20)")
     shared.add_argument("--n-validation", type=int, help="validation problems (default 200)")
@@ -188,6 +205,9 @@ def _check_task(settings) -> None:
     """The task exists and can supply `--n-validation` held-out problems."""
     from .embedded import EMBEDDED_TASK
 
+    if settings.task == "dataset":
+        _check_dataset(settings)
+        return
     if settings.task == "chat":
         if settings.model is None:
             raise UsageError("--task chat needs a chat model: --model smollm2 (or a hub id or path)")
@@ -219,6 +239,42 @@ def _check_task(settings) -> None:
             f"--n-validation {settings.n_validation}: the GSM8K test split at {settings.gsm8k_path} has "
             f"{available} problems"
         )
+
+
+def _read_dataset_options(opts: argparse.Namespace, settings) -> None:
+    """`--dataset` and its options into `settings` (the task `dataset`); its options without it are refused."""
+    splits = {"--dataset-train-split": opts.dataset_train_split, "--dataset-test-split": opts.dataset_test_split}
+    if opts.dataset is None:
+        given = [option for option, value in {"--reward-funcs": opts.reward_funcs, **splits}.items() if value]
+        if given:
+            raise UsageError(f"{given[0]} is for --dataset (the built-in tasks have their own); give --dataset too")
+        return
+    if opts.task is not None:
+        raise UsageError(f"--dataset is the task: drop --task {opts.task}")
+    if not opts.reward_funcs:
+        raise UsageError("--dataset needs --reward-funcs: what a completion of its prompts earns")
+    settings.task, settings.dataset, settings.reward_funcs = "dataset", opts.dataset, tuple(opts.reward_funcs)
+    settings.dataset_train_split = opts.dataset_train_split or settings.dataset_train_split
+    settings.dataset_test_split = opts.dataset_test_split or settings.dataset_test_split
+
+
+def _check_dataset(settings) -> None:
+    """The reward functions resolve, and the dataset loads with a `prompt` column and `--n-validation` rows to hold
+    out (`tasks.recipe.train_and_held_out`)."""
+    from ..tasks.recipe import RecipeError, resolve_reward_func, train_and_held_out
+
+    try:
+        for spec in settings.reward_funcs:
+            resolve_reward_func(spec)
+    except RecipeError as error:
+        raise UsageError(f"--reward-funcs {error}") from None
+    check_local_path("--dataset", settings.dataset)
+    try:
+        train_and_held_out(
+            settings.dataset, settings.dataset_train_split, settings.dataset_test_split, settings.n_validation
+        )
+    except RecipeError as error:
+        raise UsageError(f"--dataset {error}") from None
 
 
 def _check_output(out: str) -> None:
@@ -301,6 +357,7 @@ def build(argv: list[str] | None = None):
     ))  # fmt: skip
     if opts.task is not None:
         settings.task = opts.task
+    _read_dataset_options(opts, settings)
     if opts.quick:
         settings = quick(settings)
     for name in ("steps", "eval_every", "n_validation", "save_every"):

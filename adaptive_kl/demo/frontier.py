@@ -76,6 +76,7 @@ START_VALUES = {
     "length_drift": lambda run, steps: 0.0,
     "final_accuracy": lambda run, steps: _first_evaluation(run, "val_accuracy"),
     "final_answer_accuracy": lambda run, steps: _first_evaluation(run, "val_answer_accuracy"),
+    "final_val_reward": lambda run, steps: _first_evaluation(run, "val_reward"),
 }
 
 
@@ -84,8 +85,15 @@ def _first_evaluation(run: VariantRun, key: str) -> float:
     return run.evaluations[0].get(key, math.nan) if run.evaluations else math.nan
 
 
-# Columns of constant β's table after x and y: what a user choosing a β weighs besides drift and reward.
-LINE_COLUMNS = ("mean_completion_length", "length_drift", "delta_retention", "final_answer_accuracy")
+# Columns of constant β's table after x and y: what a user choosing a β weighs besides drift and reward (each shown
+# when some run measured it: the accuracy on the built-in tasks, the held-out reward on a user's `--dataset`).
+LINE_COLUMNS = (
+    "mean_completion_length",
+    "length_drift",
+    "delta_retention",
+    "final_answer_accuracy",
+    "final_val_reward",
+)
 
 
 def curve(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -349,12 +357,15 @@ def _beta_order(variant: str) -> float:
 
 
 def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = None) -> str:
-    """Markdown for constant β's points: one row per line point (β, seeds, then x, y and `LINE_COLUMNS`, each the
+    """Markdown for constant β's points: one row per line point (β, seeds, then x, y and those of `LINE_COLUMNS` some
+    run measured, each the
     mean ± 95% half-width over that β's seeds), a sentence per β bounding the drift it keeps, and the plot (`plot`,
     a file name beside the summary) when given."""
     groups = seed_groups(runs)
     summaries = {variant: [summarize(run) for run in groups.get(variant, [])] for variant in frontier.line}
+    measured = [row for rows in summaries.values() for row in rows]
     keys = list(dict.fromkeys((frontier.x, frontier.y, *LINE_COLUMNS)))
+    keys = [key for key in keys if key in (frontier.x, frontier.y) or any(not math.isnan(r[key]) for r in measured)]
     columns = [metric_column(key) for key in keys]
     rows = [
         [beta_of(variant), str(len(summaries[variant]))]
@@ -372,8 +383,9 @@ def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = 
         )  # fmt: skip
         start_note = [
             f"The start's row is the point at drift 0 on every seed's line: the mean reward of the first "
-            f"{frontier.start_steps} steps of that seed's constant-β runs, the step-0 evaluation's accuracies, and no "
-            "change in length or retention"
+            f"{frontier.start_steps} steps of that seed's constant-β runs, the step-0 evaluation's "
+            + ("held-out reward" if "final_val_reward" in keys else "accuracies")
+            + ", and no change in length or retention"
             + (" (added after the runs, as a correction: see below)." if frontier.start_added_after_runs else "."),
             "",
         ]

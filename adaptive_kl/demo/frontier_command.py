@@ -34,7 +34,9 @@ QUICK_BETAS, QUICK_SEEDS = "0,0.2", "0,1"
 DEFAULT_SAVE_EVERY = 25
 # The start's point on every seed's line: the mean reward of the first steps (at most a quarter of the run).
 START_STEPS = 5
+# The secondaries at matched drift: accuracy on the built-in tasks, the held-out reward on a user's `--dataset`.
 SECONDARY = ("final_accuracy", "length_drift", "delta_retention")
+DATASET_SECONDARY = ("final_val_reward", "length_drift", "delta_retention")
 
 
 def add_frontier_parser(commands: argparse._SubParsersAction) -> None:
@@ -88,6 +90,12 @@ def run_arguments(opts: argparse.Namespace) -> list[str]:
             args += [f"--{name.replace('_', '-')}", str(value)]
     if opts.gsm8k_path != "openai/gsm8k":
         args += ["--gsm8k-path", opts.gsm8k_path]
+    for name in ("dataset", "dataset_train_split", "dataset_test_split"):
+        value = getattr(opts, name)
+        if value is not None:
+            args += [f"--{name.replace('_', '-')}", value]
+    if opts.reward_funcs:
+        args += ["--reward-funcs", *opts.reward_funcs]
     args += ["--unsloth"] * opts.unsloth + ["--quick"] * opts.quick
     for assignment in opts.set:
         args += ["--set", assignment]
@@ -132,15 +140,16 @@ def plan(opts: argparse.Namespace):
     return line, methods, seeds
 
 
-def frontier_of(line: list[str], steps: int):
+def frontier_of(line: list[str], settings):
     """The frontier the summary reads: the line as `compare` names its variants, the held-out KL to the start against
-    the reward of the last quarter, the start's point on every line, and the secondaries at matched drift."""
+    the reward of the last quarter, the start's point on every line, and the secondaries at matched drift (those of
+    `settings.task`)."""
     from .frontier import Frontier
 
     return Frontier(
         line=tuple(", ".join(variant.split()) for variant in line),
-        secondary=SECONDARY,
-        start_steps=max(1, min(START_STEPS, steps // 4)),
+        secondary=DATASET_SECONDARY if settings.task == "dataset" else SECONDARY,
+        start_steps=max(1, min(START_STEPS, settings.steps // 4)),
     )
 
 
@@ -174,7 +183,7 @@ def main(argv: list[str]) -> int:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2
     command = "adaptive-kl " + shlex.join(argv)
-    frontier = frontier_of(line, settings.steps)
+    frontier = frontier_of(line, settings)
     codes = []
     if not opts.summarize:
         from .sweep import finished, run_sweep

@@ -76,6 +76,8 @@ OPTIONAL_SUMMARY_COLUMNS = (
     ("final_format", "greedy format rate (final)", ".3f"),
     ("delta_general_loglik", "Δ general-chat loglik", "+.4f"),
     ("final_general_kl_to_start", "general-chat KL to start (final)", ".4f"),
+    # The task `dataset` (`--dataset`): the greedy answers' total reward on its held-out prompts.
+    ("final_val_reward", "held-out reward (final)", ".3f"),
 )
 OPTIONAL_SUMMARY_KEYS = frozenset(key for key, _, _ in OPTIONAL_SUMMARY_COLUMNS)
 # The columns `adaptive-kl demo` and `compare` print at the end, in this order: those a reader compares across the
@@ -134,10 +136,12 @@ def summarize(run: VariantRun) -> dict[str, float]:
     completions cut at `max_completion_length` over the last quarter of steps (TRL's `completions/clipped_ratio`), the
     change of the general-prompt log-likelihood from step 0 and the final general-prompt KL to the start
     (`tasks.general`), the format-free accuracy (the right final number, marker or not) at step 0 and at the end, and
-    the final greedy format rate; NaN for what a run did not log."""
-    accuracies = [e["val_accuracy"] for e in run.evaluations]
+    the final greedy format rate, and the final held-out reward (the task `dataset`); NaN for what a run did not
+    log."""
+    accuracies = [e["val_accuracy"] for e in run.evaluations if "val_accuracy" in e]
     answer_accuracies = [e["val_answer_accuracy"] for e in run.evaluations if "val_answer_accuracy" in e]
     formats = [e["val_format"] for e in run.evaluations if "val_format" in e]
+    held_out_rewards = [e["val_reward"] for e in run.evaluations if "val_reward" in e]
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
     retention = [e["retention/loglik"] for e in run.retention if "retention/loglik" in e]
     drift = [e["retention/kl_to_start"] for e in run.retention if "retention/kl_to_start" in e]
@@ -166,6 +170,7 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "start_answer_accuracy": answer_accuracies[0] if answer_accuracies else math.nan,
         "final_answer_accuracy": answer_accuracies[-1] if answer_accuracies else math.nan,
         "final_format": formats[-1] if formats else math.nan,
+        "final_val_reward": held_out_rewards[-1] if held_out_rewards else math.nan,
     }
 
 
@@ -654,7 +659,8 @@ def write_completions(runs: list[VariantRun], path: str) -> str | None:
              "sampled at temperature 1 (the training's own sampling is not touched by it).", ""]  # fmt: skip
     for run in runs:
         for sample in run.samples:
-            lines += [f"## {run.name}: step {sample['step']}", "", f"Prompt (answer {sample['answer']}):", ""]
+            prompt = f"Prompt (answer {sample['answer']}):" if sample["answer"] else "Prompt:"  # `--dataset`: none
+            lines += [f"## {run.name}: step {sample['step']}", "", prompt, ""]
             lines += [f"> {line}" for line in sample["prompt"].splitlines()] + [""]
             for kind in ("greedy", "sampled"):
                 lines += [f"{kind}:", "", "```text", sample[kind], "```", ""]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,8 +27,9 @@ from transformers.trainer_callback import PrinterCallback
 
 from ..tasks import TASK_REWARDS, load_gsm8k, score_completions, working_similarity_reward
 from ..tasks.chat import chat_datasets
-from ..tasks.general import general_retention_dataset
+from ..tasks.general import general_retention_dataset, own_answers_dataset
 from ..tasks.policies import resolve_policy
+from ..tasks.recipe import held_out_reward, resolve_reward_func, train_and_held_out
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
 from ..trainers.generation import generate_greedy, generate_sampled, prompt_texts
 from ..trainers.scorer import install_cpu_scorer_if_needed
@@ -48,8 +50,13 @@ class DemoSettings:
     out: str = "adaptive-kl-demo"
     model: str | None = None  # None: the embedded reference policy; a named policy (`tasks.policies`), hub id or path
     unsloth: bool = False
-    task: str = "embedded"  # or "chat" (conversations, for chat models) or "gsm8k"
+    task: str = "embedded"  # or "chat" (conversations, for chat models), "gsm8k", or "dataset" (the user's own)
     gsm8k_path: str = "openai/gsm8k"
+    # The task "dataset" (`tasks.recipe`): the user's prompts (a local path or hub id), splits and reward functions
+    dataset: str | None = None
+    dataset_train_split: str = "train"
+    dataset_test_split: str = "test"
+    reward_funcs: tuple[str, ...] = ()
     steps: int = 200
     eval_every: int = 20
     n_validation: int = EMBEDDED_TASK["n_validation"]
@@ -227,8 +234,12 @@ def foreign_fields_message(names: list[str], trainer: str, config_cls: type) -> 
 
 
 def task_datasets(settings: DemoSettings, n_train: int, seed: int):
-    """Train and validation datasets (columns `prompt`, `answer`) of the settings' task; `seed` draws the embedded
-    task's train problems (its validation problems never change)."""
+    """Train and validation datasets (columns `prompt`, `answer`; the task `dataset`: the user's columns) of the
+    settings' task; `seed` draws the embedded task's train problems (its validation problems never change)."""
+    if settings.task == "dataset":  # the user's prompts as they are, part held out (`tasks.recipe`)
+        return train_and_held_out(
+            settings.dataset, settings.dataset_train_split, settings.dataset_test_split, settings.n_validation
+        )
     if settings.task == "gsm8k":
         train = load_gsm8k("train", settings.gsm8k_path, limit=n_train)
         validation = load_gsm8k("test", settings.gsm8k_path, limit=settings.n_validation)
@@ -262,23 +273,45 @@ class ValidationCallback(TrainerCallback):
     """Evaluates greedy validation accuracy before the first step and every `eval_every` steps (and at the end), and
     keeps what the policy wrote for the first `n_samples` validation problems at each evaluation: its greedy answer
     and one sampled at temperature 1 (seeded by `sample_seed` and the step; the training's random state is not
-    touched), so that a run's numbers can be read against its text."""
+    touched), so that a run's numbers can be read against its text.
+
+    Given `reward_funcs` (the task `dataset`, whose rows need not have an `answer`), it scores the greedy answers with
+    them instead: `val_reward`, their mean total reward, and `val_completion_length`."""
 
     def __init__(
-        self, tokenizer, validation, eval_every: int, max_new_tokens: int, n_samples: int = 4, sample_seed: int = 0
+        self,
+        tokenizer,
+        validation,
+        eval_every: int,
+        max_new_tokens: int,
+        n_samples: int = 4,
+        sample_seed: int = 0,
+        reward_funcs: list | None = None,
     ):
         self.tokenizer, self.validation = tokenizer, validation
         self.eval_every, self.max_new_tokens = eval_every, max_new_tokens
         self.n_samples, self.sample_seed = n_samples, sample_seed
+        self.reward_funcs = reward_funcs
         self.evaluations: list[dict] = []
         self.samples: list[dict] = []
+
+    def _scores(self, greedy: list[str]) -> dict[str, float]:
+        if self.reward_funcs is None:
+            return score_completions(greedy, self.validation["answer"])
+        rewards = held_out_reward(self.reward_funcs, self.tokenizer, self.validation.to_list(), greedy)
+        scored = [reward for reward in rewards if not math.isnan(reward)]
+        return {
+            "reward": sum(scored) / len(scored) if scored else math.nan,
+            "completion_length": sum(len(c) for c in greedy) / max(len(greedy), 1),
+        }
 
     def _evaluate(self, step: int, model) -> None:
         if self.evaluations and self.evaluations[-1]["step"] == step:
             return
-        prompts, answers = self.validation["prompt"], self.validation["answer"]
+        prompts = self.validation["prompt"]
+        answers = self.validation["answer"] if "answer" in self.validation.column_names else [""] * len(prompts)
         greedy = generate_greedy(model, self.tokenizer, prompts, self.max_new_tokens)
-        scores = score_completions(greedy, answers)
+        scores = self._scores(greedy)
         self.evaluations.append({"step": step, **{f"val_{k}": v for k, v in scores.items()}})
         n = min(self.n_samples, len(prompts))
         if n:
@@ -366,8 +399,14 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         max_new_tokens = EMBEDDED_TASK["max_new_tokens"]
     else:
         max_new_tokens = demo["max_new_tokens"] if demo is not None else args.max_completion_length
+    rewards = task_rewards(settings, train)
     validation_callback = ValidationCallback(
-        tokenizer, validation, settings.eval_every, max_new_tokens, sample_seed=args.seed
+        tokenizer,
+        validation,
+        settings.eval_every,
+        max_new_tokens,
+        sample_seed=args.seed,
+        reward_funcs=rewards if settings.task == "dataset" else None,
     )
     kl_health = KLHealthCallback()
     start = time.perf_counter()
@@ -375,7 +414,7 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     trainer = trainer_cls(
         model=model,
         processing_class=tokenizer,
-        reward_funcs=task_rewards(settings, train),
+        reward_funcs=rewards,
         args=args,
         train_dataset=train,
         peft_config=peft_config,
@@ -384,13 +423,17 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     trainer.remove_callback(PrinterCallback)  # the shared progress bar replaces per-step log dicts on stdout
     # A real model's vocabulary is large: smaller batches keep the (batch, length, vocabulary) logits small.
     batch_size = 64 if demo is None else 16
-    held_out = retention_dataset(validation, tokenizer)
-    # A chat model also answers general prompts (`tasks.general`): the starting policy's own answers (a new LoRA
-    # adapter adds zero), scored as it trains; no more of them than validation problems (`--quick` stays quick).
+    # The starting policy (a new LoRA adapter adds zero) answers prompts whose answers are then scored as it trains:
+    # the held-out prompts of the user's dataset, which has no reference solutions; on the chat task also general
+    # prompts (`tasks.general`), no more of them than validation problems (`--quick` stays quick).
+    start_policy = trainer.accelerator.unwrap_model(trainer.model)
+    if settings.task == "dataset":
+        held_out = own_answers_dataset(start_policy, tokenizer, validation["prompt"], max_new_tokens)
+    else:
+        held_out = retention_dataset(validation, tokenizer)
     general = None
     if settings.task == "chat":
-        policy = trainer.accelerator.unwrap_model(trainer.model)
-        general = general_retention_dataset(policy, tokenizer, max_new_tokens, n=settings.n_validation)
+        general = general_retention_dataset(start_policy, tokenizer, max_new_tokens, n=settings.n_validation)
     retentions = [
         RetentionCallback(
             trainer, dataset, eval_steps=settings.eval_every, batch_size=batch_size, prefix=prefix, kl_to_start=True
@@ -425,8 +468,11 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
 
 
 def task_rewards(settings: DemoSettings, train) -> list:
-    """The reward functions of a run: the task's (`TASK_REWARDS`), and the graded `working_similarity_reward` when the
-    settings ask for it and the task has reference workings (the chat task's `solution`)."""
+    """The reward functions of a run: the task's (`TASK_REWARDS`; the task `dataset`: those `reward_funcs` names), and
+    the graded `working_similarity_reward` when the settings ask for it and the task has reference workings (the chat
+    task's `solution`)."""
+    if settings.task == "dataset":
+        return [resolve_reward_func(spec) for spec in settings.reward_funcs]
     graded = settings.graded_reward and "solution" in train.column_names
     return [*TASK_REWARDS, *([working_similarity_reward] if graded else [])]
 

@@ -52,19 +52,23 @@ def general_chat_prompts(n: int | None = None) -> list[list[dict]]:
 
 
 def general_retention_dataset(model, tokenizer, max_new_tokens: int, n: int | None = None):
-    """`datasets.Dataset` with `prompt` (rendered by the tokenizer's chat template, with the assistant's generation
-    prompt, as `GRPOTrainer` renders prompts for generation) and `completion` (`model`'s greedy answer, at most
-    `max_new_tokens` tokens) for the first `n` prompts (all by default), for `RetentionCallback`; `None` when every
-    answer is empty (nothing to score).
+    """`own_answers_dataset` of the first `n` general chat prompts (all by default), for `RetentionCallback`."""
+    return own_answers_dataset(model, tokenizer, general_chat_prompts(n), max_new_tokens)
+
+
+def own_answers_dataset(model, tokenizer, prompts: list, max_new_tokens: int):
+    """`datasets.Dataset` with `prompt` (rendered as `GRPOTrainer` renders prompts for generation: a conversation by
+    the tokenizer's chat template, with the assistant's generation prompt) and `completion` (`model`'s greedy answer,
+    at most `max_new_tokens` tokens) for `prompts`, for `RetentionCallback`; `None` when every answer is empty
+    (nothing to score). The demo scores the general chat prompts so, and a user's held-out prompts (`--dataset`).
 
     Call it on the policy before training: the answers are the starting policy's own."""
     from datasets import Dataset
 
     from ..trainers.generation import generate_greedy, prompt_texts
 
-    conversations = general_chat_prompts(n)
-    texts, _ = prompt_texts(tokenizer, conversations)
-    answers = generate_greedy(model, tokenizer, conversations, max_new_tokens, batch_size=8)
+    texts, _ = prompt_texts(tokenizer, prompts)
+    answers = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size=8)
     # An answer that is only an end token decodes to "" and has no token to score.
     kept = [i for i, answer in enumerate(answers) if tokenizer(answer, add_special_tokens=False)["input_ids"]]
     if not kept:

@@ -1,13 +1,16 @@
 """`adaptive-kl frontier` end to end on the embedded policy: a sweep killed in a run's third step resumes that run from
 its checkpoint without redoing the finished ones; its summary reads the method against the line; the studies' runner
-finds every run of the sweep as its own (the same commands, nothing to do) and writes the same frontier; bad input is
-refused naming the option before any run."""
+finds every run of the sweep as its own (the same commands, nothing to do) and writes the same frontier; a sweep on a
+user's own dataset and reward functions; bad input is refused naming the option before any run."""
 
 from __future__ import annotations
 
+import argparse
 import glob
 import importlib.util
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,7 +19,7 @@ import time
 import pytest
 from repo_paths import REPO
 
-from adaptive_kl.demo.frontier_command import main
+from adaptive_kl.demo.frontier_command import add_frontier_parser, main, plan
 from adaptive_kl.demo.run_files import load_runs
 
 
@@ -133,6 +136,43 @@ def test_the_studies_runner_finds_the_sweeps_runs_as_its_own_and_writes_the_same
     assert open(os.path.join(out, "frontier.png"), "rb").read() == picture
 
 
+def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch):
+    """`--dataset` and `--reward-funcs`, a user's reward module beside the data: each run trains on the user's
+    functions, holds out the train split's last rows (no test split), scores their greedy answers with the same
+    functions (`val_reward`, recomputed here from what the policy wrote) and measures the drift on the starting
+    policy's own answers to them; the summary reads the held-out reward at matched drift."""
+    from adaptive_kl.demo.embedded import embedded_datasets
+    from adaptive_kl.tasks.answers import has_answer_format
+
+    train, _ = embedded_datasets(40, 8, seed=0)
+    train.select_columns(["prompt", "answer"]).to_json(str(tmp_path / "mine.jsonl"))
+    (tmp_path / "my_rewards.py").write_text(
+        "def brief(completions, answer, **kwargs):\n    return [1.0 if len(c) < 12 else 0.0 for c in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)  # as a user runs it: the module imported from the working directory
+    out = str(tmp_path / "sweep")
+    argv = ["frontier", "--dataset", "mine.jsonl", "--reward-funcs", "format_reward", "my_rewards:brief"]
+    argv += ["--steps", "2", "--eval-every", "2", "--n-validation", "4", "--betas", "0,0.1", "--seeds", "0"]
+    assert main([*argv, "--variant", METHOD, "--out", out, "--no-progress"]) == 0
+    held_out = train["prompt"][36:]
+    for variant in ("beta_0", "beta_0.1", "beta_0.1__kl_adaptation_method_clip"):
+        (run,) = load_runs(os.path.join(out, "runs", variant, "seed-0"))
+        assert all("rewards/format_reward/mean" in h and "rewards/brief/mean" in h for h in run.history)
+        assert [e["step"] for e in run.evaluations] == [0, 2] and [e["step"] for e in run.retention] == [0, 2]
+        for evaluation in run.evaluations:
+            samples = [sample for sample in run.samples if sample["step"] == evaluation["step"]]
+            assert [sample["prompt"] for sample in samples] == held_out
+            greedy = [sample["greedy"] for sample in samples]
+            expected = [float(has_answer_format(text)) + float(len(text) < 12) for text in greedy]
+            assert evaluation["val_reward"] == pytest.approx(sum(expected) / 4, abs=1e-12)
+        assert run.retention[0]["retention/kl_to_start"] == pytest.approx(0.0, abs=1e-6)  # the start against itself
+        assert "--dataset mine.jsonl --reward-funcs format_reward my_rewards:brief" in run.provenance["command"]
+    summary = open(os.path.join(out, "summary.md")).read()
+    secondary = summary[summary.index("## Secondary endpoints at matched drift") :]
+    assert f"| {METHOD.replace(' ', ', ')} | held-out reward (final) | 1 |" in secondary
+    assert "the step-0 evaluation's held-out reward" in summary
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -145,6 +185,11 @@ def test_the_studies_runner_finds_the_sweeps_runs_as_its_own_and_writes_the_same
         (["--variant", "beta=0.1 kl_estimater=k1"], "Did you mean kl_estimator?"),
         (["--jobs", "0"], "--jobs must be at least 1, got 0"),
         (["--set", "learning_rate=-1"], "learning_rate must be a finite number > 0"),
+        (["--reward-funcs", "format_reward"], "--reward-funcs is for --dataset (the built-in tasks have their own)"),
+        (["--dataset", "./mine.jsonl"], "--dataset needs --reward-funcs"),
+        (["--dataset", "./mine.jsonl", "--reward-funcs", "format_rewrd"], "(did you mean 'format_reward' or"),
+        (["--dataset", "./mine.jsonl", "--reward-funcs", "format_reward"], "--dataset ./mine.jsonl: no such file"),
+        (["--task", "chat", "--dataset", "./d.jsonl", "--reward-funcs", "format_reward"], "drop --task chat"),
     ],
 )
 def test_bad_input_is_refused_naming_the_option_before_any_run(extra, message, tmp_path, capsys):
@@ -154,3 +199,19 @@ def test_bad_input_is_refused_naming_the_option_before_any_run(extra, message, t
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not glob.glob(os.path.join(out, "runs", "*", "*", "runs.json"))
+
+
+def test_the_page_names_every_option_and_its_commands_parse():
+    """docs/frontier.md: every option of the command is named on it, and each `adaptive-kl frontier` command it shows
+    parses, with a plan (`plan`) the command accepts."""
+    page = open(os.path.join(REPO, "docs", "frontier.md")).read()
+    parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
+    commands = parser.add_subparsers(dest="command")
+    add_frontier_parser(commands)
+    options = [o for action in commands.choices["frontier"]._actions for o in action.option_strings if o != "--help"]
+    assert "--dataset" in options and [o for o in options if o.startswith("--") and f"`{o}" not in page] == []
+    shown = re.findall(r"^adaptive-kl frontier .*?(?<!\\)$", page.replace("\\\n", " "), flags=re.M)
+    assert len(shown) == 3
+    for command in shown:
+        line, _, seeds = plan(parser.parse_args(shlex.split(command.split("#")[0])[1:]))
+        assert line and seeds
