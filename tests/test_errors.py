@@ -139,6 +139,14 @@ CASES = {
     ),
     "demo-zero-steps": lambda c, m: c.command("demo", "--steps", "0", "--out", str(c.tmp)),
     "demo-missing-model": lambda c, m: c.command("demo", "--model", "./no-such-model", "--out", str(c.tmp)),
+    "compare-dataset-without-prompts": lambda c, m: c.command(
+        *("compare", "--beta", "0,0.1", "--reward-funcs", "format_reward", "--out", str(c.tmp), "--dataset"),
+        c.jsonl("questions.jsonl", [{"question": f"{i}+1?", "answer": str(i + 1)} for i in range(8)]),
+    ),
+    "frontier-dataset-too-small": lambda c, m: c.command(
+        *("frontier", "--reward-funcs", "format_reward", "--n-validation", "16", "--out", str(c.tmp), "--dataset"),
+        c.jsonl("train.jsonl", [{"prompt": f"Q: {i}+1? A: ", "answer": str(i + 1)} for i in range(16)]),
+    ),
     "grpo-unknown-recipe-key": lambda c, m: c.grpo(kl_estimater="k2"),
     "grpo-unknown-flag": lambda c, m: c.grpo("--learnig_rate", "1e-5"),
     "grpo-missing-recipe": lambda c, m: (m.chdir(c.tmp), c.command("grpo", "--config", "missing.yaml"))[1],
