@@ -276,7 +276,8 @@ class ValidationCallback(TrainerCallback):
     touched), so that a run's numbers can be read against its text.
 
     Given `reward_funcs` (the task `dataset`, whose rows need not have an `answer`), it scores the greedy answers with
-    them instead: `val_reward`, their mean total reward, and `val_completion_length`."""
+    them instead, weighted by `reward_weights` as the trainer weights them: `val_reward`, their mean total reward, and
+    `val_completion_length`."""
 
     def __init__(
         self,
@@ -287,18 +288,20 @@ class ValidationCallback(TrainerCallback):
         n_samples: int = 4,
         sample_seed: int = 0,
         reward_funcs: list | None = None,
+        reward_weights: list[float] | None = None,
     ):
         self.tokenizer, self.validation = tokenizer, validation
         self.eval_every, self.max_new_tokens = eval_every, max_new_tokens
         self.n_samples, self.sample_seed = n_samples, sample_seed
-        self.reward_funcs = reward_funcs
+        self.reward_funcs, self.reward_weights = reward_funcs, reward_weights
         self.evaluations: list[dict] = []
         self.samples: list[dict] = []
 
     def _scores(self, greedy: list[str]) -> dict[str, float]:
         if self.reward_funcs is None:
             return score_completions(greedy, self.validation["answer"])
-        rewards = held_out_reward(self.reward_funcs, self.tokenizer, self.validation.to_list(), greedy)
+        rows = self.validation.to_list()
+        rewards = held_out_reward(self.reward_funcs, self.tokenizer, rows, greedy, self.reward_weights)
         scored = [reward for reward in rewards if not math.isnan(reward)]
         return {
             "reward": sum(scored) / len(scored) if scored else math.nan,
@@ -407,6 +410,7 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         max_new_tokens,
         sample_seed=args.seed,
         reward_funcs=rewards if settings.task == "dataset" else None,
+        reward_weights=args.reward_weights,
     )
     kl_health = KLHealthCallback()
     start = time.perf_counter()

@@ -87,10 +87,13 @@ def resolve_reward_func(spec: str):
     return func
 
 
-def held_out_reward(reward_funcs: list, tokenizer, rows: list[dict], completions: list[str]) -> list[float]:
+def held_out_reward(
+    reward_funcs: list, tokenizer, rows: list[dict], completions: list[str], weights: list[float] | None = None
+) -> list[float]:
     """Each completion's total reward, the functions called as `GRPOTrainer` calls them (the prompt, the completion
-    as a message when the prompt is a conversation, its token ids, every other column of its row; no trainer state),
-    a function's `None` counting as TRL counts it (left out of the sum); NaN where every function gave `None`."""
+    as a message when the prompt is a conversation, its token ids, every other column of its row; no trainer state)
+    and weighted as it weights them (`reward_weights`; None: 1 each), a function's `None` left out of the sum as TRL
+    leaves it; NaN where every function gave `None` (TRL warns there and sums to 0)."""
     conversational = not isinstance(rows[0]["prompt"], str)
     messages = [[{"role": "assistant", "content": text}] for text in completions] if conversational else completions
     columns = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
@@ -107,9 +110,10 @@ def held_out_reward(reward_funcs: list, tokenizer, rows: list[dict], completions
         )
         for func in reward_funcs
     ]
+    weights = [1.0] * len(reward_funcs) if weights is None else weights
     totals = []
     for values in zip(*per_func, strict=True):
-        given = [value for value in values if value is not None]
+        given = [weight * value for weight, value in zip(weights, values, strict=True) if value is not None]
         totals.append(float(sum(given)) if given else math.nan)
     return totals
 

@@ -139,8 +139,8 @@ def test_the_studies_runner_finds_the_sweeps_runs_as_its_own_and_writes_the_same
 def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch):
     """`--dataset` and `--reward-funcs`, a user's reward module beside the data: each run trains on the user's
     functions, holds out the train split's last rows (no test split), scores their greedy answers with the same
-    functions (`val_reward`, recomputed here from what the policy wrote) and measures the drift on the starting
-    policy's own answers to them; the summary reads the held-out reward at matched drift."""
+    functions and weights (`val_reward`, recomputed here from what the policy wrote) and measures the drift on the
+    starting policy's own answers to them; the summary reads the held-out reward at matched drift."""
     from adaptive_kl.demo.embedded import embedded_datasets
     from adaptive_kl.tasks.answers import has_answer_format
 
@@ -153,6 +153,7 @@ def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch)
     out = str(tmp_path / "sweep")
     argv = ["frontier", "--dataset", "mine.jsonl", "--reward-funcs", "format_reward", "my_rewards:brief"]
     argv += ["--steps", "2", "--eval-every", "2", "--n-validation", "4", "--betas", "0,0.1", "--seeds", "0"]
+    argv += ["--set", "reward_weights=[1.0, 2.0]"]  # weighted as the trainer weights them
     assert main([*argv, "--variant", METHOD, "--out", out, "--no-progress"]) == 0
     held_out = train["prompt"][36:]
     for variant in ("beta_0", "beta_0.1", "beta_0.1__kl_adaptation_method_clip"):
@@ -163,7 +164,7 @@ def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch)
             samples = [sample for sample in run.samples if sample["step"] == evaluation["step"]]
             assert [sample["prompt"] for sample in samples] == held_out
             greedy = [sample["greedy"] for sample in samples]
-            expected = [float(has_answer_format(text)) + float(len(text) < 12) for text in greedy]
+            expected = [float(has_answer_format(text)) + 2.0 * float(len(text) < 12) for text in greedy]
             assert evaluation["val_reward"] == pytest.approx(sum(expected) / 4, abs=1e-12)
         assert run.retention[0]["retention/kl_to_start"] == pytest.approx(0.0, abs=1e-6)  # the start against itself
         assert "--dataset mine.jsonl --reward-funcs format_reward my_rewards:brief" in run.provenance["command"]

@@ -47,7 +47,7 @@ def test_a_dataset_without_prompts_is_refused_naming_its_columns(tmp_path):
 
 def test_the_held_out_reward_calls_each_function_as_the_trainer_does_and_sums_them():
     """Text prompts get text completions, conversations a message each; every other column and the completion's
-    token ids go to the functions; `None` is left out of the sum, and all `None` is NaN."""
+    token ids go to the functions; `None` is left out of the sum, and all `None` is NaN; weights as given."""
     tokenizer = AutoTokenizer.from_pretrained(embedded_policy_path())
     seen = {}
 
@@ -72,3 +72,5 @@ def test_the_held_out_reward_calls_each_function_as_the_trainer_does_and_sums_th
     held_out_reward([length], tokenizer, conversation * 3, ["12", "7 ", "x"])
     assert seen["completions"][0] == [{"role": "assistant", "content": "12"}]
     assert math.isnan(held_out_reward([never], tokenizer, rows, ["12", "7 ", "x"])[0])
+    weighted = held_out_reward([length, only_first], tokenizer, rows, ["12", "7 ", "x"], weights=[0.5, 3.0])
+    assert weighted == [0.5 * expected_lengths[0] + 3.0, 0.5 * expected_lengths[1], 0.5 * expected_lengths[2]]
