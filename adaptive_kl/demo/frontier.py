@@ -602,11 +602,26 @@ def _setting(variant: str, name: str) -> str | None:
     return next((part.split("=", 1)[1] for part in variant.split(", ") if part.startswith(f"{name}=")), None)
 
 
+def held_and_acting_kl(run: VariantRun) -> tuple[float, float]:
+    """`(mean training KL of the logged steps after which the controller held β, of the others)`: a step was held when
+    `adaptive_kl/held_updates` (a running count) rose at it. NaN for a run that logged no such count, or no such
+    step. With a log every step (as the demo logs), a logged step is an optimizer step."""
+    held, acting, count_before = [], [], 0.0
+    for entry in run.history:
+        count, kl = entry.get("adaptive_kl/held_updates"), entry.get("adaptive_kl/raw_kl")
+        if count is None or kl is None:
+            continue
+        (held if count > count_before else acting).append(kl)
+        count_before = count
+    return tuple(sum(values) / len(values) if values else math.nan for values in (held, acting))
+
+
 def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
     """Markdown for the target-KL controllers among the methods ("" without one): per method the last quarter's mean
     training KL (`adaptive_kl/raw_kl`) over its `target_kl` by seed and its mean ± 95% half-width, the largest β it
     logged, its last quarter's reward, that reward over its seed's line at its drift (with the start's point when the
-    frontier states it) at its least over the seeds, and the steps it held β (every group agreed)."""
+    frontier states it) at its least over the seeds, the steps it held β (every group agreed), and the KL over the
+    target on those steps and on the others (`held_and_acting_kl`)."""
     controllers = [method for method in methods(runs, frontier) if _setting(method, "target_kl") is not None]
     if not controllers:
         return ""
@@ -622,6 +637,7 @@ def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
                        default=math.nan) for run in group]  # fmt: skip
         held = [next((h["adaptive_kl/held_updates"] for h in reversed(run.history) if "adaptive_kl/held_updates" in h),
                      math.nan) for run in group]  # fmt: skip
+        held_kl, acting_kl = zip(*(held_and_acting_kl(run) for run in group))
         shares = []
         for run in group:
             row = summarize(run)
@@ -639,19 +655,23 @@ def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
                 _cell([summarize(run)[frontier.y] for run in group], y_spec),
                 f"{min(shares):.2f}" if shares else "—",
                 _cell(held, ".1f"),
+                f"{_cell([kl / target for kl in held_kl], '.2f')}; {_cell([kl / target for kl in acting_kl], '.2f')}",
             ]
         )
     header = (
         "controller", "seeds", "last-quarter KL / target by seed (seed)", "KL / target", "largest β",
         f"{metric_column(frontier.y)[0]}", "least reward / the line's at its drift", "steps held",
+        "KL / target: steps held; the others",
     )  # fmt: skip
     return (
         "\n## What the target-KL controllers did\n\n"
         "Per controller: the last quarter's mean training KL (`adaptive_kl/raw_kl`) over its `target_kl` (1: on "
         "target), mean ± the 95% half-width over its seeds; the largest β it logged; its reward; the least over its "
         "seeds of its reward over the seed's line at its drift (below 0.5: it earned less than half what a constant "
-        "β earned there); and the steps after which it held β because every group's rewards agreed (n/a for "
-        "runs made before the hold existed).\n\n" + markdown_table(header, rows)
+        "β earned there); the steps after which it held β because every group's rewards agreed (n/a for "
+        "runs made before the hold existed); and its mean training KL over the target on those steps and on the "
+        "others, over all its steps: where the held steps' is the higher, the hold kept the controller from the steps "
+        "that drifted most.\n\n" + markdown_table(header, rows)
     )
 
 

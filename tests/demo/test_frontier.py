@@ -407,19 +407,22 @@ def test_the_seeds_that_learned_are_counted_per_arm_with_an_exact_interval():
 
 def test_a_target_kl_controller_is_read_against_its_target_its_ceiling_and_the_line():
     """A controller at target 0.1 whose last-quarter KL is 0.08 (ratio 0.8), whose β peaked at 0.2 and which held β
-    on 3 steps; its reward 0.5 at drift 0.05 is 0.5 / 0.45 of the line there (with the start's point, as above)."""
+    after steps 2, 3 and 5, whose KL was 0.3 (3× the target; 0.8× on the others); its reward 0.5 at drift 0.05 is
+    0.5 / 0.45 of the line there (with the start's point, as above)."""
     controller = "beta=0.2, kl_controller=stepwise, target_kl=0.1"
     runs = [run for run in started_runs() if group_name(run) != BELOW]
+    held_by_step = [0.0, 1.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0]  # the running count: it rises at steps 2, 3 and 5
     for seed in range(4):
         run = started(controller, seed, 0.05, 0.3, 0.5)
         for step, entry in enumerate(run.history, 1):
-            entry.update({"adaptive_kl/raw_kl": 0.08, "adaptive_kl/current_beta": 0.2 if step == 4 else 0.1,
-                          "adaptive_kl/held_updates": 3.0})  # fmt: skip
+            entry.update({"adaptive_kl/raw_kl": 0.3 if step in (2, 3, 5) else 0.08,
+                          "adaptive_kl/current_beta": 0.2 if step == 4 else 0.1,
+                          "adaptive_kl/held_updates": held_by_step[step - 1]})  # fmt: skip
         runs.append(run)
     text = frontier_sections(runs, Frontier(line=LINE, start_steps=2))
     section = text.split("## What the target-KL controllers did")[1]
     row = next(line for line in section.splitlines() if line.startswith(f"| {controller} |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[1:] == ["4", "0.80 (0), 0.80 (1), 0.80 (2), 0.80 (3)", "0.80 ± 0.00", "0.2 ± 0 (largest 0.2)",
-                         "0.500 ± 0.000", f"{0.5 / 0.45:.2f}", "3.0 ± 0.0"]  # fmt: skip
+                         "0.500 ± 0.000", f"{0.5 / 0.45:.2f}", "3.0 ± 0.0", "3.00 ± 0.00; 0.80 ± 0.00"]  # fmt: skip
     assert "## What the target-KL controllers did" not in frontier_sections(started_runs(), Frontier(line=LINE))
