@@ -655,13 +655,14 @@ def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
                 _cell([summarize(run)[frontier.y] for run in group], y_spec),
                 f"{min(shares):.2f}" if shares else "—",
                 _cell(held, ".1f"),
-                f"{_cell([kl / target for kl in held_kl], '.2f')}; {_cell([kl / target for kl in acting_kl], '.2f')}",
+                f"{_cell([kl / target for kl in held_kl], '.2f')}; {_cell([kl / target for kl in acting_kl], '.2f')} "
+                f"(paired: {_cell([(h - a) / target for h, a in zip(held_kl, acting_kl)], '+.2f')})",
             ]
         )
     header = (
         "controller", "seeds", "last-quarter KL / target by seed (seed)", "KL / target", "largest β",
         f"{metric_column(frontier.y)[0]}", "least reward / the line's at its drift", "steps held",
-        "KL / target: steps held; the others",
+        "KL / target: steps held; the others (paired difference)",
     )  # fmt: skip
     return (
         "\n## What the target-KL controllers did\n\n"
@@ -670,8 +671,8 @@ def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
         "seeds of its reward over the seed's line at its drift (below 0.5: it earned less than half what a constant "
         "β earned there); the steps after which it held β because every group's rewards agreed (n/a for "
         "runs made before the hold existed); and its mean training KL over the target on those steps and on the "
-        "others, over all its steps: where the held steps' is the higher, the hold kept the controller from the steps "
-        "that drifted most.\n\n" + markdown_table(header, rows)
+        "others, over all its steps, and their difference on the same seed: where the held steps' is the higher, the "
+        "hold kept the controller from the steps that drifted most.\n\n" + markdown_table(header, rows)
     )
 
 

@@ -424,5 +424,6 @@ def test_a_target_kl_controller_is_read_against_its_target_its_ceiling_and_the_l
     row = next(line for line in section.splitlines() if line.startswith(f"| {controller} |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[1:] == ["4", "0.80 (0), 0.80 (1), 0.80 (2), 0.80 (3)", "0.80 ± 0.00", "0.2 ± 0 (largest 0.2)",
-                         "0.500 ± 0.000", f"{0.5 / 0.45:.2f}", "3.0 ± 0.0", "3.00 ± 0.00; 0.80 ± 0.00"]  # fmt: skip
+                         "0.500 ± 0.000", f"{0.5 / 0.45:.2f}", "3.0 ± 0.0",
+                         "3.00 ± 0.00; 0.80 ± 0.00 (paired: +2.20 ± 0.00)"]  # fmt: skip
     assert "## What the target-KL controllers did" not in frontier_sections(started_runs(), Frontier(line=LINE))
