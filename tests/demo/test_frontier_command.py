@@ -146,12 +146,13 @@ def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch)
 
     train, _ = embedded_datasets(40, 8, seed=0)
     train.select_columns(["prompt", "answer"]).to_json(str(tmp_path / "mine.jsonl"))
-    (tmp_path / "my_rewards.py").write_text(
+    monkeypatch.delitem(sys.modules, "sweep_rewards", raising=False)  # a module of that name imported before
+    (tmp_path / "sweep_rewards.py").write_text(
         "def brief(completions, answer, **kwargs):\n    return [1.0 if len(c) < 12 else 0.0 for c in completions]\n"
     )
     monkeypatch.chdir(tmp_path)  # as a user runs it: the module imported from the working directory
     out = str(tmp_path / "sweep")
-    argv = ["frontier", "--dataset", "mine.jsonl", "--reward-funcs", "format_reward", "my_rewards:brief"]
+    argv = ["frontier", "--dataset", "mine.jsonl", "--reward-funcs", "format_reward", "sweep_rewards:brief"]
     argv += ["--steps", "2", "--eval-every", "2", "--n-validation", "4", "--betas", "0,0.1", "--seeds", "0"]
     argv += ["--set", "reward_weights=[1.0, 2.0]"]  # weighted as the trainer weights them
     assert main([*argv, "--variant", METHOD, "--out", out, "--no-progress"]) == 0
@@ -167,7 +168,7 @@ def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch)
             expected = [float(has_answer_format(text)) + 2.0 * float(len(text) < 12) for text in greedy]
             assert evaluation["val_reward"] == pytest.approx(sum(expected) / 4, abs=1e-12)
         assert run.retention[0]["retention/kl_to_start"] == pytest.approx(0.0, abs=1e-6)  # the start against itself
-        assert "--dataset mine.jsonl --reward-funcs format_reward my_rewards:brief" in run.provenance["command"]
+        assert "--dataset mine.jsonl --reward-funcs format_reward sweep_rewards:brief" in run.provenance["command"]
     summary = open(os.path.join(out, "summary.md")).read()
     secondary = summary[summary.index("## Secondary endpoints at matched drift") :]
     assert f"| {METHOD.replace(' ', ', ')} | held-out reward (final) | 1 |" in secondary
