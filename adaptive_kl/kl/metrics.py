@@ -54,7 +54,7 @@ def kl_statistics(
     Args:
         raw_kl (`torch.Tensor` of shape `(B, T)`): k, the per-token estimate before the transform.
         adapted_kl (`torch.Tensor` of shape `(B, T)`): f(k).
-        mask (`torch.Tensor` of shape `(B, T)`): completion mask.
+        mask (`torch.Tensor` of shape `(B, T)`): completion mask, 0 or 1.
         clip_threshold (`float`, *optional*): c when the clip transform is active (tokens with k > c are counted).
         host_kl (`torch.Tensor` of shape `(B, T)`, *optional*): the per-token KL TRL's GRPO loss logs as `kl` (k3, and
             bias-corrected like its loss), when it differs from `raw_kl`; `None`: `raw_kl` (a host that logs its own
@@ -64,21 +64,19 @@ def kl_statistics(
         `torch.Tensor` of shape `(len(STAT_NAMES),)`.
     """
     dtype = torch.float32 if raw_kl.device.type == "mps" else torch.float64
-    mask = mask.detach().to(dtype)
-    raw = raw_kl.detach().to(dtype)
-    masked = raw * mask
-    # Per-sequence sums of every per-token quantity at once, (5, B), then their totals: few kernels, since this runs
-    # on every micro-batch beside the host's loss.
-    clipped = mask * (raw > clip_threshold) if clip_threshold is not None else torch.zeros_like(mask)
-    host = masked if host_kl is None else host_kl.detach().to(dtype) * mask
-    adapted = masked if adapted_kl is raw_kl else adapted_kl.detach().to(dtype) * mask  # f the identity: k itself
-    per_sequence = torch.stack([mask, masked, adapted, clipped, host]).sum(-1)
+    clipped = raw_kl > clip_threshold if clip_threshold is not None else torch.zeros_like(mask)
+    host = raw_kl if host_kl is None else host_kl
+    # Every per-token quantity masked by one product in its own dtype (exact: the mask is 0 or 1; the mask row
+    # becomes m² = m), then summed per sequence in float64: `(5, B)`. This runs on every micro-batch beside the
+    # host's loss, where each tensor operation costs microseconds on a small model: few and whole-batch ones.
+    per_token = torch.stack([mask, raw_kl, adapted_kl, clipped, host]).detach()  # (5, B, T)
+    per_sequence = (per_token * mask.detach()).to(dtype).sum(-1)  # (5, B)
     lengths, sequence_kl = per_sequence[0], per_sequence[1]
-    valid = (lengths > 0).to(dtype)
-    x, y = lengths * valid, sequence_kl / lengths.clamp(min=1.0) * valid  # L_i and K̄_i where L_i > 0
+    # L_i and K̄_i where L_i > 0; where L_i = 0 both are 0 already (every term of the sums was masked)
+    x, y = lengths, sequence_kl / lengths.clamp(min=1.0)
+    moments = torch.stack([(lengths > 0).to(dtype), x, y, x * x, y * y, x * y]).sum(-1)
     totals = per_sequence.sum(-1)
-    moments = torch.stack([valid, x, y, x * x, y * y, x * y]).sum(-1)
-    sequences = totals.new_tensor([float(raw.size(0))])
+    sequences = totals.new_tensor([float(raw_kl.size(0))])
     # Σ_i Σ_t m·k (seq_kl) is Σ m·k (raw_kl): one sum, both entries.
     return torch.cat([totals, sequences, totals[1:2], moments])
 
@@ -123,4 +121,5 @@ def kl_metrics(stats: torch.Tensor, *, beta: float, beta_scale: float) -> dict[s
 def host_kl_mean(stats: torch.Tensor) -> float:
     """TRL's GRPO `kl` of one micro-batch from its statistics (summed over processes): the token mean of the host's
     per-token KL, Σ m·k / max(Σ m, 1), which TRL appends once per micro-batch and averages over the logging window."""
-    return stats[STAT_INDEX["host_kl"]].item() / max(stats[STAT_INDEX["tokens"]].item(), 1.0)
+    host_kl, tokens = stats[[STAT_INDEX["host_kl"], STAT_INDEX["tokens"]]].tolist()
+    return host_kl / max(tokens, 1.0)

@@ -32,7 +32,7 @@ import torch
 
 from ..kl.controller import BetaController
 from ..kl.groups import zero_std_group_fraction
-from ..kl.metrics import STAT_INDEX, host_kl_mean
+from ..kl.metrics import STAT_NAMES, host_kl_mean
 from ..kl.placement import sequence_kl_penalty, total_rewards, zero_penalty
 from .hooks import (
     HostScoring,
@@ -283,7 +283,8 @@ class AdaptiveKLRun:
             # The host's loss ran with β = 0: a `kl` it logged then (Unsloth's logs 0) is not the KL
             del metrics["kl"][host_logged:]
         if stats is not None:
-            stats = self.accelerator.reduce(stats, reduction="sum")
+            if self.accelerator.num_processes > 1:  # on one process Accelerate's reduce only copies
+                stats = self.accelerator.reduce(stats, reduction="sum")
             if self.logs_host_kl:  # as TRL logs it: one token mean per micro-batch, averaged at the log
                 metrics["kl"].append(host_kl_mean(stats))
         self.kl_monitor.record(stats, mode, beta, scale)
@@ -316,9 +317,9 @@ class AdaptiveKLRun:
         (or the scored batch's mean reward, or its fraction of zero-std groups, for `dynamic`), the warning when it
         could not update, and the KL-triggered reference reset's decision."""
         stats = self.kl_monitor.end_step()
-        stats = stats if stats is not None else torch.zeros(len(STAT_INDEX))
-        tokens = stats[STAT_INDEX["tokens"]].item()
-        mean_kl = stats[STAT_INDEX["raw_kl"]].item() / tokens if tokens > 0 else math.nan
+        sums = dict(zip(STAT_NAMES, stats.tolist())) if stats is not None else dict.fromkeys(STAT_NAMES, 0.0)
+        tokens = sums["tokens"]
+        mean_kl = sums["raw_kl"] / tokens if tokens > 0 else math.nan
         scored = self.scored_batches.get("train")
         mean_reward = scored.mean_reward if scored is not None else math.nan
         zero_std_fraction = scored.zero_std_fraction if scored is not None else math.nan
@@ -332,7 +333,7 @@ class AdaptiveKLRun:
             mean_reward=mean_reward,
             zero_std_fraction=zero_std_fraction,
             mean_kl=mean_kl,
-            num_sequences=int(stats[STAT_INDEX["sequences"]].item()),
+            num_sequences=int(sums["sequences"]),
         )
         if controller.num_skipped_updates > skipped:
             statistic = f"mean reward {mean_reward}" if controller.dynamic else f"mean KL {mean_kl}"
