@@ -349,8 +349,8 @@ def perturb_kl_term(trainer, factor: float) -> None:
     adapted = trainer._adapted_kl_term
 
     def perturbed(host_inputs):
-        term, stats = adapted(host_inputs)
-        return term * factor, stats
+        term, sums = adapted(host_inputs)
+        return term * factor, sums
 
     trainer._adapted_kl_term = perturbed
 

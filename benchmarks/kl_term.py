@@ -3,10 +3,10 @@
     python benchmarks/kl_term.py                          # CPU: the 30M model, 8 sequences of 32 to 1024 tokens
     python benchmarks/kl_term.py --shape qwen2.5-0.5b --bf16 --lengths 256,1024   # GPU
 
-Times forward + backward of `adaptive_kl.kl.term.adapted_kl_term` (the function the trainer calls: estimate,
-transform, aggregation and the metric statistics) for each method, next to the k3 term that stock TRL computes
-inline, and next to forward + backward of the model computing per-token log-probabilities of the same (B, T)
-tokens. Medians of `torch.utils.benchmark`; prints, and with `--output` writes, a markdown table.
+Times forward + backward of `adaptive_kl.kl.term.kl_term_and_sequence_sums` (the function the trainer calls:
+estimate, transform, aggregation and the per-sequence sums of the metric statistics) for each method, next to the k3
+term that stock TRL computes inline, and next to forward + backward of the model computing per-token log-probabilities
+of the same (B, T) tokens. Medians of `torch.utils.benchmark`; prints, and with `--output` writes, a markdown table.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from machine import report
 from torch.utils import benchmark
 
-from adaptive_kl.kl.term import adapted_kl_term
+from adaptive_kl.kl.term import kl_term_and_sequence_sums
 from adaptive_kl.testing.tiny_model import MODEL_SHAPES, build_model, build_tokenizer
 
 
@@ -71,7 +71,7 @@ def measure(model, batch: int, length: int, dtype: torch.dtype, device: str, min
     stock = forward_backward(lambda x: stock_k3_term(x, ref, mask))
     times["stock TRL k3 (inline)"] = median_seconds(stock, min_run_time)
     for name, settings in TERMS.items():
-        ours = forward_backward(lambda x, settings=settings: adapted_kl_term(x, ref, mask, **settings)[0])
+        ours = forward_backward(lambda x, settings=settings: kl_term_and_sequence_sums(x, ref, mask, **settings)[0])
         times[name] = median_seconds(ours, min_run_time)
     return times
 

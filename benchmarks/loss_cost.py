@@ -111,12 +111,31 @@ def rotations(labels: list[str], reps: int):
         yield labels[rep % len(labels) :] + labels[: rep % len(labels)]
 
 
+def and_log(run):
+    """`run`, then the log line a trainer writes (`trainer.log`: TRL averages its metrics of the passes since the last
+    line, the package turns its recorded sums into `adaptive_kl/*`)."""
+
+    def run_and_log(trainer, inputs: dict) -> None:
+        run(trainer, inputs)
+        trainer.log({})
+
+    return run_and_log
+
+
 def measure(
-    trainers: dict, inputs: dict, reps: int, warmup: int, run=forward_and_backward, memory_reps: int = 10
+    trainers: dict,
+    inputs: dict,
+    reps: int,
+    warmup: int,
+    run=forward_and_backward,
+    memory_reps: int = 10,
+    log_every: int | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Each variant's `{"time": [...], "memory": [...]}`: times over `reps` repetitions after `warmup` untimed ones,
     then peak memories over `memory_reps` more after a warm-up one; in each repetition the variants run once each, the
-    order rotating. `run(trainer, inputs)`: the pass that is measured.
+    order rotating. `run(trainer, inputs)`: the pass that is measured; with `log_every`, every `log_every`-th
+    repetition's pass also writes the log line (`and_log`), so that what a trainer does once per line is in the times,
+    amortized as in training.
 
     Time and memory are measured apart. A timed pass runs with Python's garbage collector paused (as `timeit` does),
     collected between repetitions, the objects built before the passes frozen out of its reach; nothing else.
@@ -131,7 +150,10 @@ def measure(
     try:
         for rep, order in enumerate(rotations(labels, warmup + reps)):
             gc.disable()
-            times = {label: timed_pass(trainers[label], inputs, clock, run) for label in order}
+            logs = log_every is not None and (rep + 1) % log_every == 0
+            times = {
+                label: timed_pass(trainers[label], inputs, clock, and_log(run) if logs else run) for label in order
+            }
             gc.enable()
             gc.collect()
             if rep >= warmup:
@@ -174,32 +196,36 @@ class OperationCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_operations(trainers: dict, inputs: dict, run=forward_and_backward) -> dict[str, Counter]:
-    """Per variant, the tensor operations of one pass (after an uncounted one), by the function that issued them."""
+def count_operations(trainers: dict, inputs: dict, run=forward_and_backward) -> dict[str, tuple[Counter, Counter]]:
+    """Per variant, the tensor operations of one pass (after an uncounted one) and of the log line after it
+    (`trainer.log`, which turns the pass's recorded sums into metrics), each by the function that issued them."""
     counts = {}
     for label, trainer in trainers.items():
         trainer.model.zero_grad(set_to_none=True)
-        run(trainer, inputs)
+        and_log(run)(trainer, inputs)
         trainer.model.zero_grad(set_to_none=True)
         with OperationCounter() as counter:
             run(trainer, inputs)
-        counts[label] = counter.issued_by
+        with OperationCounter() as log_counter:
+            trainer.log({})
+        counts[label] = counter.issued_by, log_counter.issued_by
     return counts
 
 
-def operations_table(counts: dict[str, Counter]) -> list[str]:
-    """Per variant: its operations, those beyond stock's, and those the package issued, with the functions that issued
-    the most."""
-    stock = sum(counts[STOCK].values())
+def operations_table(counts: dict[str, tuple[Counter, Counter]]) -> list[str]:
+    """Per variant: the operations of a pass, those beyond stock's, and those the package issued, with the functions
+    that issued the most; then those of a log line (once per `logging_steps` × micro-batches a step) beyond stock's."""
+    stock, stock_log = (sum(issued.values()) for issued in counts[STOCK])
     lines = [
         "| variant | tensor operations of a pass | beyond stock's | issued by the package "
-        "| by the package's functions |",
-        "|---|---|---|---|---|",
+        "| by the package's functions | a log line's, beyond stock's |",
+        "|---|---|---|---|---|---|",
     ]
-    for label, issued in counts.items():
+    for label, (issued, logged) in counts.items():
         total, package = sum(issued.values()), sum(n for issuer, n in issued.items() if issuer != HOST)
         functions = ", ".join(f"`{issuer}` {n}" for issuer, n in issued.most_common() if issuer != HOST)
-        lines.append(f"| {label} | {total} | {total - stock:+d} | {package} | {functions or '—'} |")
+        log_line = sum(logged.values()) - stock_log
+        lines.append(f"| {label} | {total} | {total - stock:+d} | {package} | {functions or '—'} | {log_line:+d} |")
     return lines
 
 
@@ -240,6 +266,13 @@ def parse_args(argv):
     parser.add_argument("--reps", type=int, default=30, help="timed repetitions (each runs every variant once)")
     parser.add_argument("--memory-reps", type=int, default=10, help="repetitions that measure peak memory, untimed")
     parser.add_argument(
+        "--log-every",
+        type=int,
+        default=10,
+        help="write the log line (trainer.log) after every this many repetitions' passes, in the times: TRL's "
+        "logging_steps default with one micro-batch a step (1: a line after every pass, the most a run can log)",
+    )
+    parser.add_argument(
         "--count-ops", action="store_true", help="count each variant's tensor operations of one pass instead of timing"
     )
     parser.set_defaults(warmup=3)
@@ -247,6 +280,8 @@ def parse_args(argv):
     for option, value in (("--reps", opts.reps), ("--memory-reps", opts.memory_reps)):
         if value < 2:
             parser.error(f"{option} must be at least 2 for an interval, got {value}.")
+    if opts.log_every < 1:
+        parser.error(f"--log-every must be at least 1, got {opts.log_every}.")
     return opts
 
 
@@ -268,13 +303,14 @@ def main(argv=None):
     )
     notes = [f"- note: {scorer_note}"] if scorer_note else []
     if opts.count_ops:
-        settings += "the tensor operations of one loss forward and backward, after one uncounted"
+        settings += "the tensor operations of one loss forward and backward, after one uncounted, and of a log line"
         counts = count_operations(trainers, inputs)
         report("loss_cost.py", argv, [settings, *notes], operations_table(counts), opts.output)
         return
-    results = measure(trainers, inputs, opts.reps, opts.warmup, memory_reps=opts.memory_reps)
+    results = measure(trainers, inputs, opts.reps, opts.warmup, memory_reps=opts.memory_reps, log_every=opts.log_every)
     settings += (
-        f"loss forward and backward, {opts.reps} repetitions after {opts.warmup}, variants in rotating order, "
+        f"loss forward and backward, a log line after every {opts.log_every} (in the times), "
+        f"{opts.reps} repetitions after {opts.warmup}, variants in rotating order, "
         f"the garbage collector paused in a timed pass; peak memory over {opts.memory_reps} more repetitions; "
         f"{'CUDA events' if torch.cuda.is_available() else 'perf_counter'}, torch threads {opts.threads}"
     )

@@ -146,12 +146,12 @@ class RecordingRLOOTrainer(AdaptiveKLRLOOTrainer):
         prompts = self.processing_class.batch_decode(prompt_ids)
         return deterministic_rollout(prompts, self)["completion_ids"]
 
-    def _loss_and_kl_statistics(self, model, inputs, *args):
+    def _loss_and_kl_sums(self, model, inputs, *args):
         if REFERENCE_LOGPS in inputs:  # scored with the reference: the penalty's tokens
             log_ratio = inputs[SAMPLING_LOGPS] - inputs[REFERENCE_LOGPS]
             step = self.state.global_step + 1
             record_kl_sums(self.recorder, step, log_ratio, inputs["completion_mask"], self.args.kl_estimator)
-        return super()._loss_and_kl_statistics(model, inputs, *args)
+        return super()._loss_and_kl_sums(model, inputs, *args)
 
 
 class StepEnd(TrainerCallback):

@@ -82,7 +82,8 @@ def test_at_the_defaults_every_operation_ours_adds_is_the_packages_own(tmp_path)
     assert again[1:] == stock[1:] and stock[2] == "+0", (stock, again)
     assert all(name.startswith("`trainers/scorer.py:") for name in stock[4].split(", ") if stock[3] != "0"), stock
     assert int(ours[2]) == int(ours[3]) - int(stock[3]) > 0, (ours, stock)
-    assert "`kl/metrics.py:kl_statistics`" in ours[4]
+    assert "`kl/metrics.py:kl_sequence_sums`" in ours[4]  # per micro-batch only the per-sequence sums
+    assert stock[5] == again[5] == "+0" and int(ours[5]) > 0, (stock, again, ours)  # the metrics: at the log line
 
 
 def test_the_ratio_interval_is_students_on_the_log_ratios():

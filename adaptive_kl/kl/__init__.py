@@ -35,7 +35,7 @@ from .estimators import (
     transform_kl,
 )
 from .groups import group_reward_std, zero_std_group_fraction, zero_std_groups
-from .metrics import METRIC_NAMES, kl_metrics, kl_statistics
+from .metrics import METRIC_NAMES, kl_metrics, kl_sequence_sums, kl_statistics, statistics_of_sequences
 from .placement import (
     KL_PLACEMENTS,
     group_advantages,
@@ -44,7 +44,7 @@ from .placement import (
     total_rewards,
     zero_penalty,
 )
-from .term import adapted_kl_term
+from .term import adapted_kl_term, kl_term_and_sequence_sums
 
 
 __all__ = [
@@ -70,10 +70,13 @@ __all__ = [
     "group_reward_std",
     "kl_estimate",
     "kl_metrics",
+    "kl_sequence_sums",
     "kl_statistics",
+    "kl_term_and_sequence_sums",
     "leave_one_out_advantages",
     "length_normalized_mean",
     "sequence_kl_penalty",
+    "statistics_of_sequences",
     "step_scale",
     "token_sum_normalizer",
     "total_rewards",

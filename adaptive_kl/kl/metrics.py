@@ -41,7 +41,7 @@ METRIC_NAMES = (
 )
 
 
-def kl_statistics(
+def kl_sequence_sums(
     raw_kl: torch.Tensor,
     adapted_kl: torch.Tensor,
     mask: torch.Tensor,
@@ -49,7 +49,8 @@ def kl_statistics(
     clip_threshold: float | None = None,
     host_kl: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sums of one batch, in the order of `STAT_NAMES` (float64, detached).
+    """The per-sequence sums of one batch that every statistic is made of (float64, detached): what a trainer keeps of
+    each micro-batch, to be turned into statistics (`statistics_of_sequences`) only when they are read.
 
     Args:
         raw_kl (`torch.Tensor` of shape `(B, T)`): k, the per-token estimate before the transform.
@@ -61,24 +62,52 @@ def kl_statistics(
             KL, as RLOO does, reads nothing from this entry).
 
     Returns:
-        `torch.Tensor` of shape `(len(STAT_NAMES),)`.
+        `torch.Tensor` of shape `(5, B)`: per sequence, Σ_t m, Σ_t m·k, Σ_t m·f(k), Σ_t m·[k > c] and Σ_t m·k_host
+        (the first five of `STAT_NAMES`).
     """
     dtype = torch.float32 if raw_kl.device.type == "mps" else torch.float64
-    clipped = raw_kl > clip_threshold if clip_threshold is not None else torch.zeros_like(mask)
-    host = raw_kl if host_kl is None else host_kl
     # Every per-token quantity masked by one product in its own dtype (exact: the mask is 0 or 1; the mask row
-    # becomes m² = m), then summed per sequence in float64: `(5, B)`. This runs on every micro-batch beside the
-    # host's loss, where each tensor operation costs microseconds on a small model: few and whole-batch ones.
-    per_token = torch.stack([mask, raw_kl, adapted_kl, clipped, host]).detach()  # (5, B, T)
-    per_sequence = (per_token * mask.detach()).to(dtype).sum(-1)  # (5, B)
-    lengths, sequence_kl = per_sequence[0], per_sequence[1]
+    # becomes m² = m), then summed per sequence in float64. This runs on every micro-batch beside the host's loss,
+    # where each tensor operation costs microseconds on a small model: few and whole-batch ones (no graph, rather
+    # than a `detach` of each input).
+    with torch.no_grad():
+        clipped = raw_kl > clip_threshold if clip_threshold is not None else torch.zeros_like(mask)
+        host = raw_kl if host_kl is None else host_kl
+        per_token = torch.stack([mask, raw_kl, adapted_kl, clipped, host])  # (5, B, T)
+        return (per_token * mask).to(dtype).sum(-1)  # (5, B)
+
+
+def statistics_of_sequences(sums: torch.Tensor) -> torch.Tensor:
+    """The statistics, in the order of `STAT_NAMES`, of the sequences whose `kl_sequence_sums` are `sums` (`(5, N)`:
+    one batch's, or several batches' concatenated along the sequences). Additive: the statistics of several batches are
+    the sum of theirs (up to float64 rounding), so they can be summed over processes."""
+    lengths, sequence_kl = sums[0], sums[1]
     # L_i and K̄_i where L_i > 0; where L_i = 0 both are 0 already (every term of the sums was masked)
     x, y = lengths, sequence_kl / lengths.clamp(min=1.0)
-    moments = torch.stack([(lengths > 0).to(dtype), x, y, x * x, y * y, x * y]).sum(-1)
-    totals = per_sequence.sum(-1)
-    sequences = totals.new_tensor([float(raw_kl.size(0))])
+    moments = torch.stack([(lengths > 0).to(sums.dtype), x, y, x * x, y * y, x * y]).sum(-1)
+    totals = sums.sum(-1)
+    sequences = totals.new_tensor([float(sums.size(1))])
     # Σ_i Σ_t m·k (seq_kl) is Σ m·k (raw_kl): one sum, both entries.
     return torch.cat([totals, sequences, totals[1:2], moments])
+
+
+def kl_statistics(
+    raw_kl: torch.Tensor,
+    adapted_kl: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_threshold: float | None = None,
+    host_kl: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sums of one batch, in the order of `STAT_NAMES` (float64, detached): `statistics_of_sequences` of its
+    `kl_sequence_sums` (same arguments).
+
+    Returns:
+        `torch.Tensor` of shape `(len(STAT_NAMES),)`.
+    """
+    return statistics_of_sequences(
+        kl_sequence_sums(raw_kl, adapted_kl, mask, clip_threshold=clip_threshold, host_kl=host_kl)
+    )
 
 
 def pearson_from_moments(n: float, sx: float, sy: float, sxx: float, syy: float, sxy: float) -> float:
@@ -119,7 +148,8 @@ def kl_metrics(stats: torch.Tensor, *, beta: float, beta_scale: float) -> dict[s
 
 
 def host_kl_mean(stats: torch.Tensor) -> float:
-    """TRL's GRPO `kl` of one micro-batch from its statistics (summed over processes): the token mean of the host's
-    per-token KL, Σ m·k / max(Σ m, 1), which TRL appends once per micro-batch and averages over the logging window."""
+    """TRL's GRPO `kl` of one micro-batch from its statistics (summed over processes; or only their first five
+    entries, the batch's `kl_sequence_sums` summed over its sequences): the token mean of the host's per-token KL,
+    Σ m·k / max(Σ m, 1), which TRL appends once per micro-batch and averages over the logging window."""
     host_kl, tokens = stats[[STAT_INDEX["host_kl"], STAT_INDEX["tokens"]]].tolist()
     return host_kl / max(tokens, 1.0)

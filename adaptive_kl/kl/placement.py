@@ -15,7 +15,7 @@ import torch
 from .aggregation import sequence_means, sequence_sums
 from .estimators import estimate_and_transform, masked_log_ratio
 from .groups import nan_std
-from .metrics import kl_statistics
+from .metrics import kl_sequence_sums
 
 
 KL_PLACEMENTS = ("loss", "reward")
@@ -156,7 +156,7 @@ def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int, normal
     return torch.nan_to_num(advantages, nan=0.0)
 
 
-def penalty_statistics(
+def penalty_sequence_sums(
     per_token_logps: torch.Tensor,
     ref_per_token_logps: torch.Tensor,
     mask: torch.Tensor,
@@ -167,15 +167,15 @@ def penalty_statistics(
     target: float = 0.1,
     log_ratio_clip: float | None = None,
 ) -> torch.Tensor:
-    """The `adaptive_kl/*` statistics (`adaptive_kl.kl.metrics.kl_statistics`) of the tokens a penalty in the reward
-    was computed from: for the metrics and the β controllers (RLOO logs its own `kl`).
+    """The per-sequence sums (`adaptive_kl.kl.metrics.kl_sequence_sums`) of the `adaptive_kl/*` statistics of the
+    tokens a penalty in the reward was computed from: for the metrics and the β controllers (RLOO logs its own `kl`).
 
     Args:
         per_token_logps, ref_per_token_logps, mask (`torch.Tensor` of shape `(B, T)`): as for `sequence_kl_penalty`.
         estimator, transform, clip_threshold, target, log_ratio_clip: the per-token estimate k and transform f.
 
     Returns:
-        `torch.Tensor` of shape `(len(STAT_NAMES),)`, for these sequences only (the caller reduces it).
+        `torch.Tensor` of shape `(5, B)`.
     """
     with torch.no_grad():
         kl, adapted = estimate_and_transform(
@@ -183,4 +183,4 @@ def penalty_statistics(
             clip_threshold=clip_threshold, target=target, log_ratio_clip=log_ratio_clip,
         )  # fmt: skip
         clipped_at = clip_threshold if transform == "clip" else None
-        return kl_statistics(kl, adapted, mask, clip_threshold=clipped_at)
+        return kl_sequence_sums(kl, adapted, mask, clip_threshold=clipped_at)

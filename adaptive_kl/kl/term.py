@@ -1,7 +1,8 @@
 """The KL term of one micro-batch: estimate → bias correction → transform → aggregate, and its statistics.
 
-One pure function of tensors and settings: the trainer calls it with the log-probabilities its host computed, and
-`benchmarks/kl_term.py` times exactly this code against a forward pass.
+Pure functions of tensors and settings: the trainer calls `kl_term_and_sequence_sums` with the log-probabilities its
+host computed (and turns the sums into statistics when it reads them), and `benchmarks/kl_term.py` times exactly this
+code against a forward pass.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ import torch
 
 from .aggregation import aggregate_like_host, length_normalized_mean
 from .estimators import estimate_and_transform, importance_ratio, masked_log_ratio
-from .metrics import kl_statistics
+from .metrics import kl_sequence_sums, statistics_of_sequences
 
 
-def adapted_kl_term(
+def kl_term_and_sequence_sums(
     per_token_logps: torch.Tensor,
     ref_per_token_logps: torch.Tensor,
     mask: torch.Tensor,
@@ -37,7 +38,8 @@ def adapted_kl_term(
     sequence_mask: torch.Tensor | None = None,
     with_term: bool = True,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Agg(f(k)) for one micro-batch, and the statistics of `adaptive_kl.kl.metrics.kl_statistics`.
+    """Agg(f(k)) for one micro-batch, and the per-sequence sums its statistics are made of
+    (`adaptive_kl.kl.metrics.kl_sequence_sums`).
 
     Args:
         per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_θ at the sampled tokens, carrying gradient.
@@ -67,8 +69,7 @@ def adapted_kl_term(
 
     Returns:
         `tuple[torch.Tensor | None, torch.Tensor]`: the scalar term (differentiable through `per_token_logps`; `None`
-        without `with_term`) and the statistics vector of shape `(len(STAT_NAMES),)` for this process only (the caller
-        reduces it).
+        without `with_term`) and the `(5, B)` per-sequence sums of this process's sequences.
     """
     log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
     ratio = None
@@ -85,11 +86,11 @@ def adapted_kl_term(
             log_ratio.detach(), estimator="k3", log_ratio_clip=log_ratio_clip,
             weight=None if ratio is None else ratio.detach(), bound=kl_bound,
         )  # fmt: skip
-    stats = kl_statistics(
+    sums = kl_sequence_sums(
         kl, adapted, mask, clip_threshold=clip_threshold if transform == "clip" else None, host_kl=host_kl
     )
     if not with_term:
-        return None, stats
+        return None, sums
     kept = adapted
     if sequence_mask is not None:  # `where`, not a product: exactly 0, even for a non-finite f(k)
         kept = torch.where(sequence_mask.to(torch.bool).unsqueeze(-1), adapted, adapted.new_zeros(()))
@@ -105,4 +106,12 @@ def adapted_kl_term(
             token_normalizer=token_normalizer,
             sample_weight=sample_weight,
         )
-    return term, stats
+    return term, sums
+
+
+def adapted_kl_term(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """`kl_term_and_sequence_sums` (same arguments), with the sums turned into the batch's statistics: the scalar term
+    (`None` without `with_term`) and the statistics vector of `adaptive_kl.kl.metrics.kl_statistics`, of shape
+    `(len(STAT_NAMES),)`, for this process only (the caller reduces it)."""
+    term, sums = kl_term_and_sequence_sums(*args, **kwargs)
+    return term, statistics_of_sequences(sums)

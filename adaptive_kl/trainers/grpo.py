@@ -4,10 +4,10 @@ With every KL field at its default the host computes its own loss, KL term inclu
 (`host_kl_term`), and this class only measures the term for `adaptive_kl/*`. Otherwise the host computes its loss with
 β = 0 (the policy term, untouched), and this class adds `β_t · Agg(f(k))` computed from the log-probabilities the
 host already computed for that loss: no copy of the host's loss, no extra forward pass. The KL term's path:
-`compute_loss` (`lifecycle.AdaptiveKLRun`) → `_loss_and_kl_statistics` → `hooks.HostHooks.host_loss_scoring` (what
-the host's loss scored) → `_host_kl_inputs` (its aggregation, `hooks.host_loss_settings`) →
-`kl.term.adapted_kl_term`. With `kl_placement="reward"` the KL is instead a penalty on each completion's reward
-(`_score_kl`), and the loss only measures it.
+`compute_loss` (`lifecycle.AdaptiveKLRun`) → `_loss_and_kl_sums` → `hooks.HostHooks.host_loss_scoring` (what the
+host's loss scored) → `_host_kl_inputs` (its aggregation, `hooks.host_loss_settings`) →
+`kl.term.kl_term_and_sequence_sums`. With `kl_placement="reward"` the KL is instead a penalty on each completion's
+reward (`_score_kl`), and the loss only measures it.
 
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
 Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`. Everything taken from the
@@ -26,7 +26,7 @@ from trl import GRPOTrainer
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 from ..kl.groups import zero_std_groups
 from ..kl.placement import group_advantages
-from ..kl.term import adapted_kl_term
+from ..kl.term import kl_term_and_sequence_sums
 from ..metrics.diversity import diversity_metrics
 from .config import AdaptiveKLGRPOConfig
 from .embedding import build_embedder
@@ -198,7 +198,7 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
 
     # --- the KL term -------------------------------------------------------------------------------------------------
 
-    def _loss_and_kl_statistics(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
+    def _loss_and_kl_sums(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
         backend_capture = capturing_efficient_grpo if self._unsloth_module is not None else None
         policy_losses = metric_store(self, mode).get("policy_loss")  # TRL's, with its entropy bonus on
         logged = len(policy_losses) if policy_losses is not None else 0
@@ -216,19 +216,19 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             if self.kl_in_reward:
                 host_inputs["use_bias_correction"] = False
             with torch.no_grad():
-                _, stats = self._adapted_kl_term(host_inputs, with_term=False)
-            return loss, stats
-        kl_term, stats = self._adapted_kl_term(host_inputs)
+                _, sums = self._adapted_kl_term(host_inputs, with_term=False)
+            return loss, sums
+        kl_term, sums = self._adapted_kl_term(host_inputs)
         policy_losses = metric_store(self, mode).get("policy_loss")
         if policy_losses is not None and len(policy_losses) > logged:
             # TRL's `policy_loss` is its loss before the entropy bonus, KL term included; the host's ran without it
             policy_losses[-1] += self.accelerator.gather((beta * kl_term).detach()).nanmean().item()
-        return loss + beta * kl_term, stats  # Unsloth's backward ignores its incoming gradient: add, never scale
+        return loss + beta * kl_term, sums  # Unsloth's backward ignores its incoming gradient: add, never scale
 
     def _adapted_kl_term(self, host_inputs: dict, with_term: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Agg(f(k)) of one micro-batch from the host's inputs (`_host_kl_inputs`) and the config's estimate and
-        transform (`None` without `with_term`), and its statistics (this process's)."""
-        return adapted_kl_term(**host_inputs, **self.kl_options(), with_term=with_term)
+        transform (`None` without `with_term`), and the `(5, B)` per-sequence sums of its statistics."""
+        return kl_term_and_sequence_sums(**host_inputs, **self.kl_options, with_term=with_term)
 
     def _host_kl_inputs(
         self, captured: dict, inputs: dict, mode: str, training: bool, aggregated: bool = True

@@ -11,9 +11,10 @@ generation batch:
    names its host's log-probabilities and, where the KL is in the reward, subtracts the penalty (`_kl_penalty`) from
    the rewards and replaces the host's advantages (`_penalize`). The result is one `ScoredBatch`, kept per mode in
    `scored_batches` for the steps it serves.
-4. Each micro-batch (`compute_loss`): the trainer's `_loss_and_kl_statistics` (the host's loss, plus the KL term
-   where the KL is in the loss) and the KL's statistics, which `kl_monitor` sums.
-5. The optimizer step's last micro-batch (`_end_of_step`): the controller's update from the step's KL statistics or
+4. Each micro-batch (`compute_loss`): the trainer's `_loss_and_kl_sums` (the host's loss, plus the KL term
+   where the KL is in the loss) and the per-sequence sums of the KL's statistics, which `kl_monitor` keeps.
+5. The optimizer step's last micro-batch (`_end_of_step`): the controller's update from the step's KL statistics (read
+   only where a controller or a reset reads the KL) or
    the scored batch's mean reward or zero-std fraction, and the KL-triggered reference reset's decision.
 
 The collaborators hold their own state and take the values they use, never the trainer: `beta_controller` (β_t),
@@ -23,6 +24,7 @@ KL statistics per step and per log line) and `run_warnings`. What is done to the
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 from contextlib import nullcontext
@@ -100,7 +102,7 @@ class AdaptiveKLRun:
     A trainer sets `host_class` (the TRL trainer it subclasses), `host_family` (`"grpo"` or `"rloo"`), `config_class`,
     `kl_in_reward` (its KL is a penalty in the reward, computed once per generation batch) and `logs_host_kl` (it logs
     TRL's `kl` itself, because its host's loss runs without the KL); and implements `_prepare_host` (its checks before
-    the host is built), `_score_kl` (what the KL does to a scored batch) and `_loss_and_kl_statistics` (a micro-batch's
+    the host is built), `_score_kl` (what the KL does to a scored batch) and `_loss_and_kl_sums` (a micro-batch's
     loss with its KL).
 
     Attributes (set at construction):
@@ -150,9 +152,11 @@ class AdaptiveKLRun:
 
     # --- how f(k) is computed --------------------------------------------------------------------------------------
 
+    @functools.cached_property
     def kl_transform_options(self) -> dict:
         """The per-token estimate k and transform f of the config: `estimator`, `transform`, `clip_threshold`,
-        `target`, `log_ratio_clip` (the keyword arguments of `kl.placement` and `kl.term`)."""
+        `target`, `log_ratio_clip` (the keyword arguments of `kl.placement` and `kl.term`). Read from the config once,
+        at its first use, as TRL reads its own settings once: every micro-batch passes them."""
         args = self.args
         clip = args.kl_log_ratio_clip if args.kl_log_ratio_clip is not None else self.host_log_ratio_clip
         return dict(
@@ -163,9 +167,10 @@ class AdaptiveKLRun:
             log_ratio_clip=clip,
         )
 
+    @functools.cached_property
     def kl_options(self) -> dict:
         """`kl_transform_options`, and whether each sequence's KL is its per-token mean (`length_normalized`)."""
-        return dict(self.kl_transform_options(), length_normalized="length_normalized" in self.args.kl_methods)
+        return dict(self.kl_transform_options, length_normalized="length_normalized" in self.args.kl_methods)
 
     # --- a generation batch ----------------------------------------------------------------------------------------
 
@@ -216,7 +221,7 @@ class AdaptiveKLRun:
         that the run is bitwise the one without the skip, on every dtype."""
         if ref_logps is None:
             return zero_penalty(len(mask), logps_dtype, mask.device)
-        return sequence_kl_penalty(policy_logps, ref_logps, mask, beta=beta, **self.kl_options())
+        return sequence_kl_penalty(policy_logps, ref_logps, mask, beta=beta, **self.kl_options)
 
     def _penalize(self, output: dict, rewards: torch.Tensor, penalty: torch.Tensor, mode: str, advantages_of):
         """Replaces the advantages of `output` by those of the `(N,)` `rewards` minus the `(B,)` `penalty` of this
@@ -278,16 +283,13 @@ class AdaptiveKLRun:
         beta, scale = self.applied_beta(mode, step)
         metrics = metric_store(self, mode)
         host_logged = len(metrics.get("kl", ()))
-        loss, stats = self._loss_and_kl_statistics(model, inputs, return_outputs, num_items_in_batch, mode, beta)
+        loss, sums = self._loss_and_kl_sums(model, inputs, return_outputs, num_items_in_batch, mode, beta)
         if self.logs_host_kl and len(metrics.get("kl", ())) > host_logged:
             # The host's loss ran with β = 0: a `kl` it logged then (Unsloth's logs 0) is not the KL
             del metrics["kl"][host_logged:]
-        if stats is not None:
-            if self.accelerator.num_processes > 1:  # on one process Accelerate's reduce only copies
-                stats = self.accelerator.reduce(stats, reduction="sum")
-            if self.logs_host_kl:  # as TRL logs it: one token mean per micro-batch, averaged at the log
-                metrics["kl"].append(host_kl_mean(stats))
-        self.kl_monitor.record(stats, mode, beta, scale)
+        if sums is not None and self.logs_host_kl:  # as TRL logs it: each micro-batch's token mean, then averaged
+            metrics["kl"].append(host_kl_mean(self.sum_over_processes(sums.sum(-1))))
+        self.kl_monitor.record(sums, mode, beta, scale)
         if mode == "train" and self.accelerator.sync_gradients:  # its last micro-batch: β changes for the next step
             self._end_of_step(step)
         return loss
@@ -302,24 +304,40 @@ class AdaptiveKLRun:
         return self.beta_controller.beta(step), self.beta_controller.scale(step)
 
     def host_compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The host's own `compute_loss`, with the β the host holds (what `_loss_and_kl_statistics` builds on)."""
+        """The host's own `compute_loss`, with the β the host holds (what `_loss_and_kl_sums` builds on)."""
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
-    def _loss_and_kl_statistics(
+    def _loss_and_kl_sums(
         self, model, inputs, return_outputs, num_items_in_batch, mode: str, beta: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and the KL's statistics
-        (`kl.metrics.STAT_NAMES`, this process's); None when the batch was scored without the reference."""
+        """The micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and the `(5, B)`
+        per-sequence sums of the KL's statistics (`kl.metrics.kl_sequence_sums`, this process's sequences); None when
+        the batch was scored without the reference."""
         raise NotImplementedError
+
+    def sum_over_processes(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` summed over the processes (a collective: every process calls it); on one process, `values`
+        (Accelerate's reduce would only copy them)."""
+        if self.accelerator.num_processes == 1:
+            return values
+        return self.accelerator.reduce(values, reduction="sum")
+
+    @property
+    def reads_step_kl(self) -> bool:
+        """Whether anything reads each optimizer step's KL: a target-KL controller or KL-triggered reference resets."""
+        controller = self.beta_controller
+        return (
+            not controller.dynamic and controller.kl_controller != "fixed"
+        ) or self.reference_resets.kl_threshold > 0
 
     def _end_of_step(self, step: int) -> None:
         """After the last micro-batch of optimizer step `step`: the controller's update from the step's statistics
         (or the scored batch's mean reward, or its fraction of zero-std groups, for `dynamic`), the warning when it
         could not update, and the KL-triggered reference reset's decision."""
-        stats = self.kl_monitor.end_step()
+        stats = self.kl_monitor.end_step(self.sum_over_processes if self.reads_step_kl else None)
         sums = dict(zip(STAT_NAMES, stats.tolist())) if stats is not None else dict.fromkeys(STAT_NAMES, 0.0)
         tokens = sums["tokens"]
-        mean_kl = sums["raw_kl"] / tokens if tokens > 0 else math.nan
+        mean_kl = sums["raw_kl"] / tokens if tokens > 0 else math.nan  # NaN too where nothing reads it
         scored = self.scored_batches.get("train")
         mean_reward = scored.mean_reward if scored is not None else math.nan
         zero_std_fraction = scored.zero_std_fraction if scored is not None else math.nan
@@ -355,7 +373,7 @@ class AdaptiveKLRun:
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
         metrics = metric_store(self, mode)
-        if self.kl_monitor.write_metrics(metrics, mode) and mode == "train":
+        if self.kl_monitor.write_metrics(metrics, mode, self.sum_over_processes) and mode == "train":
             controller, resets = self.beta_controller, self.reference_resets
             if controller.has_training_state:
                 metrics["adaptive_kl/skipped_updates"] = [float(controller.num_skipped_updates)]

@@ -1,22 +1,31 @@
 """`KLMonitor`: what the KL term measured, summed per optimizer step for the β controller and per log line for the
 `adaptive_kl/*` metrics.
 
-Each micro-batch through the trainer's loss is recorded, with its KL statistics (`kl.metrics.STAT_INDEX`, summed over
-processes), or without, when it was scored without the reference (β_t = 0). The monitor only accumulates: at the last
-micro-batch of an optimizer step the trainer takes the step's sums (`end_step`) for the controller and the KL-triggered
-reference resets (`lifecycle.AdaptiveKLRun`), and at each log the metrics of the micro-batches since the previous log
-are written to TRL's metric store, which averages and logs them.
+Each micro-batch through the trainer's loss is recorded, with its per-sequence KL sums (`kl.metrics.kl_sequence_sums`,
+this process's), or without, when it was scored without the reference (β_t = 0). The monitor only keeps them: they
+become statistics (`kl.metrics.STAT_INDEX`), summed over processes in one reduction, when something reads them. At the
+last micro-batch of an optimizer step the trainer takes the step's statistics (`end_step`) when the controller or the
+KL-triggered reference resets read the KL (`lifecycle.AdaptiveKLRun`), and at each log the metrics of the
+micro-batches since the previous log are written to TRL's metric store, which averages and logs them. A micro-batch
+thus costs its per-sequence sums only, a handful of tensor operations beside the host's loss; the moments, totals and
+the all-reduce come once per log line (every process logs at the same steps, so the reduction is collective).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
-from ..kl.metrics import kl_metrics
+from ..kl.metrics import kl_metrics, statistics_of_sequences
+
+
+# Recorded micro-batches are folded into statistics at least this often, so that what the monitor holds stays bounded
+# when nothing reads it for a long time (a run that never logs; a long evaluation).
+FOLD_EVERY = 64
 
 
 class BetaInUse(NamedTuple):
@@ -39,21 +48,44 @@ def _modes(value) -> dict:
 
 
 @dataclass
+class RecordedSums:
+    """The per-sequence sums of the micro-batches recorded since the last read, as statistics on demand."""
+
+    folded: torch.Tensor | None = None  # the statistics of the micro-batches folded so far (this process's)
+    pending: list[torch.Tensor] = field(default_factory=list)  # the `(5, B)` sums of those since
+
+    def add(self, sums: torch.Tensor) -> None:
+        self.pending.append(sums)
+        if len(self.pending) >= FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        stats = statistics_of_sequences(torch.cat(self.pending, dim=1))
+        self.folded = stats if self.folded is None else self.folded + stats
+        self.pending = []
+
+    def statistics(self) -> torch.Tensor | None:
+        """This process's statistics of every micro-batch recorded (None: none was)."""
+        if self.pending:
+            self._fold()
+        return self.folded
+
+
+@dataclass
 class KLMonitor:
     """The KL statistics of one trainer's loss, between optimizer steps and between log lines.
 
     Args:
-        step_stats (`torch.Tensor` or `None`): the summed statistics of the optimizer step in progress.
-        log_stats (`dict[str, torch.Tensor | None]`): per mode, the summed statistics since the last log (of the
-            micro-batches scored with the reference only).
+        step_sums (`RecordedSums`): the micro-batches of the optimizer step in progress scored with the reference.
+        log_sums (`dict[str, RecordedSums]`): per mode, those since the last log.
         counts (`dict[str, MicroBatchCounts]`): per mode, the micro-batches recorded since the last log.
         last_beta (`dict[str, BetaInUse]`): per mode, the β of the last micro-batch recorded.
         zero_std_fractions (`list[float]`): the fraction of zero-std groups a saturation-triggered β read at each
             optimizer step since the last log.
     """
 
-    step_stats: torch.Tensor | None = None
-    log_stats: dict[str, torch.Tensor | None] = field(default_factory=lambda: _modes(lambda: None))
+    step_sums: RecordedSums = field(default_factory=RecordedSums)
+    log_sums: dict[str, RecordedSums] = field(default_factory=lambda: _modes(RecordedSums))
     counts: dict[str, MicroBatchCounts] = field(default_factory=lambda: _modes(MicroBatchCounts))
     last_beta: dict[str, BetaInUse] = field(default_factory=dict)
     zero_std_fractions: list[float] = field(default_factory=list)
@@ -61,42 +93,51 @@ class KLMonitor:
     def start_run(self) -> None:
         """A new `train()` call: an exception (e.g. from a reward function) can interrupt an optimizer step after some
         of its micro-batches were recorded, and those partial sums must not leak into the next run."""
-        self.step_stats = None
-        self.log_stats = _modes(lambda: None)
+        self.step_sums = RecordedSums()
+        self.log_sums = _modes(RecordedSums)
         self.counts = _modes(MicroBatchCounts)
         self.zero_std_fractions = []
 
-    def record(self, stats: torch.Tensor | None, mode: str, beta: float, scale: float) -> None:
-        """Accumulates one micro-batch's statistics (None: scored without the reference) and the β it applied."""
+    def record(self, sums: torch.Tensor | None, mode: str, beta: float, scale: float) -> None:
+        """Keeps one micro-batch's `(5, B)` per-sequence sums (None: scored without the reference) and the β it
+        applied."""
         self.last_beta[mode] = BetaInUse(beta, scale)
         self.counts[mode].scored += 1
-        if stats is None:
+        if sums is None:
             self.counts[mode].skipped += 1
             return
-        self.log_stats[mode] = stats if self.log_stats[mode] is None else self.log_stats[mode] + stats
+        self.log_sums[mode].add(sums)
         if mode == "train":
-            self.step_stats = stats if self.step_stats is None else self.step_stats + stats
+            self.step_sums.add(sums)
 
     def note_zero_std_fraction(self, fraction: float) -> None:
         """The fraction of zero-std groups a saturation-triggered β read at an optimizer step, for the next log."""
         self.zero_std_fractions.append(fraction)
 
-    def end_step(self) -> torch.Tensor | None:
-        """The summed statistics of the optimizer step that just ended (None: none of its micro-batches was scored
-        with the reference), and a fresh sum for the next."""
-        stats, self.step_stats = self.step_stats, None
-        return stats
+    def end_step(self, sum_over_processes: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor | None:
+        """The statistics of the optimizer step that just ended, summed by `sum_over_processes` (None: nothing reads
+        them, and they are dropped), and a fresh record for the next. None when none of its micro-batches was scored
+        with the reference."""
+        recorded, self.step_sums = self.step_sums, RecordedSums()
+        if sum_over_processes is None:
+            return None
+        stats = recorded.statistics()
+        return sum_over_processes(stats) if stats is not None else None
 
-    def write_metrics(self, metrics: dict[str, list[float]], mode: str) -> bool:
+    def write_metrics(
+        self, metrics: dict[str, list[float]], mode: str, sum_over_processes: Callable[[torch.Tensor], torch.Tensor]
+    ) -> bool:
         """Writes the `adaptive_kl/*` metrics of the micro-batches since the last log into TRL's `metrics` of `mode`
-        (which it averages, and prefixes with `eval_` in evaluation), then starts the next log's sums. Returns whether
-        it wrote any: False when no micro-batch went through the loss since the last log."""
+        (which it averages, and prefixes with `eval_` in evaluation), their statistics summed by `sum_over_processes`,
+        then starts the next log's sums. Returns whether it wrote any: False when no micro-batch went through the loss
+        since the last log."""
         counts = self.counts[mode]
         if not counts.scored:
             return False
         beta, scale = self.last_beta[mode]
-        stats = self.log_stats[mode]
+        stats = self.log_sums[mode].statistics()
         if stats is not None:  # the KL metrics: from the micro-batches scored with the reference only
+            stats = sum_over_processes(stats)
             for key, value in kl_metrics(stats, beta=beta, beta_scale=scale).items():
                 metrics[key] = [value]
         else:
@@ -106,6 +147,6 @@ class KLMonitor:
             finite = [value for value in self.zero_std_fractions if not math.isnan(value)]  # NaN: nothing measured
             metrics["adaptive_kl/zero_std_fraction"] = [sum(finite) / len(finite) if finite else float("nan")]
             self.zero_std_fractions = []
-        self.log_stats[mode] = None
+        self.log_sums[mode] = RecordedSums()
         self.counts[mode] = MicroBatchCounts()
         return True

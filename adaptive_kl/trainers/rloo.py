@@ -22,7 +22,7 @@ import torch
 from trl import RLOOTrainer
 
 from ..kl.groups import group_reward_std
-from ..kl.placement import leave_one_out_advantages, penalty_statistics
+from ..kl.placement import leave_one_out_advantages, penalty_sequence_sums
 from .hooks import (
     HostHooks,
     HostScoring,
@@ -122,14 +122,14 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
 
     # --- the KL statistics -------------------------------------------------------------------------------------------
 
-    def _loss_and_kl_statistics(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
+    def _loss_and_kl_sums(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
         loss = self.host_compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if REFERENCE_LOGPS not in inputs:  # `_scores_reference`: β_t = 0, the penalty was exactly 0
             return loss, None
-        stats = penalty_statistics(
+        sums = penalty_sequence_sums(
             inputs[SAMPLING_LOGPS],
             inputs[REFERENCE_LOGPS],
             completion_loss_mask(inputs),
-            **self.kl_transform_options(),
+            **self.kl_transform_options,
         )
-        return loss, stats
+        return loss, sums

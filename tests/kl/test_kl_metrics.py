@@ -16,8 +16,10 @@ from adaptive_kl.kl.metrics import (
     STAT_NAMES,
     host_kl_mean,
     kl_metrics,
+    kl_sequence_sums,
     kl_statistics,
     pearson_from_moments,
+    statistics_of_sequences,
 )
 
 
@@ -163,6 +165,50 @@ def test_statistics_of_two_halves_sum_to_statistics_of_whole(seed, batch, split,
         _t(raw[split:, :width_b]), _t(adapted[split:, :width_b]), _t(mask[split:, :width_b]), clip_threshold=0.5
     )
     torch.testing.assert_close(first + second, whole, rtol=1e-12, atol=1e-12)
+
+
+@SETTINGS
+@given(st.integers(0, 2**31 - 1), st.integers(2, 12), st.integers(1, 11), st.integers(1, 8), st.integers(1, 8))
+def test_statistics_of_concatenated_sequence_sums_are_those_of_the_whole_batch(seed, batch, split, width_a, width_b):
+    """What a trainer keeps of each micro-batch, its `(5, B)` per-sequence sums, concatenated over micro-batches padded
+    to different widths, gives the whole batch's statistics: to float64 rounding (a padded token adds an exact 0, but
+    a sum over another width may group its terms otherwise), and to the bit where the widths are the whole batch's
+    (the statistics are then computed from the same sums in the same order)."""
+    assume(split < batch)
+    rng = np.random.default_rng(seed)
+    width = max(width_a, width_b)
+    raw, adapted, mask = _random_batch(rng, batch, width)
+    host = raw * 1.1 + 0.01
+    mask[:split, width_a:] = 0
+    mask[split:, width_b:] = 0
+    parts = [(slice(None, split), width_a), (slice(split, None), width_b)]
+    sums = [
+        kl_sequence_sums(
+            _t(raw[rows, :w]),
+            _t(adapted[rows, :w]),
+            _t(mask[rows, :w]),
+            clip_threshold=0.5,
+            host_kl=_t(host[rows, :w]),
+        )
+        for rows, w in parts
+    ]
+    assert [part.shape for part in sums] == [(5, split), (5, batch - split)]
+    whole = kl_statistics(_t(raw), _t(adapted), _t(mask), clip_threshold=0.5, host_kl=_t(host))
+    torch.testing.assert_close(statistics_of_sequences(torch.cat(sums, dim=1)), whole, rtol=1e-13, atol=1e-13)
+    same_width = [
+        kl_sequence_sums(_t(raw[rows]), _t(adapted[rows]), _t(mask[rows]), clip_threshold=0.5, host_kl=_t(host[rows]))
+        for rows, _ in parts
+    ]
+    assert torch.equal(statistics_of_sequences(torch.cat(same_width, dim=1)), whole)
+    # The first five statistics are the sums' totals: `host_kl_mean` reads them from either.
+    assert torch.equal(
+        sums[0].sum(-1),
+        kl_statistics(
+            *(_t(a[:split, :width_a]) for a in (raw, adapted, mask)),
+            clip_threshold=0.5,
+            host_kl=_t(host[:split, :width_a]),
+        )[:5],
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------------

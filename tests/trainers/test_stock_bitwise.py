@@ -94,7 +94,7 @@ def test_the_defaults_measure_the_kl_without_touching_the_loss(trainers):
     loss_and_grads(ours, fabricated_inputs(ours, seed=5))
     trl_kl = logged(ours).get("kl")
     metrics = {}
-    ours.kl_monitor.write_metrics(metrics, "train")
+    ours.kl_monitor.write_metrics(metrics, "train", ours.sum_over_processes)
     if ours.beta == 0:
         assert trl_kl is None and "adaptive_kl/raw_kl" not in metrics
         return
