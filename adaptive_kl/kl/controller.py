@@ -215,7 +215,7 @@ class BetaController:
                 beta_min=self.beta_min,
             )
             self.num_decays += int(new_beta != self.beta_base)
-        elif self.kl_controller != "fixed":
+        elif self.reads_kl:
             if mean_kl is None or not math.isfinite(mean_kl) or not num_sequences:
                 self.num_skipped_updates += 1
                 return
@@ -288,6 +288,11 @@ class BetaController:
         self.last_step, self.num_decays, self.num_skipped_updates, self.num_held_updates = (
             int(v) for v in counters.values()
         )
+
+    @property
+    def reads_kl(self) -> bool:
+        """Whether `update` reads each step's mean KL: a target-KL controller (`dynamic` reads the reward instead)."""
+        return not self.dynamic and self.kl_controller != "fixed"
 
     @property
     def has_training_state(self) -> bool:

@@ -322,19 +322,12 @@ class AdaptiveKLRun:
             return values
         return self.accelerator.reduce(values, reduction="sum")
 
-    @property
-    def reads_step_kl(self) -> bool:
-        """Whether anything reads each optimizer step's KL: a target-KL controller or KL-triggered reference resets."""
-        controller = self.beta_controller
-        return (
-            not controller.dynamic and controller.kl_controller != "fixed"
-        ) or self.reference_resets.kl_threshold > 0
-
     def _end_of_step(self, step: int) -> None:
         """After the last micro-batch of optimizer step `step`: the controller's update from the step's statistics
         (or the scored batch's mean reward, or its fraction of zero-std groups, for `dynamic`), the warning when it
         could not update, and the KL-triggered reference reset's decision."""
-        stats = self.kl_monitor.end_step(self.sum_over_processes if self.reads_step_kl else None)
+        reads_kl = self.beta_controller.reads_kl or self.reference_resets.reads_kl
+        stats = self.kl_monitor.end_step(self.sum_over_processes if reads_kl else None)
         sums = dict(zip(STAT_NAMES, stats.tolist())) if stats is not None else dict.fromkeys(STAT_NAMES, 0.0)
         tokens = sums["tokens"]
         mean_kl = sums["raw_kl"] / tokens if tokens > 0 else math.nan  # NaN too where nothing reads it

@@ -58,13 +58,18 @@ class ReferenceResets:
 
     @property
     def enabled(self) -> bool:
-        return self.every_steps > 0 or self.kl_threshold > 0
+        return self.every_steps > 0 or self.reads_kl
+
+    @property
+    def reads_kl(self) -> bool:
+        """Whether `end_of_step` reads each step's mean KL (`ref_reset_kl`)."""
+        return self.kl_threshold > 0
 
     def end_of_step(self, step: int, mean_kl: float) -> None:
         """Called once per finished optimizer step with its global mean raw KL: marks a reset as due."""
         if self.every_steps > 0 and step % self.every_steps == 0:
             self.pending = True
-        if self.kl_threshold > 0 and mean_kl > self.kl_threshold:  # False for NaN: a broken step triggers nothing
+        if self.reads_kl and mean_kl > self.kl_threshold:  # False for NaN: a broken step triggers nothing
             self.pending = True
 
     def applied(self, step: int) -> None:
