@@ -6,13 +6,13 @@ to an A/A interval.
     python benchmarks/loss_cost.py --model smollm2 --lora --prompts 2 --completion-length 128 --reps 40
     python benchmarks/loss_cost.py --shape qwen2.5-0.5b --lora --bf16 --prompts 2 --completion-length 256   # GPU
 
-Four trainers on the same weights: stock, stock again (the A/A: what the measurement reads where nothing differs),
-ours at the same β with every field at its default, and ours adapting (`VARIANTS`). One micro-batch laid out as
-training lays it out (`testing.batches.grouped_inputs`: prompts repeated over their group, completions of different
-lengths, drifted reference and old log-probabilities) goes through each trainer's `compute_loss` and `backward`, the
-four in turn, the order rotating every repetition, after `--warmup` untimed repetitions. Generation, rewards and the
-optimizer step are left out: they are the host's alone, so they only dilute the ratio (`step_overhead.py` measures the
-whole step).
+Five trainers on the same weights: stock, stock again (the A/A: what the measurement reads where nothing differs),
+ours at the same β with every field at its default, ours adapting β and ours with its own KL term (`VARIANTS`). One
+micro-batch laid out as training lays it out (`testing.batches.grouped_inputs`: prompts repeated over their group,
+completions of different lengths, drifted reference and old log-probabilities) goes through each trainer's
+`compute_loss` and `backward`, the five in turn, the order rotating every repetition, after `--warmup` untimed
+repetitions. Generation, rewards and the optimizer step are left out: they are the host's alone, so they only dilute
+the ratio (`step_overhead.py` measures the whole step).
 
 Time: `time.perf_counter` on a CPU, CUDA events on a GPU, with Python's garbage collector paused in a timed pass and
 collected between repetitions. Each repetition gives the paired ratios ours/stock and stock again/stock; the ratio
@@ -51,11 +51,21 @@ from adaptive_kl.trainers.hooks import set_accumulation_steps
 from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
 
-STOCK, STOCK_AGAIN, OURS, ADAPTING = "stock", "stock, again", "ours (defaults)", "ours (adapting)"
-# Ours at the defaults: the host keeps its own KL term, and the package measures the KL beside it. Adapting: the
-# package's term replaces the host's, through an adaptation that changes nothing (α(t) = γ^(t−1) = 1 at γ = 1), so
-# the row times the adaptive path itself, on the same numbers.
-VARIANTS = {STOCK: None, STOCK_AGAIN: None, OURS: {}, ADAPTING: {"kl_scaling": "exp", "kl_scaling_rate": 1.0}}
+STOCK, STOCK_AGAIN, OURS = "stock", "stock, again", "ours (defaults)"
+ADAPTING, OWN_TERM = "ours (adapting β)", "ours (own term)"
+# Ours at the defaults: the host keeps its own KL term, and the package measures the KL beside it. Adapting β: a
+# schedule that changes nothing (α(t) = γ^(t−1) = 1 at γ = 1), the path of every adaptation that chooses β_t alone (a
+# schedule, `dynamic`, a target-KL controller): the host keeps its own term, at β_t. Own term: the package's term
+# replaces the host's, through a transform that changes nothing (k3 ≥ 0 clipped at 1e30), the path of every
+# adaptation that changes the term (a transform, another estimator, length normalization, the zero-std mask): both
+# rows time an adaptive path itself, on the same numbers as stock's.
+VARIANTS = {
+    STOCK: None,
+    STOCK_AGAIN: None,
+    OURS: {},
+    ADAPTING: {"kl_scaling": "exp", "kl_scaling_rate": 1.0},
+    OWN_TERM: {"kl_adaptation_method": "clip", "kl_clip_threshold": 1e30},
+}
 
 
 def elapsed_clock() -> Callable[[], Callable[[], float]]:
@@ -249,7 +259,7 @@ def summarize(results: dict) -> list[str]:
         "| memory difference (MiB), 95% |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for label in (label for label in (OURS, ADAPTING, STOCK_AGAIN) if label in results):  # the variants measured
+    for label in (label for label in (OURS, ADAPTING, OWN_TERM, STOCK_AGAIN) if label in results):  # those measured
         ratio, low, high, n = ratio_interval(results[label]["time"], stock["time"])
         memory, memory_half, _ = difference_interval(results[label]["memory"], stock["memory"])
         lines.append(

@@ -137,6 +137,13 @@ class RecordingTrainer(AdaptiveKLGRPOTrainer):
         )
         return super()._adapted_kl_term(host_inputs, with_term)
 
+    def _pending_kl_sums(self, captured, inputs, mode, training):  # the host's own term, at β_t
+        log_ratio = captured["policy_logps"][0] - inputs["ref_per_token_logps"]
+        record_kl_sums(
+            self.recorder, self.state.global_step + 1, log_ratio, inputs["completion_mask"], self.args.kl_estimator
+        )
+        return super()._pending_kl_sums(captured, inputs, mode, training)
+
 
 class RecordingRLOOTrainer(AdaptiveKLRLOOTrainer):
     recorder: Recorder

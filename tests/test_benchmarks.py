@@ -57,7 +57,7 @@ def test_loss_cost_reports_ours_and_the_a_a_with_their_intervals(tmp_path):
     text = output.read_text()
     assert "- device: CPU" in text and "4 repetitions after 1" in text
     rows = {name: cells for name, (cells,) in _rows(text).items() if name != "against stock"}
-    assert list(rows) == ["ours (defaults)", "ours (adapting)", "stock, again"]
+    assert list(rows) == ["ours (defaults)", "ours (adapting β)", "ours (own term)", "stock, again"]
     for cells in rows.values():
         assert cells[1] == "4"
         ratio, (low, high) = _positive(cells[2]), map(float, cells[3].split("–"))
@@ -67,9 +67,10 @@ def test_loss_cost_reports_ours_and_the_a_a_with_their_intervals(tmp_path):
 
 def test_at_the_defaults_every_operation_ours_adds_is_the_packages_own(tmp_path):
     """`loss_cost.py --count-ops`: stock and the A/A run the same tensor operations; ours at the defaults runs stock's
-    (the host's loss with its own KL term, untouched) and, beyond them, exactly those the package's code issues (the KL
-    measured beside it). A change that made the host's own computation differ would break the equality. On TRL 1.15 on
-    a CPU every row also runs the package's stand-in for TRL's GPU-only scorer (`trainers/scorer.py`), stock's too."""
+    (the host's loss with its own KL term, untouched) and, beyond them, exactly those the package's code issues (a
+    `detach`: the KL is measured at the log line). A change that made the host's own computation differ would break
+    the equality. On TRL 1.15 on a CPU every row also runs the package's stand-in for TRL's GPU-only scorer
+    (`trainers/scorer.py`), stock's too."""
     output = tmp_path / "ops.md"
     run_python(
         os.path.join(BENCHMARKS, "loss_cost.py"),
@@ -77,13 +78,17 @@ def test_at_the_defaults_every_operation_ours_adds_is_the_packages_own(tmp_path)
         *("--output", str(output)),
     )
     rows = {name: cells for name, (cells,) in _rows(output.read_text()).items()}
-    assert list(rows) == ["stock", "stock, again", "ours (defaults)", "ours (adapting)"]
+    assert list(rows) == ["stock", "stock, again", "ours (defaults)", "ours (adapting β)", "ours (own term)"]
     stock, again, ours = rows["stock"], rows["stock, again"], rows["ours (defaults)"]
     assert again[1:] == stock[1:] and stock[2] == "+0", (stock, again)
     assert all(name.startswith("`trainers/scorer.py:") for name in stock[4].split(", ") if stock[3] != "0"), stock
     assert int(ours[2]) == int(ours[3]) - int(stock[3]) > 0, (ours, stock)
-    assert "`kl/metrics.py:kl_sequence_sums`" in ours[4]  # per micro-batch only the per-sequence sums
+    # per micro-batch only a `detach` of the policy's log-probabilities (the KL is measured at the log line); an
+    # adaptation of β alone runs the same (the host's own term, at β_t)
+    own = [name for name in ours[4].split(", ") if not name.startswith("`trainers/scorer.py:")]  # TRL 1.15: scorer
+    assert own == ["`trainers/grpo.py:_pending_kl_sums` 1"] and rows["ours (adapting β)"][1:5] == ours[1:5], rows
     assert stock[5] == again[5] == "+0" and int(ours[5]) > 0, (stock, again, ours)  # the metrics: at the log line
+    assert "`kl/estimators.py:k3`" in rows["ours (own term)"][4]  # its own term, in the micro-batch
 
 
 def test_the_ratio_interval_is_students_on_the_log_ratios():

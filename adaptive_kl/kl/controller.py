@@ -34,6 +34,11 @@ def step_scale(step: int, scaling: str, rate: float = DEFAULT_KL_SCALING_RATE) -
         raise ValueError(f"kl_scaling must be one of {KL_SCALINGS}, got {scaling!r}.")
     if scaling == "exp" and not (is_finite_number(rate) and 0 < rate <= 1):
         raise ValueError(f"kl_scaling_rate must be a number in (0, 1], got {rate!r}.")
+    return checked_step_scale(step, scaling, rate)
+
+
+def checked_step_scale(step: int, scaling: str, rate: float) -> float:
+    """`step_scale` of a scaling and rate already checked (a `BetaController`'s, every micro-batch)."""
     if scaling == "none" or step <= 1:
         return 1.0
     if scaling == "linear":
@@ -167,7 +172,7 @@ class BetaController:
 
     def scale(self, step: int) -> float:
         """α(t)."""
-        return step_scale(step, self.kl_scaling, self.kl_scaling_rate)
+        return checked_step_scale(step, self.kl_scaling, self.kl_scaling_rate)  # checked at construction
 
     def beta(self, step: int) -> float:
         """β_t = β_base(t)·α(t) for optimizer step `step` (1-based)."""

@@ -67,14 +67,13 @@ def kl_sequence_sums(
     """
     dtype = torch.float32 if raw_kl.device.type == "mps" else torch.float64
     # Every per-token quantity masked by one product in its own dtype (exact: the mask is 0 or 1; the mask row
-    # becomes m² = m), then summed per sequence in float64. This runs on every micro-batch beside the host's loss,
-    # where each tensor operation costs microseconds on a small model: few and whole-batch ones (no graph, rather
-    # than a `detach` of each input).
+    # becomes m² = m), then summed per sequence, accumulated in float64 without a float64 copy. Few and whole-batch
+    # operations (no graph, rather than a `detach` of each input): on a small model each costs microseconds.
     with torch.no_grad():
         clipped = raw_kl > clip_threshold if clip_threshold is not None else torch.zeros_like(mask)
         host = raw_kl if host_kl is None else host_kl
         per_token = torch.stack([mask, raw_kl, adapted_kl, clipped, host])  # (5, B, T)
-        return (per_token * mask).to(dtype).sum(-1)  # (5, B)
+        return (per_token * mask).sum(-1, dtype=dtype)  # (5, B)
 
 
 def statistics_of_sequences(sums: torch.Tensor) -> torch.Tensor:
@@ -84,11 +83,11 @@ def statistics_of_sequences(sums: torch.Tensor) -> torch.Tensor:
     lengths, sequence_kl = sums[0], sums[1]
     # L_i and K̄_i where L_i > 0; where L_i = 0 both are 0 already (every term of the sums was masked)
     x, y = lengths, sequence_kl / lengths.clamp(min=1.0)
-    moments = torch.stack([(lengths > 0).to(sums.dtype), x, y, x * x, y * y, x * y]).sum(-1)
+    # the number of sequences (a sum of ones: exact), then the moments
+    counts = torch.stack([torch.ones_like(x), (lengths > 0).to(sums.dtype), x, y, x * x, y * y, x * y]).sum(-1)
     totals = sums.sum(-1)
-    sequences = totals.new_tensor([float(sums.size(1))])
     # Σ_i Σ_t m·k (seq_kl) is Σ m·k (raw_kl): one sum, both entries.
-    return torch.cat([totals, sequences, totals[1:2], moments])
+    return torch.cat([totals, counts[:1], totals[1:2], counts[1:]])
 
 
 def kl_statistics(
@@ -147,9 +146,12 @@ def kl_metrics(stats: torch.Tensor, *, beta: float, beta_scale: float) -> dict[s
     }
 
 
-def host_kl_mean(stats: torch.Tensor) -> float:
+def host_kl_mean(stats: torch.Tensor) -> float | list[float]:
     """TRL's GRPO `kl` of one micro-batch from its statistics (summed over processes; or only their first five
     entries, the batch's `kl_sequence_sums` summed over its sequences): the token mean of the host's per-token KL,
-    Σ m·k / max(Σ m, 1), which TRL appends once per micro-batch and averages over the logging window."""
+    Σ m·k / max(Σ m, 1), which TRL appends once per micro-batch and averages over the logging window. `stats` of
+    shape `(S, M)`, M micro-batches' side by side: their M means, as a list."""
     host_kl, tokens = stats[[STAT_INDEX["host_kl"], STAT_INDEX["tokens"]]].tolist()
+    if isinstance(host_kl, list):
+        return [value / max(count, 1.0) for value, count in zip(host_kl, tokens)]
     return host_kl / max(tokens, 1.0)

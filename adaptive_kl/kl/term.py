@@ -1,11 +1,13 @@
 """The KL term of one micro-batch: estimate → bias correction → transform → aggregate, and its statistics.
 
-Pure functions of tensors and settings: the trainer calls `kl_term_and_sequence_sums` with the log-probabilities its
-host computed (and turns the sums into statistics when it reads them), and `benchmarks/kl_term.py` times exactly this
-code against a forward pass.
+Pure functions of tensors and settings: the trainer calls `kl_term_and_estimates` with the log-probabilities its host
+computed (and turns the estimates into per-sequence sums, and those into statistics, when it reads them);
+`kl_term_and_sequence_sums` does both at once, and `benchmarks/kl_term.py` times it against a forward pass.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -14,7 +16,26 @@ from .estimators import estimate_and_transform, importance_ratio, masked_log_rat
 from .metrics import kl_sequence_sums, statistics_of_sequences
 
 
-def kl_term_and_sequence_sums(
+class KLEstimates(NamedTuple):
+    """The per-token KL of one micro-batch that its statistics are made of: the keyword arguments of
+    `adaptive_kl.kl.metrics.kl_sequence_sums`."""
+
+    raw_kl: torch.Tensor  # (B, T): k
+    adapted_kl: torch.Tensor  # (B, T): f(k)
+    mask: torch.Tensor  # (B, T)
+    clip_threshold: float | None  # c where the clip transform is active, else None
+    host_kl: torch.Tensor | None  # (B, T): the KL TRL's GRPO loss logs, where it is not k
+
+
+def kl_term_and_sequence_sums(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """`kl_term_and_estimates` (same arguments), with the estimates turned into the per-sequence sums of their
+    statistics (`adaptive_kl.kl.metrics.kl_sequence_sums`): the scalar term (`None` without `with_term`) and the
+    `(5, B)` sums."""
+    term, estimates = kl_term_and_estimates(*args, **kwargs)
+    return term, kl_sequence_sums(**estimates._asdict())
+
+
+def kl_term_and_estimates(
     per_token_logps: torch.Tensor,
     ref_per_token_logps: torch.Tensor,
     mask: torch.Tensor,
@@ -37,9 +58,8 @@ def kl_term_and_sequence_sums(
     importance_log_ratio_clip: float | None = None,
     sequence_mask: torch.Tensor | None = None,
     with_term: bool = True,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Agg(f(k)) for one micro-batch, and the per-sequence sums its statistics are made of
-    (`adaptive_kl.kl.metrics.kl_sequence_sums`).
+) -> tuple[torch.Tensor | None, KLEstimates]:
+    """Agg(f(k)) for one micro-batch, and the per-token estimates its statistics are made of.
 
     Args:
         per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_θ at the sampled tokens, carrying gradient.
@@ -68,8 +88,8 @@ def kl_term_and_sequence_sums(
             the reward): the statistics alone, without the aggregation.
 
     Returns:
-        `tuple[torch.Tensor | None, torch.Tensor]`: the scalar term (differentiable through `per_token_logps`; `None`
-        without `with_term`) and the `(5, B)` per-sequence sums of this process's sequences.
+        `tuple[torch.Tensor | None, KLEstimates]`: the scalar term (differentiable through `per_token_logps`; `None`
+        without `with_term`) and k, f(k) (carrying gradient where the term does) and what else their statistics read.
     """
     log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
     ratio = None
@@ -86,11 +106,9 @@ def kl_term_and_sequence_sums(
             log_ratio.detach(), estimator="k3", log_ratio_clip=log_ratio_clip,
             weight=None if ratio is None else ratio.detach(), bound=kl_bound,
         )  # fmt: skip
-    sums = kl_sequence_sums(
-        kl, adapted, mask, clip_threshold=clip_threshold if transform == "clip" else None, host_kl=host_kl
-    )
+    estimates = KLEstimates(kl, adapted, mask, clip_threshold if transform == "clip" else None, host_kl)
     if not with_term:
-        return None, sums
+        return None, estimates
     kept = adapted
     if sequence_mask is not None:  # `where`, not a product: exactly 0, even for a non-finite f(k)
         kept = torch.where(sequence_mask.to(torch.bool).unsqueeze(-1), adapted, adapted.new_zeros(()))
@@ -106,7 +124,7 @@ def kl_term_and_sequence_sums(
             token_normalizer=token_normalizer,
             sample_weight=sample_weight,
         )
-    return term, sums
+    return term, estimates
 
 
 def adapted_kl_term(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -115,3 +133,16 @@ def adapted_kl_term(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]
     `(len(STAT_NAMES),)`, for this process only (the caller reduces it)."""
     term, sums = kl_term_and_sequence_sums(*args, **kwargs)
     return term, statistics_of_sequences(sums)
+
+
+def measured_sequence_sums(
+    per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, mask: torch.Tensor, **options
+) -> torch.Tensor:
+    """The `(5, B)` per-sequence sums of `kl_term_and_sequence_sums` (same arguments) without its term: the KL measured
+    beside a loss that holds its own KL term, or in the reward. Row-wise, so that batches concatenated along the
+    sequences give their sums concatenated (what a trainer uses to measure many micro-batches in one call). `mask` may
+    be of any dtype (a completion mask as the host keeps it)."""
+    mask = mask.to(per_token_logps.dtype)
+    if options.get("old_per_token_logps") is None:  # on-policy: the bias correction's ratio is exactly 1
+        options["use_bias_correction"] = False
+    return kl_term_and_sequence_sums(per_token_logps, ref_per_token_logps, mask, **options, with_term=False)[1]

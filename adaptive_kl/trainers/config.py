@@ -190,6 +190,20 @@ class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig):
 
     ADAPTATION_SELECTORS = ("kl_scaling", "kl_estimator", "kl_controller", "kl_placement", "kl_mask_zero_std_groups")
 
+    @property
+    def kl_term_is_trls(self) -> bool:
+        """Whether the KL term is TRL's own, β_t·Agg(k3) with TRL's bias correction and aggregation, whatever chooses
+        β_t (a constant, `kl_scaling`, `dynamic`, a target-KL controller): k3, no transform, no length normalization,
+        in the loss, no zero-std mask, no log-ratio clamp. TRL's loss then computes it, at β_t."""
+        return (
+            self.kl_estimator == "k3"
+            and self.kl_transform is None
+            and "length_normalized" not in self.kl_methods
+            and self.kl_placement == "loss"
+            and not self.kl_mask_zero_std_groups
+            and self.kl_log_ratio_clip is None
+        )
+
     def __post_init__(self):
         check_import_order(GRPOConfig, trl.GRPOConfig, "GRPOConfig")
         self._validate_adaptive_kl()

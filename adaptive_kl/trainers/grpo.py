@@ -1,12 +1,13 @@
 """`AdaptiveKLGRPOTrainer`: `trl.GRPOTrainer` with an adaptive KL term.
 
-With every KL field at its default the host computes its own loss, KL term included, bit for bit as stock TRL does
-(`host_kl_term`), and this class only measures the term for `adaptive_kl/*`. Otherwise the host computes its loss with
+Where the KL fields choose β_t only (every field at its default, a schedule, `dynamic`, a target-KL controller), the
+host computes its own loss, KL term included, at β_t, bit for bit as stock TRL does at that β (`host_kl_term`), and
+this class only measures the term for `adaptive_kl/*` and the controllers. Otherwise the host computes its loss with
 β = 0 (the policy term, untouched), and this class adds `β_t · Agg(f(k))` computed from the log-probabilities the
 host already computed for that loss: no copy of the host's loss, no extra forward pass. The KL term's path:
 `compute_loss` (`lifecycle.AdaptiveKLRun`) → `_loss_and_kl_sums` → `hooks.HostHooks.host_loss_scoring` (what the
 host's loss scored) → `_host_kl_inputs` (its aggregation, `hooks.host_loss_settings`) →
-`kl.term.kl_term_and_sequence_sums`. With `kl_placement="reward"` the KL is instead a penalty on each completion's
+`kl.term.kl_term_and_estimates`. With `kl_placement="reward"` the KL is instead a penalty on each completion's
 reward (`_score_kl`), and the loss only measures it.
 
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
@@ -17,6 +18,7 @@ host goes through `adaptive_kl.trainers.hooks`; what both trainers do is `lifecy
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 
 import torch
@@ -25,8 +27,9 @@ from trl import GRPOTrainer
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 from ..kl.groups import zero_std_groups
+from ..kl.metrics import kl_sequence_sums
 from ..kl.placement import group_advantages
-from ..kl.term import kl_term_and_sequence_sums
+from ..kl.term import kl_term_and_estimates, measured_sequence_sums
 from ..metrics.diversity import diversity_metrics
 from .config import AdaptiveKLGRPOConfig
 from .embedding import build_embedder
@@ -46,6 +49,7 @@ from .hooks import (
 )
 from .inputs import check_train_dataset, train_dataset_argument
 from .lifecycle import AdaptiveKLRun, ScoredBatch, local_rows
+from .monitoring import PendingSums
 from .unsloth import (
     UNSLOTH_LOG_RATIO_CLAMP,
     capturing_efficient_grpo,
@@ -60,9 +64,9 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
     """Drop-in replacement for [`~trl.GRPOTrainer`] that takes an [`AdaptiveKLGRPOConfig`].
 
     Every argument is passed to `GRPOTrainer` unchanged, with the same signature (`reward_funcs` may be omitted when
-    an `environment_factory` owns the rewards). With `beta = 0` the trainer is stock TRL; otherwise the KL term of the
-    loss is computed here (identical to TRL's for method `"none"`, estimator `"k3"`) and the `adaptive_kl/*` metrics
-    are logged through `Trainer.log`.
+    an `environment_factory` owns the rewards). With `beta = 0` the trainer is stock TRL. Where the KL fields choose
+    β_t only, TRL's loss computes its own KL term at β_t; otherwise the term is computed here (identical to TRL's where
+    it reduces to it). The `adaptive_kl/*` metrics are logged through `Trainer.log`.
 
     Args:
         diversity_embedder (`Callable[[list[str]], torch.Tensor]`, *optional*, keyword only):
@@ -72,8 +76,8 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
     Attributes:
         beta_controller (`BetaController`): owns β; saved in every checkpoint and restored on resume.
         reference_resets (`ReferenceResets`): when the reference is reset; saved in every checkpoint too.
-        host_kl_term (`bool`): the host's loss keeps its own KL term (every KL field at its default); the package
-            only measures it for `adaptive_kl/*`.
+        host_kl_term (`bool`): the host's loss keeps its own KL term, at β_t (the config's `kl_term_is_trls`, not on
+            Unsloth); the package only measures it for `adaptive_kl/*` and the controllers.
     """
 
     host_class, host_family, config_class = GRPOTrainer, "grpo", AdaptiveKLGRPOConfig
@@ -97,12 +101,11 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         self._unsloth_module = prepare_unsloth_host(GRPOTrainer, args.kl_placement, args.kl_mask_zero_std_groups)
         if self._unsloth_module is not None:
             self.host_log_ratio_clip = UNSLOTH_LOG_RATIO_CLAMP
-        # Nothing of the config changes the host's KL term (β constant, k3 in the loss, no transform, no mask, no
-        # clamp): the host keeps it, so the loss, its gradients and every value TRL logs are stock TRL's, bit for bit.
-        # Not on Unsloth, whose fused loss computes its KL where this class cannot measure it without its own term.
-        self.host_kl_term = (
-            not args.uses_adaptive_kl and args.kl_log_ratio_clip is None and self._unsloth_module is None
-        )
+        # Nothing of the config changes the form of the host's KL term (k3 in the loss, no transform, no mask, no
+        # clamp), only its β_t: the host keeps it, at β_t, so the loss, its gradients and every value TRL logs are
+        # stock TRL's at that β, bit for bit. Not on Unsloth, whose fused loss computes its KL where this class cannot
+        # measure it, and compiles its β as a constant (`trainers.unsloth`).
+        self.host_kl_term = args.kl_term_is_trls and self._unsloth_module is None
 
     @property
     def kl_in_reward(self) -> bool:
@@ -190,10 +193,11 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             metric_store(self, mode)[name].append(value)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if self.args.diversity_metrics:
-            metrics = metric_store(self, "train" if self.model.training else "eval")
-            if metrics.get("entropy"):
-                metrics["diversity/entropy"] = list(metrics["entropy"])  # TRL's, on the panel
+        mode = "train" if self.model.training else "eval"
+        metrics = metric_store(self, mode)
+        self.kl_monitor.write_policy_loss_terms(metrics, mode, self.accelerator.gather)
+        if self.args.diversity_metrics and metrics.get("entropy"):
+            metrics["diversity/entropy"] = list(metrics["entropy"])  # TRL's, on the panel
         super().log(logs, start_time)
 
     # --- the KL term -------------------------------------------------------------------------------------------------
@@ -202,33 +206,58 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         backend_capture = capturing_efficient_grpo if self._unsloth_module is not None else None
         policy_losses = metric_store(self, mode).get("policy_loss")  # TRL's, with its entropy bonus on
         logged = len(policy_losses) if policy_losses is not None else 0
-        with self.host_loss_scoring(backend_capture, host_kl=self.host_kl_term) as captured:
+        with self.host_loss_scoring(backend_capture, beta=beta if self.host_kl_term else 0.0) as captured:
             loss = self.host_compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if "ref_per_token_logps" not in inputs:  # `_scores_reference`: β_t = 0, the term adds exactly 0
             return loss, None
-        measured_only = self.host_kl_term or self.kl_in_reward
-        host_inputs = self._host_kl_inputs(
-            captured, inputs, mode, training=torch.is_grad_enabled() and mode == "train", aggregated=not measured_only
-        )
-        if measured_only:
-            # The host's own term is in the loss, or the KL is in the advantages: measured here, without a graph, for
-            # the metrics and controllers only (in the reward, without the loss's importance ratio).
-            if self.kl_in_reward:
-                host_inputs["use_bias_correction"] = False
+        training = torch.is_grad_enabled() and mode == "train"
+        if self.host_kl_term:  # the host's own term, at β_t, is in the loss: the KL is measured for the metrics
+            pending = self._pending_kl_sums(captured, inputs, mode, training)
+            return loss, pending.sums() if self.reads_step_kl else pending
+        host_inputs = self._host_kl_inputs(captured, inputs, mode, training, aggregated=not self.kl_in_reward)
+        if self.kl_in_reward:
+            # The KL is in the advantages: measured here, without a graph, for the metrics and controllers only (in
+            # the reward, without the loss's importance ratio)
+            host_inputs["use_bias_correction"] = False
             with torch.no_grad():
                 _, sums = self._adapted_kl_term(host_inputs, with_term=False)
             return loss, sums
         kl_term, sums = self._adapted_kl_term(host_inputs)
+        weighted = beta * kl_term
         policy_losses = metric_store(self, mode).get("policy_loss")
         if policy_losses is not None and len(policy_losses) > logged:
             # TRL's `policy_loss` is its loss before the entropy bonus, KL term included; the host's ran without it
-            policy_losses[-1] += self.accelerator.gather((beta * kl_term).detach()).nanmean().item()
-        return loss + beta * kl_term, sums  # Unsloth's backward ignores its incoming gradient: add, never scale
+            self.kl_monitor.record_policy_loss_term(mode, len(policy_losses) - 1, weighted.detach())
+        return loss + weighted, sums  # Unsloth's backward ignores its incoming gradient: add, never scale
 
-    def _adapted_kl_term(self, host_inputs: dict, with_term: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _adapted_kl_term(
+        self, host_inputs: dict, with_term: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | PendingSums]:
         """Agg(f(k)) of one micro-batch from the host's inputs (`_host_kl_inputs`) and the config's estimate and
-        transform (`None` without `with_term`), and the `(5, B)` per-sequence sums of its statistics."""
-        return kl_term_and_sequence_sums(**host_inputs, **self.kl_options, with_term=with_term)
+        transform (`None` without `with_term`), and the per-sequence sums of its statistics: `(5, B)` where a step
+        reads them, else `PendingSums`, made at the log line."""
+        term, estimates = kl_term_and_estimates(**host_inputs, **self.kl_options, with_term=with_term)
+        if self.reads_step_kl:
+            return term, kl_sequence_sums(**estimates._asdict())
+        return term, PendingSums.of_estimates(estimates)
+
+    def _pending_kl_sums(self, captured: dict, inputs: dict, mode: str, training: bool) -> PendingSums:
+        """The KL of the host's own term, to be measured (`kl.term.measured_sequence_sums`): what `_host_kl_inputs`
+        would give the term, less the aggregation. A step that reads it measures it at once, else the log line."""
+        tensors = dict(
+            per_token_logps=self.captured_policy_logps(captured, training).detach(),
+            ref_per_token_logps=inputs["ref_per_token_logps"],
+            mask=completion_loss_mask(inputs),
+        )
+        if self.args.use_bias_correction_kl and inputs.get("old_per_token_logps") is not None:
+            tensors["old_per_token_logps"] = inputs["old_per_token_logps"]  # on-policy, the ratio is exactly 1
+        level = host_loss_settings(self, mode).importance_sampling_level  # read per micro-batch, as the host does
+        settings = (*self._kl_transform_settings, ("importance_sampling_level", level))
+        return PendingSums(measured_sequence_sums, tensors, settings)
+
+    @functools.cached_property
+    def _kl_transform_settings(self) -> tuple:
+        return (*self.kl_transform_options.items(), ("use_bias_correction", self.args.use_bias_correction_kl))
 
     def _host_kl_inputs(
         self, captured: dict, inputs: dict, mode: str, training: bool, aggregated: bool = True

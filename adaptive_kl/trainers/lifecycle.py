@@ -12,7 +12,8 @@ generation batch:
    the rewards and replaces the host's advantages (`_penalize`). The result is one `ScoredBatch`, kept per mode in
    `scored_batches` for the steps it serves.
 4. Each micro-batch (`compute_loss`): the trainer's `_loss_and_kl_sums` (the host's loss, plus the KL term
-   where the KL is in the loss) and the per-sequence sums of the KL's statistics, which `kl_monitor` keeps.
+   where the KL is in the loss) and the per-sequence sums of the KL's statistics, or, where no step reads them, what
+   they are made of (`monitoring.PendingSums`, measured at the log line), which `kl_monitor` keeps.
 5. The optimizer step's last micro-batch (`_end_of_step`): the controller's update from the step's KL statistics (read
    only where a controller or a reset reads the KL) or
    the scored batch's mean reward or zero-std fraction, and the KL-triggered reference reset's decision.
@@ -34,7 +35,7 @@ import torch
 
 from ..kl.controller import BetaController
 from ..kl.groups import zero_std_group_fraction
-from ..kl.metrics import STAT_NAMES, host_kl_mean
+from ..kl.metrics import STAT_NAMES
 from ..kl.placement import sequence_kl_penalty, total_rewards, zero_penalty
 from .hooks import (
     HostScoring,
@@ -48,7 +49,7 @@ from .hooks import (
     replace_logged_advantages,
     resolve_args,
 )
-from .monitoring import KLMonitor
+from .monitoring import KLMonitor, PendingSums
 from .reference import (
     ReferenceResets,
     apply_reference_reset,
@@ -142,7 +143,7 @@ class AdaptiveKLRun:
         self.run_warnings = RunWarnings(is_main_process=self.accelerator.is_main_process)
         main = self.accelerator.is_main_process
         self.zero_beta = ZeroBetaReference(args, self.beta_controller, main, released=loads_no_reference)
-        self.kl_monitor = KLMonitor()
+        self.kl_monitor = KLMonitor(reads_steps=self.reads_step_kl)
         self.scored_batches: dict[str, ScoredBatch] = {}
         self.add_callback(AdaptiveKLStateCallback(self.beta_controller, resets=self.reference_resets))
 
@@ -287,8 +288,6 @@ class AdaptiveKLRun:
         if self.logs_host_kl and len(metrics.get("kl", ())) > host_logged:
             # The host's loss ran with β = 0: a `kl` it logged then (Unsloth's logs 0) is not the KL
             del metrics["kl"][host_logged:]
-        if sums is not None and self.logs_host_kl:  # as TRL logs it: each micro-batch's token mean, then averaged
-            metrics["kl"].append(host_kl_mean(self.sum_over_processes(sums.sum(-1))))
         self.kl_monitor.record(sums, mode, beta, scale)
         if mode == "train" and self.accelerator.sync_gradients:  # its last micro-batch: β changes for the next step
             self._end_of_step(step)
@@ -301,7 +300,9 @@ class AdaptiveKLRun:
         if self.kl_in_reward and mode in self.scored_batches:
             batch = self.scored_batches[mode]
             return batch.beta, batch.scale
-        return self.beta_controller.beta(step), self.beta_controller.scale(step)
+        controller = self.beta_controller
+        scale = controller.scale(step)
+        return controller.base_beta(step) * scale, scale  # `controller.beta(step)`, α computed once
 
     def host_compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The host's own `compute_loss`, with the β the host holds (what `_loss_and_kl_sums` builds on)."""
@@ -309,11 +310,18 @@ class AdaptiveKLRun:
 
     def _loss_and_kl_sums(
         self, model, inputs, return_outputs, num_items_in_batch, mode: str, beta: float
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | PendingSums | None]:
         """The micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and the `(5, B)`
-        per-sequence sums of the KL's statistics (`kl.metrics.kl_sequence_sums`, this process's sequences); None when
-        the batch was scored without the reference."""
+        per-sequence sums of the KL's statistics (`kl.metrics.kl_sequence_sums`, this process's sequences), or, where
+        no step reads them (`reads_step_kl`), `PendingSums` that make them at the log line; None when the batch was
+        scored without the reference."""
         raise NotImplementedError
+
+    @property
+    def reads_step_kl(self) -> bool:
+        """Whether each optimizer step reads its KL statistics: the controller (a target KL) or the KL-triggered
+        reference resets. Otherwise they are only logged, and a micro-batch's sums can wait for the log line."""
+        return self.beta_controller.reads_kl or self.reference_resets.reads_kl
 
     def sum_over_processes(self, values: torch.Tensor) -> torch.Tensor:
         """`values` summed over the processes (a collective: every process calls it); on one process, `values`
@@ -326,15 +334,17 @@ class AdaptiveKLRun:
         """After the last micro-batch of optimizer step `step`: the controller's update from the step's statistics
         (or the scored batch's mean reward, or its fraction of zero-std groups, for `dynamic`), the warning when it
         could not update, and the KL-triggered reference reset's decision."""
-        reads_kl = self.beta_controller.reads_kl or self.reference_resets.reads_kl
-        stats = self.kl_monitor.end_step(self.sum_over_processes if reads_kl else None)
+        controller = self.beta_controller
+        if not (controller.has_training_state or self.reference_resets.enabled):
+            controller.update(step)  # β is a function of the step: the update only records it (checkpoints save it)
+            return
+        stats = self.kl_monitor.end_step(self.sum_over_processes if self.reads_step_kl else None)
         sums = dict(zip(STAT_NAMES, stats.tolist())) if stats is not None else dict.fromkeys(STAT_NAMES, 0.0)
         tokens = sums["tokens"]
         mean_kl = sums["raw_kl"] / tokens if tokens > 0 else math.nan  # NaN too where nothing reads it
         scored = self.scored_batches.get("train")
         mean_reward = scored.mean_reward if scored is not None else math.nan
         zero_std_fraction = scored.zero_std_fraction if scored is not None else math.nan
-        controller = self.beta_controller
         skipped = controller.num_skipped_updates
         saturation = controller.dynamic and controller.dynamic_trigger == "saturation"
         if saturation:
@@ -366,7 +376,8 @@ class AdaptiveKLRun:
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
         metrics = metric_store(self, mode)
-        if self.kl_monitor.write_metrics(metrics, mode, self.sum_over_processes) and mode == "train":
+        written = self.kl_monitor.write_metrics(metrics, mode, self.sum_over_processes, host_kl=self.logs_host_kl)
+        if written and mode == "train":
             controller, resets = self.beta_controller, self.reference_resets
             if controller.has_training_state:
                 metrics["adaptive_kl/skipped_updates"] = [float(controller.num_skipped_updates)]

@@ -1,6 +1,6 @@
 """The package's KL term reproduces TRL's: same loss and parameter gradients, for every loss type TRL offers, through
-an adaptation that changes nothing (`IDENTITY`: α(t) = 1), so that the package's term replaces TRL's. (With every
-field at its default the host keeps its own term, bit for bit: `test_stock_bitwise.py`.)
+an adaptation that changes nothing (`IDENTITY`: k3 clipped at 1e30), so that the package's term replaces TRL's. (Where
+only β_t adapts the host keeps its own term, at β_t, bit for bit: `test_stock_bitwise.py`.)
 
 TRL adds β·k inside its per-token loss and aggregates once; we aggregate the term separately and add it. The two
 summation orders differ by rounding, which cancellation in a gradient (many rows of opposite sign) amplifies: in
@@ -30,7 +30,9 @@ from adaptive_kl.trainers.scorer import Float64LogProbFunction
 
 
 BETA = 0.3
-IDENTITY = dict(kl_scaling="exp", kl_scaling_rate=1.0)  # the package's term, TRL's value
+# The package's term (a transform: TRL has none), TRL's value: k3 ≥ 0 is never clipped at 1e30, and the clamp passes
+# its gradient where it does not clip
+IDENTITY = dict(kl_adaptation_method="clip", kl_clip_threshold=1e30)
 # TRL refuses these pairings at init; every other (loss_type, level) pair is offered.
 REQUIRED_LEVEL = {"luspo": "sequence", "vespo": "token"}
 CASES = [
@@ -157,28 +159,37 @@ def test_the_opt_in_clamp_changes_the_far_tokens_only(tiny_model_dir):
     assert torch.equal(losses[None][1], losses[20.0][1])
 
 
+def logged_line(trainer) -> dict:
+    """What the next log line writes (`Trainer.log`): TRL averages its metric lists of the micro-batches since the
+    last line; our trainer completes them first (the `kl` and `policy_loss` its host's loss did not log)."""
+    trainer.log({})
+    return trainer.state.log_history[-1]
+
+
 def test_logged_kl_is_trls_under_accumulation_with_unequal_lengths(trainers):
     """TRL logs `kl` once per micro-batch (its token mean) and the log line averages those: two micro-batches of one
-    optimizer step with 14 and 4 completion tokens give the same logged values with our trainer as with stock, and
-    their mean is not the token-weighted mean over the step."""
+    optimizer step with 14 and 4 completion tokens give the same logged value with our trainer as with stock, and
+    it is the mean of the two micro-batches' means, not the token-weighted mean over the step."""
     stock, ours = trainers
     configure(trainers, "grpo", "token", True)
     first = fabricated_inputs(stock, seed=3)
     second = fabricated_inputs(stock, seed=4)
     second["completion_mask"] = torch.zeros_like(second["completion_mask"])
     second["completion_mask"][:, 0] = 1  # one token each: 4 against the first's 14
+    ours.kl_monitor.start_run()  # nothing of the earlier tests' micro-batches
     logged = {}
     for trainer in trainers:
-        store = metric_store(trainer, "train")
-        store["kl"].clear()
+        metric_store(trainer, "train").clear()
         for inputs in (first, second):
             loss_and_grads(trainer, inputs)
-        logged[trainer] = list(store["kl"])
-    assert len(logged[stock]) == len(logged[ours]) == 2
+        if trainer is stock:
+            micro_batches = list(metric_store(stock, "train")["kl"])
+        logged[trainer] = logged_line(trainer)["kl"]
+    assert len(micro_batches) == 2 and logged[stock] == pytest.approx(sum(micro_batches) / 2, rel=1e-12)
     assert logged[ours] == pytest.approx(logged[stock], rel=RTOL)
     tokens = [float(inputs["completion_mask"].sum()) for inputs in (first, second)]
-    weighted = sum(kl * n for kl, n in zip(logged[stock], tokens)) / sum(tokens)
-    assert abs(sum(logged[stock]) / 2 - weighted) > 1e-3 * abs(weighted)  # the two means differ here
+    weighted = sum(kl * n for kl, n in zip(micro_batches, tokens)) / sum(tokens)
+    assert abs(logged[stock] - weighted) > 1e-3 * abs(weighted)  # the two means differ here
 
 
 @pytest.mark.skipif(
@@ -200,12 +211,11 @@ def test_policy_loss_keeps_trls_meaning_when_our_term_replaces_its(tiny_model_di
         inputs = fabricated_inputs(pair[0], seed=6)
         logged = []
         for trainer in pair:
-            metric_store(trainer, "train").clear()
             loss_and_grads(trainer, inputs)
-            logged.append(metric_store(trainer, "train")["policy_loss"][-1])
+            logged.append(logged_line(trainer)["policy_loss"])
         stock = pair[0]
         stock.beta = 0.0
         loss_and_grads(stock, inputs)
-        without_kl = metric_store(stock, "train")["policy_loss"][-1]
+        without_kl = logged_line(stock)["policy_loss"]
     assert logged[1] == pytest.approx(logged[0], rel=RTOL)
     assert abs(logged[0] - without_kl) > 1e-3 * abs(logged[0])

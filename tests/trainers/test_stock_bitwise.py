@@ -99,3 +99,35 @@ def test_the_defaults_measure_the_kl_without_touching_the_loss(trainers):
         assert trl_kl is None and "adaptive_kl/raw_kl" not in metrics
         return
     assert metrics["adaptive_kl/raw_kl"][0] == pytest.approx(trl_kl[0], rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def beta_adapting(tiny_model_dir):
+    """Ours with `kl_scaling="sqrt"` (β_t = β/√t) at optimizer step 4, and stock at that β, 0.02."""
+    entropy = {"entropy_coef": 0.01} if HAS_ENTROPY_BONUS else {}
+    stock = make_trainer(GRPOTrainer, GRPOConfig, tiny_model_dir, beta=0.04, bf16=False, **entropy)
+    ours = make_trainer(
+        AdaptiveKLGRPOTrainer,
+        AdaptiveKLGRPOConfig,
+        tiny_model_dir,
+        beta=0.04,
+        bf16=False,
+        kl_scaling="sqrt",
+        **entropy,
+    )
+    ours.state.global_step = 3  # the optimizer step in progress is the 4th
+    stock.beta = ours.beta_controller.beta(4)
+    return stock, ours
+
+
+@pytest.mark.parametrize("loss_type,level,bias", CASES)
+def test_an_adaptation_of_beta_alone_is_stock_at_that_beta_bit_for_bit(beta_adapting, loss_type, level, bias):
+    """Where the KL fields choose β_t only (here a schedule; a controller or `dynamic` alike), the host keeps its own
+    term at β_t: the loss, gradients and logged values are stock's at that β, bit for bit, not only to float
+    precision as the package's own term would give (`test_parity.py`)."""
+    stock, ours = beta_adapting
+    assert ours.host_kl_term and stock.beta == 0.02
+    configure(beta_adapting, loss_type, level, bias)
+    for trainer in beta_adapting:
+        logged(trainer)
+    assert_bitwise(stock, ours, far_from_the_reference(fabricated_inputs(stock, seed=7)))

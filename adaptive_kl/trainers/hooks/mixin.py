@@ -64,8 +64,9 @@ class HostHooks:
     methods offer, and may change with a supported TRL release. Subclass the trainers' public API instead.
 
     Policy scoring: inside `host_loss_scoring()`, every `_get_per_token_logps_and_entropies` result of the host's loss
-    is recorded, the loss running with β = 0 (its KL term left to the trainer) or, with `host_kl=True`, as the host's
-    own; `captured_policy_logps` checks that there was exactly one and that it carries a gradient in training.
+    is recorded, the loss running with β = 0 (its KL term left to the trainer) or with the trainer's β_t (the host's
+    own term, at that β); `captured_policy_logps` checks that there was exactly one and that it carries a gradient in
+    training.
 
     A subclass names its model-card tag in its bases: `class MyTrainer(HostHooks, GRPOTrainer, hub_tag="my-tag")`.
     """
@@ -168,20 +169,23 @@ class HostHooks:
             self.beta = beta
 
     @contextmanager
-    def host_loss_scoring(self, backend_capture=None, *, host_kl: bool = False):
+    def host_loss_scoring(self, backend_capture=None, *, beta: float = 0.0):
         """Runs the host's loss and yields what it computed: `{"policy_logps": [...]}`, every policy scoring of the
-        loss. The host's β is 0 inside (its loss without its KL term, which the trainer adds), or, with `host_kl`, its
-        own (the loss is the host's, KL term included). `backend_capture`, a context manager taking that dict (a
-        backend whose loss scores the policy its own way passes one: Unsloth's records its efficient loss's arguments
-        under `"efficient_grpo"`), is entered around the loss too."""
+        loss. The host's β is `beta` inside: 0 (its loss without its KL term, which the trainer adds) or the package's
+        β_t (the host's own KL term, at that β). `backend_capture`, a context manager taking that dict (a backend whose
+        loss scores the policy its own way passes one: Unsloth's records its efficient loss's arguments under
+        `"efficient_grpo"`), is entered around the loss too."""
         capture = {"policy_logps": []}
-        self._policy_scorings = capture["policy_logps"]
+        self._policy_scorings, host_beta = capture["policy_logps"], self.beta
+        self.beta = beta
         try:
-            with nullcontext() if host_kl else self._host_beta_zero():
-                with backend_capture(capture) if backend_capture else nullcontext():
+            if backend_capture is None:  # one context, not nested ones: this runs once per micro-batch
+                yield capture
+            else:
+                with backend_capture(capture):
                     yield capture
         finally:
-            self._policy_scorings = None
+            self._policy_scorings, self.beta = None, host_beta
 
     def captured_policy_logps(self, capture: dict, training: bool) -> torch.Tensor:
         """The `(B, T)` policy log-probabilities of the host's loss, checked.
