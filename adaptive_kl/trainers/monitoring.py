@@ -197,8 +197,10 @@ class KLMonitor:
             return
         places, values = zip(*terms)
         averaged = gather(torch.stack(values)).view(-1, len(values)).nanmean(0).tolist()  # (processes, M) → M
+        policy_losses = metrics.get("policy_loss", [])
         for place, value in zip(places, averaged):
-            metrics["policy_loss"][place] += value
+            if place < len(policy_losses):  # else TRL's metric store was cleared by hand since: nothing to complete
+                policy_losses[place] += value
 
     def note_zero_std_fraction(self, fraction: float) -> None:
         """The fraction of zero-std groups a saturation-triggered β read at an optimizer step, for the next log."""
