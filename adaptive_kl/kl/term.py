@@ -85,7 +85,7 @@ def kl_term_and_estimates(
             unmasked one with those rows zeroed, not a mean over the kept rows, which would raise the effective β of
             the kept ones by however many rows a batch masks. The statistics still cover every sequence.
         with_term (`bool`): `False` where the KL is only measured (the host's own term is in the loss, or the KL is in
-            the reward): the statistics alone, without the aggregation.
+            the reward): the estimates alone, without the aggregation.
 
     Returns:
         `tuple[torch.Tensor | None, KLEstimates]`: the scalar term (differentiable through `per_token_logps`; `None`
