@@ -176,7 +176,12 @@ class BetaController:
 
     def beta(self, step: int) -> float:
         """β_t = β_base(t)·α(t) for optimizer step `step` (1-based)."""
-        return self.base_beta(step) * self.scale(step)
+        return self.beta_and_scale(step)[0]
+
+    def beta_and_scale(self, step: int) -> tuple[float, float]:
+        """`(β_t, α(t))` for optimizer step `step`, α computed once (a trainer asks for both every micro-batch)."""
+        scale = self.scale(step)
+        return self.base_beta(step) * scale, scale
 
     def is_zero_from(self, step: int) -> bool:
         """Whether β_t is exactly 0 for optimizer step `step` and every later step, whatever statistics the later

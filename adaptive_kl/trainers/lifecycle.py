@@ -300,9 +300,7 @@ class AdaptiveKLRun:
         if self.kl_in_reward and mode in self.scored_batches:
             batch = self.scored_batches[mode]
             return batch.beta, batch.scale
-        controller = self.beta_controller
-        scale = controller.scale(step)
-        return controller.base_beta(step) * scale, scale  # `controller.beta(step)`, α computed once
+        return self.beta_controller.beta_and_scale(step)
 
     def host_compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The host's own `compute_loss`, with the β the host holds (what `_loss_and_kl_sums` builds on)."""
