@@ -29,6 +29,7 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +45,11 @@ from adaptive_kl.demo.sweep import (  # noqa: E402
 )
 from adaptive_kl.demo.sweep import finished as finished_directory  # noqa: E402
 from adaptive_kl.demo.sweep import recorded_command as sweep_command  # noqa: E402
+
+
+if TYPE_CHECKING:
+    from adaptive_kl.demo.frontier import Frontier
+    from adaptive_kl.demo.runner import VariantRun
 
 
 STUDIES_DIR = os.path.join(
@@ -255,6 +261,7 @@ STUDIES = {
         },
         "args": LENGTH_ARGS,
         "seeds": "0,1,2,3,4",
+        "setting": "The format reward, 128 tokens (`frontier`)",  # a panel's title beside another frontier
     },
     # The second frontier (issue 69): where reward keeps rising with drift, does any method buy more reward than a
     # constant β at the same drift? The β study's setting (its command: the full reward, format + correct sum, 0 to 2;
@@ -299,6 +306,8 @@ STUDIES = {
         },
         "args": BETA_ARGS,
         "seeds": "0,1,2,3,4",
+        "setting": "Format + correct sum, 64 tokens (`frontier_sum`)",
+        "beside": "frontier",  # its summary also draws both frontiers side by side (issue 69)
     },
 }  # fmt: skip
 DEFAULT_SEEDS = "0,1,2"
@@ -382,27 +391,15 @@ def recorded_command(run: Run, out: str, studies: dict) -> str:
 def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None) -> str | None:
     """Rewrites `<out>/<name>/summary.md`, `metrics.csv` and plots from the study's finished runs; returns the
     summary's path (None when no run is finished yet)."""
-    from adaptive_kl.demo.frontier import Frontier, write_frontier_report
+    from adaptive_kl.demo.frontier import write_frontier_report, write_frontiers_plot
     from adaptive_kl.demo.report import PairedEndpoint, write_report
-    from adaptive_kl.demo.run_files import load_runs
     from adaptive_kl.metrics.environment import environment_lines
 
     variants = [", ".join(v.split()) for v in studies[name]["variants"]]  # as `compare --variant` names them
-    found = [
-        run
-        for run in planned_runs(
-            studies, [name], sorted(set(study_seeds(studies, name, seeds)) | found_seeds(name, out, studies))
-        )
-        if finished(source_run(run, studies), out)
-    ]
-    found.sort(key=lambda run: (studies[name]["variants"].index(run.variant), run.seed))  # baseline variant first
-    runs, counts, wall_time, provenances = [], {}, 0.0, []
-    for run in found:
-        (trained,) = load_runs(os.path.join(REPOSITORY, source_run(run, studies).directory(out)))
-        # Named and seeded as `compare --seed` names its runs, so the report groups the seeds of a variant.
-        label = ", ".join(run.variant.split())
-        trained.name, trained.config = f"{label}, seed={run.seed}", {**trained.config, "seed": run.seed}
-        runs.append(trained)
+    found, runs = finished_runs(name, out, studies, seeds)
+    counts, wall_time, provenances = {}, 0.0, []
+    for trained in runs:
+        label = trained.name.rsplit(", seed=", 1)[0]
         counts[label] = counts.get(label, 0) + 1
         wall_time += trained.wall_time
         provenances.append(trained.provenance)
@@ -444,18 +441,65 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
     ]
     directory = os.path.join(REPOSITORY, out, name)
     title = f"Real-model study: {name}"
+    frontier = study_frontier(name, studies)
+    if frontier is None:
+        return write_report(runs, directory, title, notes, endpoints, with_activity=True)["summary"]
+    summary = write_frontier_report(runs, directory, title, notes, frontier, endpoints, plot=FRONTIER_PLOT)["summary"]
+    beside = studies[name].get("beside")
+    if beside is not None:  # this study's frontier beside another's, in one picture
+        panels = [
+            (finished_runs(study, out, studies)[1], study_frontier(study, studies), studies[study]["setting"])
+            for study in (beside, name)
+        ]
+        if write_frontiers_plot(panels, os.path.join(directory, FRONTIERS_PLOT)):
+            with open(summary, "a") as f:
+                f.write(
+                    f"\n## Both frontiers\n\nThe `{beside}` study's frontier (left) and this one's (right), each "
+                    f"drawn as above:\n\n![Both frontiers]({FRONTIERS_PLOT})\n"
+                )
+    return summary
+
+
+def finished_runs(
+    name: str, out: str, studies: dict, seeds: list[int] | None = None
+) -> tuple[list[Run], list[VariantRun]]:
+    """The study's finished runs (a reused one from the study that made it), baseline variant first, and each loaded,
+    named and seeded as `compare --seed` names its runs (so a report groups the seeds of a variant)."""
+    from adaptive_kl.demo.run_files import load_runs
+
+    found = [
+        run
+        for run in planned_runs(
+            studies, [name], sorted(set(study_seeds(studies, name, seeds)) | found_seeds(name, out, studies))
+        )
+        if finished(source_run(run, studies), out)
+    ]
+    found.sort(key=lambda run: (studies[name]["variants"].index(run.variant), run.seed))
+    runs = []
+    for run in found:
+        (trained,) = load_runs(os.path.join(REPOSITORY, source_run(run, studies).directory(out)))
+        label = ", ".join(run.variant.split())
+        trained.name, trained.config = f"{label}, seed={run.seed}", {**trained.config, "seed": run.seed}
+        runs.append(trained)
+    return found, runs
+
+
+def study_frontier(name: str, studies: dict) -> Frontier | None:
+    """The study's stated frontier (its line's variants named as `compare --variant` names them); None without."""
+    from adaptive_kl.demo.frontier import Frontier
+
     stated = studies[name].get("frontier")
     if stated is None:
-        return write_report(runs, directory, title, notes, endpoints, with_activity=True)["summary"]
-    frontier = Frontier(**{
+        return None
+    return Frontier(**{
         **stated,
-        "line": tuple(", ".join(variant.split()) for variant in stated["line"]),  # as `compare --variant` names them
+        "line": tuple(", ".join(variant.split()) for variant in stated["line"]),
         "secondary": tuple(stated.get("secondary", ())),
     })  # fmt: skip
-    return write_frontier_report(runs, directory, title, notes, frontier, endpoints, plot=FRONTIER_PLOT)["summary"]
 
 
 FRONTIER_PLOT = "frontier.png"
+FRONTIERS_PLOT = "frontiers.png"  # a study with `beside`: its frontier and the other's
 # Studies begun after `runs.json` recorded provenance: every run they make themselves (not reused) must have it.
 RECORDED_STUDIES = ("frontier",)
 

@@ -727,11 +727,15 @@ def _point(group: list[VariantRun], key: str) -> tuple[float, float]:
 
 
 def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -> str | None:
-    """Writes the frontier's picture to `path`: x against y, constant β as a line through its points' seed means
-    (each with 95% bars on both axes and labelled with its β), each method a marker of its own with its bars, and a
-    legend below. x is on a log scale when every drawn value is positive (the drifts span decades); a bar reaching 0
-    or below stops at the axis' left edge, and a y bar at the ends of `frontier.y_range`. Returns `path`, or None
-    without matplotlib or without a point to draw."""
+    """Writes the frontier's picture to `path` (`draw_frontier`, titled as the frontier and its methods). Returns
+    `path`, or None without matplotlib or without a point to draw."""
+    return write_frontiers_plot([(runs, frontier, "Constant β's frontier and the methods")], path)
+
+
+def write_frontiers_plot(panels: list[tuple[list[VariantRun], Frontier, str]], path: str) -> str | None:
+    """Writes several frontiers side by side to `path`, one panel each `(runs, frontier, title)` (`draw_frontier`),
+    each with its legend below it: the same picture as `write_frontier_plot` for each setting. Returns `path`, or None
+    without matplotlib or without a point to draw in some panel."""
     try:
         import matplotlib
     except ImportError:
@@ -740,6 +744,23 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 5.5), squeeze=False)
+    legends = [draw_frontier(ax, runs, frontier, title) for ax, (runs, frontier, title) in zip(axes[0], panels)]
+    if None in legends:
+        plt.close(fig)
+        return None
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight", bbox_extra_artists=legends)
+    plt.close(fig)
+    return path
+
+
+def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str):
+    """Draws the frontier on the matplotlib axes `ax`: x against y, constant β as a line through its points' seed
+    means (each with 95% bars on both axes and labelled with its β), each method a marker of its own with its bars,
+    and a legend below. x is on a log scale when every drawn value is positive (the drifts span decades); a bar
+    reaching 0 or below stops at the axis' left edge, and a y bar at the ends of `frontier.y_range`. Returns the
+    legend, or None without a point to draw."""
     groups = seed_groups(runs)
     line = [
         (beta_of(variant), _point(groups[variant], frontier.x), _point(groups[variant], frontier.y))
@@ -772,7 +793,6 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
     def yerr(y: float, half_width: float) -> list[list[float]]:
         return [[length] for length in bar(y, half_width, *frontier.y_range)]
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
     starts = [seed_line.start for seed_line in line_by_seed(runs, frontier, with_start=True).values()]
     start_y = mean_interval([start[frontier.y] for start in starts if start]) if frontier.start_steps else None
     if line:
@@ -802,7 +822,7 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
         ax.set_xlim(left=left / 1.25)  # the start's marker, drawn at `left`, whole
     ax.set_xlabel(f"{x_header}{' (log scale)' if logarithmic else ''}")
     ax.set_ylabel(y_header)
-    ax.set_title("Constant β's frontier and the methods (means over seeds ± 95% half-widths)", fontsize=10)
+    ax.set_title(f"{title} (means over seeds ± 95% half-widths)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.grid(alpha=0.1, which="minor")
     handles, labels = ax.get_legend_handles_labels()
@@ -810,7 +830,7 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
     last = [i for i, label in enumerate(labels) if label in (LINE_LABEL, START_LABEL)]
     order = [i for i in range(len(labels)) if i not in last] + last
     handles, labels = [handles[i] for i in order], [labels[i] for i in order]
-    legend = ax.legend(
+    return ax.legend(
         handles,
         [textwrap.fill(label, 95, subsequent_indent="  ") for label in labels],
         title=f"methods (each {', '.join(shared)}, with):" if shared else None,
@@ -820,7 +840,3 @@ def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -
         bbox_to_anchor=(0.5, -0.12),
         frameon=False,
     )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight", bbox_extra_artists=[legend])
-    plt.close(fig)
-    return path

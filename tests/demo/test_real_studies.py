@@ -280,6 +280,38 @@ def test_a_frontier_study_summary_reads_its_methods_against_the_line_and_lists_i
     assert "## Constant β's frontier" not in open(script.summarize("front", out, plain)).read()
 
 
+def png_width(path: str) -> int:
+    with open(path, "rb") as f:
+        header = f.read(24)
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(header[16:20], "big")  # IHDR's width
+
+
+def test_a_study_beside_another_draws_both_frontiers_side_by_side(script, tmp_path):
+    pytest.importorskip("matplotlib")
+    from test_frontier import fake
+
+    out = str(tmp_path / "studies")
+    studies = {
+        "front": {**FRONTIER["front"], "setting": "the first setting"},
+        "second": {**FRONTIER["front"], "setting": "the second setting", "beside": "front"},
+    }
+    points = {"beta=0": (1.0, 1.0), "beta=0.1": (0.2, 0.6), "beta=0.1 kl_adaptation_method=clip": (0.6, 0.9)}
+    for run in script.planned_runs(studies, ["front", "second"]):
+        kl, reward = points[run.variant]
+        directory = os.path.join(script.REPOSITORY, run.directory(out))
+        os.makedirs(directory)
+        save_runs([fake(run.variant, run.seed, kl, reward + 0.01 * run.seed)], directory)
+    first = open(script.summarize("front", out, studies)).read()
+    second = open(script.summarize("second", out, studies)).read()
+    assert "## Both frontiers" not in first and not os.path.exists(os.path.join(out, "front", script.FRONTIERS_PLOT))
+    assert "The `front` study's frontier (left) and this one's (right)" in second
+    assert f"![Both frontiers]({script.FRONTIERS_PLOT})" in second
+    # Two panels, each as wide as the study's own picture.
+    single = png_width(os.path.join(out, "second", script.FRONTIER_PLOT))
+    assert png_width(os.path.join(out, "second", script.FRONTIERS_PLOT)) > 1.8 * single
+
+
 def test_every_committed_runs_provenance_is_the_command_the_runner_gives_it(script):
     """Each committed run that recorded its provenance recorded the command `execute` builds for it (the study's
     arguments, its variant, seed and directory, with checkpointing) and its seed; every run the frontier study makes
