@@ -1,8 +1,9 @@
-"""Builds the studies page's two frontier tables from the frontier study's committed summary
-(docs/studies/real/frontier/summary.md), so that the page holds the summary's numbers and nothing else: constant β's
-points (the table to choose a β from) and each method against the frontier (the primary endpoint).
+"""Builds the studies page's frontier tables from the committed summaries of the frontier study
+(docs/studies/real/frontier/summary.md) and the second frontier (docs/studies/real/frontier_sum/summary.md), so that
+the page holds the summaries' numbers and nothing else: for each, constant β's points (the table to choose a β from)
+and each method against the frontier (the primary endpoint).
 
-    python scripts/frontier_table.py            # prints both tables
+    python scripts/frontier_table.py            # prints the four tables
     python scripts/frontier_table.py --write    # replaces them on docs/studies/README.md in place
 
 tests/test_docs.py checks that the page's tables are the ones this script builds.
@@ -20,6 +21,7 @@ from methods_table import LABELS, REPOSITORY, read_tables, replace_table, table_
 
 
 SUMMARY = os.path.join("docs", "studies", "real", "frontier", "summary.md")
+SUM_SUMMARY = os.path.join("docs", "studies", "real", "frontier_sum", "summary.md")
 PAGE = os.path.join("docs", "studies", "README.md")
 # The page's name of each method the frontier study reads, keyed by the summary's variant label: the methods study's,
 # and the frontier study's own arms.
@@ -81,13 +83,85 @@ def methods_table(summary: str) -> list[str]:
     return lines
 
 
+# The second frontier (issue 69): the full reward, format + correct sum. Its tables name their setting in the first
+# column, so that each header is the page's only one; a seed's outcome can be all or nothing (learned the sum or
+# not), so both tables say on how many seeds each arm learned it.
+SUM_METHOD_LABELS = {
+    "beta=0.2, kl_adaptation_method=clip": "`kl_adaptation_method=clip`",
+    "beta=0.2, kl_scaling=log": "`kl_scaling=log`",
+    "beta=0.2, kl_adaptation_method=dynamic, dynamic_beta_decay=0.9, beta_min=0, reward_threshold=0.8": (
+        "`dynamic` (decay 0.9, `beta_min=0`, `reward_threshold=0.8`)"
+    ),
+    "beta=0.2, kl_controller=stepwise, target_kl=0.184, beta_max=0.2": "`kl_controller=stepwise`, target_kl 0.184, "
+    "`beta_max=0.2` (bounded)",
+    "beta=0.2, kl_adaptation_method=sigmoid": "`kl_adaptation_method=sigmoid`",
+}
+SUM_LINE_HEADER = (
+    "| β (format + correct sum) | seeds | held-out KL to start (final) | reward (last quarter) "
+    "| validation accuracy (final) | seeds that learned the sum (95%, exact) |"
+)
+SUM_METHODS_HEADER = (
+    "| method (format + correct sum; β = 0.2 at the start) | seeds | held-out KL to start | reward (last quarter) "
+    "| D: reward above the frontier | Holm-adjusted p | detectable at 80% power | D against the monotone envelope "
+    "| seeds read outside the line | seeds that learned the sum (95%, exact) | reading |"
+)
+
+
+def learned(tables: dict, variant: str) -> str:
+    """`k of n [low, high]`: the seeds of `variant` that learned the sum, from the summary's table of them."""
+    row = table_after(tables, "Stated before the runs: a run learned")[variant]
+    return f"{row['seeds that learned']} {row['95% interval (exact)']}"
+
+
+def sum_line_table(summary: str) -> list[str]:
+    """The second frontier's constant-β points, with the validation accuracy (the reward's strict reading of the
+    greedy answers; not the format-free one, which the reused β-study runs measured with the earlier reader) and the
+    seeds that learned the sum; the start's row has neither (nothing trained)."""
+    tables = read_tables(summary)
+    rows = table_after(tables, "Constant β's points")
+    means = table_after(tables, "Means over seeds")
+    keep = ("seeds", "held-out KL to start (final)", "reward (last quarter)")
+    lines = [SUM_LINE_HEADER, "|" + "---|" * (SUM_LINE_HEADER.count("|") - 1)]
+    for beta, row in rows.items():
+        trained = ["—", "—"] if beta == "start" else [
+            means[f"beta={beta}"]["val. accuracy (final)"], learned(tables, f"beta={beta}")
+        ]  # fmt: skip
+        lines.append("| " + " | ".join([beta, *(row[name] for name in keep), *trained]) + " |")
+    return lines
+
+
+def sum_methods_table(summary: str) -> list[str]:
+    """The second frontier's methods against it (D, with Holm across them), named as the page names them."""
+    tables = read_tables(summary)
+    rows = table_after(tables, "Stated before the runs: for each method")
+    unnamed = [method for method in rows if method not in SUM_METHOD_LABELS]
+    if unnamed:
+        raise ValueError(f"the summary has methods with no name on the page: {unnamed}; add them to SUM_METHOD_LABELS")
+    keep = (
+        "seeds", "held-out KL to start (final)", "reward (last quarter)", "D: above the frontier", "Holm-adjusted p",
+        "detectable at 80% power", "D against the monotone envelope", "seeds read outside the line",
+    )  # fmt: skip
+    lines = [SUM_METHODS_HEADER, "|" + "---|" * (SUM_METHODS_HEADER.count("|") - 1)]
+    for method, row in rows.items():
+        cells = [SUM_METHOD_LABELS[method], *(row[name] for name in keep), learned(tables, method), row["reading"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def built_tables() -> list[list[str]]:
+    """The page's four frontier tables, from the committed summaries."""
+    with open(os.path.join(REPOSITORY, SUMMARY)) as f:
+        summary = f.read()
+    with open(os.path.join(REPOSITORY, SUM_SUMMARY)) as f:
+        sum_summary = f.read()
+    return [line_table(summary), methods_table(summary), sum_line_table(sum_summary), sum_methods_table(sum_summary)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"replace the tables on {PAGE} instead of printing them")
     args = parser.parse_args(argv)
-    with open(os.path.join(REPOSITORY, SUMMARY)) as f:
-        summary = f.read()
-    tables = [line_table(summary), methods_table(summary)]
+    tables = built_tables()
     if not args.write:
         print("\n\n".join("\n".join(table) for table in tables))
         return 0

@@ -242,7 +242,7 @@ def test_the_frontier_tables_are_built_from_the_committed_summary():
     spec.loader.exec_module(script)
     summary = open(os.path.join(ROOT, script.SUMMARY)).read()
     page = open(os.path.join(ROOT, script.PAGE)).read()
-    for built in (script.line_table(summary), script.methods_table(summary)):
+    for built in script.built_tables():
         assert script.replace_table(page, built) == page, (
             "the page's frontier tables are stale: python scripts/frontier_table.py --write"
         )
@@ -250,6 +250,12 @@ def test_the_frontier_tables_are_built_from_the_committed_summary():
     unnamed = summary.replace("kl_adaptation_method=sigmoid |", "kl_adaptation_method=sigmoid, tau=0.2 |")
     with pytest.raises(ValueError, match="no name on the page"):
         script.methods_table(unnamed)
+    # The second frontier's: the start and its six constant β, each with the seeds that learned the sum.
+    sum_summary = open(os.path.join(ROOT, script.SUM_SUMMARY)).read()
+    line = script.sum_line_table(sum_summary)
+    betas = [row.split(" | ")[0].removeprefix("| ") for row in line[2:]]
+    assert betas == ["start", "0", "0.01", "0.02", "0.04", "0.1", "0.2"]
+    assert all(" of " in row.split(" | ")[-1] for row in line[3:])
 
 
 def toy_study_tables() -> str:
