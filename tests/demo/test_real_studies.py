@@ -431,3 +431,19 @@ def test_the_bounded_controllers_arms_are_new_commands_at_the_stated_horizon(scr
     assert (config.kl_controller, config.kl_horizon, config.beta_max, config.max_steps) == ("adaptive", 35, 0.2, 100)
     assert adaptive_horizon_for(config.max_steps, sequences) == 35
     assert not [w for w in caught if "kl_horizon" in str(w.message)]
+
+
+def test_a_study_that_summarizes_its_own_seeds_leaves_out_runs_made_there_for_another(script, tmp_path):
+    from test_frontier import fake
+
+    out = str(tmp_path / "studies")
+    study = {"front": {**FRONTIER["front"], "seeds": "0,1"}}
+    for run in script.planned_runs(study, ["front"], [0, 1, 2]):  # seed 2: made for a study that reuses it
+        directory = os.path.join(script.REPOSITORY, run.directory(out))
+        os.makedirs(directory)
+        save_runs([fake(run.variant, run.seed, 0.5, 0.5)], directory)
+    counted = "Seeds so far: beta=0: {n}; beta=0.1: {n}; beta=0.1, kl_adaptation_method=clip: {n}."
+    assert counted.format(n=3) in open(script.summarize("front", out, study)).read()
+    own = {"front": {**study["front"], "summarizes_own_seeds_only": True}}
+    assert counted.format(n=2) in open(script.summarize("front", out, own)).read()
+    assert [run.seed for run in script.finished_runs("front", out, own)[0]] == [0, 1, 0, 1, 0, 1]
