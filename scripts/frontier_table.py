@@ -47,6 +47,14 @@ METHODS_HEADER = (
 )
 
 
+def check_named(rows: dict, labels: dict, where: str) -> None:
+    """Refuses a summary whose methods the page has no name for (in `labels`, the constant `where`), rather than
+    leaving them out."""
+    unnamed = [method for method in rows if method not in labels]
+    if unnamed:
+        raise ValueError(f"the summary has methods with no name on the page: {unnamed}; add them to {where}")
+
+
 def line_table(summary: str) -> list[str]:
     """Constant β's points, as the summary gives them."""
     rows = table_after(read_tables(summary), "Constant β's points")
@@ -70,9 +78,7 @@ def methods_table(summary: str) -> list[str]:
         "detectable at 80% power", "D against the monotone envelope", "mirror: drift beyond the frontier's",
         "reading",
     )  # fmt: skip
-    unnamed = [method for method in rows if method not in METHOD_LABELS]
-    if unnamed:
-        raise ValueError(f"the summary has methods with no name on the page: {unnamed}; add them to METHOD_LABELS")
+    check_named(rows, METHOD_LABELS, "METHOD_LABELS")
     lines = [METHODS_HEADER, "|" + "---|" * (METHODS_HEADER.count("|") - 1)]
     outside = "seeds read outside the line"
     for method, row in rows.items():
@@ -107,10 +113,10 @@ SUM_METHODS_HEADER = (
 )
 
 
-def learned(tables: dict, variant: str) -> str:
-    """`k of n [low, high]`: the seeds of `variant` that learned the sum, from the summary's table of them."""
-    row = table_after(tables, "Stated before the runs: a run learned")[variant]
-    return f"{row['seeds that learned']} {row['95% interval (exact)']}"
+def learned_counts(tables: dict) -> dict[str, str]:
+    """Per variant, `k of n [low, high]`: its seeds that learned the sum, from the summary's table of them."""
+    rows = table_after(tables, "Stated before the runs: a run learned")
+    return {variant: f"{row['seeds that learned']} {row['95% interval (exact)']}" for variant, row in rows.items()}
 
 
 def sum_line_table(summary: str) -> list[str]:
@@ -119,12 +125,12 @@ def sum_line_table(summary: str) -> list[str]:
     seeds that learned the sum; the start's row has neither (nothing trained)."""
     tables = read_tables(summary)
     rows = table_after(tables, "Constant β's points")
-    means = table_after(tables, "Means over seeds")
+    means, learned = table_after(tables, "Means over seeds"), learned_counts(tables)
     keep = ("seeds", "held-out KL to start (final)", "reward (last quarter)")
     lines = [SUM_LINE_HEADER, "|" + "---|" * (SUM_LINE_HEADER.count("|") - 1)]
     for beta, row in rows.items():
         trained = ["—", "—"] if beta == "start" else [
-            means[f"beta={beta}"]["val. accuracy (final)"], learned(tables, f"beta={beta}")
+            means[f"beta={beta}"]["val. accuracy (final)"], learned[f"beta={beta}"]
         ]  # fmt: skip
         lines.append("| " + " | ".join([beta, *(row[name] for name in keep), *trained]) + " |")
     return lines
@@ -134,16 +140,15 @@ def sum_methods_table(summary: str) -> list[str]:
     """The second frontier's methods against it (D, with Holm across them), named as the page names them."""
     tables = read_tables(summary)
     rows = table_after(tables, "Stated before the runs: for each method")
-    unnamed = [method for method in rows if method not in SUM_METHOD_LABELS]
-    if unnamed:
-        raise ValueError(f"the summary has methods with no name on the page: {unnamed}; add them to SUM_METHOD_LABELS")
+    check_named(rows, SUM_METHOD_LABELS, "SUM_METHOD_LABELS")
     keep = (
         "seeds", "held-out KL to start (final)", "reward (last quarter)", "D: above the frontier", "Holm-adjusted p",
         "detectable at 80% power", "D against the monotone envelope", "seeds read outside the line",
     )  # fmt: skip
+    learned = learned_counts(tables)
     lines = [SUM_METHODS_HEADER, "|" + "---|" * (SUM_METHODS_HEADER.count("|") - 1)]
     for method, row in rows.items():
-        cells = [SUM_METHOD_LABELS[method], *(row[name] for name in keep), learned(tables, method), row["reading"]]
+        cells = [SUM_METHOD_LABELS[method], *(row[name] for name in keep), learned[method], row["reading"]]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

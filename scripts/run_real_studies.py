@@ -451,8 +451,8 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
     beside = studies[name].get("beside")
     if beside is not None:  # this study's frontier beside another's, in one picture
         panels = [
-            (finished_runs(study, out, studies)[1], study_frontier(study, studies), studies[study]["setting"])
-            for study in (beside, name)
+            (finished_runs(beside, out, studies)[1], study_frontier(beside, studies), studies[beside]["setting"]),
+            (runs, frontier, studies[name]["setting"]),
         ]
         if write_frontiers_plot(panels, os.path.join(directory, FRONTIERS_PLOT)):
             with open(summary, "a") as f:

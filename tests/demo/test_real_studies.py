@@ -280,15 +280,10 @@ def test_a_frontier_study_summary_reads_its_methods_against_the_line_and_lists_i
     assert "## Constant β's frontier" not in open(script.summarize("front", out, plain)).read()
 
 
-def png_width(path: str) -> int:
-    with open(path, "rb") as f:
-        header = f.read(24)
-    assert header[:8] == b"\x89PNG\r\n\x1a\n"
-    return int.from_bytes(header[16:20], "big")  # IHDR's width
-
-
 def test_a_study_beside_another_draws_both_frontiers_side_by_side(script, tmp_path):
     pytest.importorskip("matplotlib")
+    import matplotlib.image
+    from test_demo import check_png
     from test_frontier import fake
 
     out = str(tmp_path / "studies")
@@ -308,8 +303,10 @@ def test_a_study_beside_another_draws_both_frontiers_side_by_side(script, tmp_pa
     assert "The `front` study's frontier (left) and this one's (right)" in second
     assert f"![Both frontiers]({script.FRONTIERS_PLOT})" in second
     # Two panels, each as wide as the study's own picture.
-    single = png_width(os.path.join(out, "second", script.FRONTIER_PLOT))
-    assert png_width(os.path.join(out, "second", script.FRONTIERS_PLOT)) > 1.8 * single
+    single, both = (os.path.join(out, "second", plot) for plot in (script.FRONTIER_PLOT, script.FRONTIERS_PLOT))
+    check_png(single)
+    check_png(both)
+    assert matplotlib.image.imread(both).shape[1] > 1.8 * matplotlib.image.imread(single).shape[1]
 
 
 def test_every_committed_runs_provenance_is_the_command_the_runner_gives_it(script):
