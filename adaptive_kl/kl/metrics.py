@@ -48,6 +48,7 @@ def kl_sequence_sums(
     *,
     clip_threshold: float | None = None,
     host_kl: torch.Tensor | None = None,
+    zero_outside_mask: bool = False,
 ) -> torch.Tensor:
     """The per-sequence sums of one batch that every statistic is made of (float64, detached): what a trainer keeps of
     each micro-batch, to be turned into statistics (`statistics_of_sequences`) only when they are read.
@@ -60,6 +61,9 @@ def kl_sequence_sums(
         host_kl (`torch.Tensor` of shape `(B, T)`, *optional*): the per-token KL TRL's GRPO loss logs as `kl` (k3, and
             bias-corrected like its loss), when it differs from `raw_kl`; `None`: `raw_kl` (a host that logs its own
             KL, as RLOO does, reads nothing from this entry).
+        zero_outside_mask (`bool`): `raw_kl`, `adapted_kl` and `host_kl` are already 0 wherever `mask` is 0 (the
+            package's estimates are: `kl.term.kl_term_and_estimates`), and `clip_threshold` is not negative, so every
+            per-token quantity is its masked value and the mask's product is skipped: the same sums to the bit.
 
     Returns:
         `torch.Tensor` of shape `(5, B)`: per sequence, Σ_t m, Σ_t m·k, Σ_t m·f(k), Σ_t m·[k > c] and Σ_t m·k_host
@@ -67,13 +71,13 @@ def kl_sequence_sums(
     """
     dtype = torch.float32 if raw_kl.device.type == "mps" else torch.float64
     # Every per-token quantity masked by one product in its own dtype (exact: the mask is 0 or 1; the mask row
-    # becomes m² = m), then summed per sequence, accumulated in float64 without a float64 copy. Few and whole-batch
+    # becomes m² = m), none where they are masked already, then summed per sequence, accumulated in float64 without a float64 copy. Few and whole-batch
     # operations (no graph, rather than a `detach` of each input): on a small model each costs microseconds.
     with torch.no_grad():
         clipped = raw_kl > clip_threshold if clip_threshold is not None else torch.zeros_like(mask)
         host = raw_kl if host_kl is None else host_kl
         per_token = torch.stack([mask, raw_kl, adapted_kl, clipped, host])  # (5, B, T)
-        return (per_token * mask).sum(-1, dtype=dtype)  # (5, B)
+        return (per_token if zero_outside_mask else per_token * mask).sum(-1, dtype=dtype)  # (5, B)
 
 
 def statistics_of_sequences(sums: torch.Tensor) -> torch.Tensor:

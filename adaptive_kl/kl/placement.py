@@ -183,4 +183,4 @@ def penalty_sequence_sums(
             clip_threshold=clip_threshold, target=target, log_ratio_clip=log_ratio_clip,
         )  # fmt: skip
         clipped_at = clip_threshold if transform == "clip" else None
-        return kl_sequence_sums(kl, adapted, mask, clip_threshold=clipped_at)
+        return kl_sequence_sums(kl, adapted, mask, clip_threshold=clipped_at, zero_outside_mask=True)

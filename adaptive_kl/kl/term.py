@@ -26,13 +26,18 @@ class KLEstimates(NamedTuple):
     clip_threshold: float | None  # c where the clip transform is active, else None
     host_kl: torch.Tensor | None  # (B, T): the KL TRL's GRPO loss logs, where it is not k
 
+    def sequence_sums(self) -> torch.Tensor:
+        """The `(5, B)` per-sequence sums of their statistics (`kl_sequence_sums`). Estimates of a masked log-ratio
+        are 0 outside the mask already, so the sums skip the mask's product."""
+        return kl_sequence_sums(**self._asdict(), zero_outside_mask=True)
+
 
 def kl_term_and_sequence_sums(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
     """`kl_term_and_estimates` (same arguments), with the estimates turned into the per-sequence sums of their
     statistics (`adaptive_kl.kl.metrics.kl_sequence_sums`): the scalar term (`None` without `with_term`) and the
     `(5, B)` sums."""
     term, estimates = kl_term_and_estimates(*args, **kwargs)
-    return term, kl_sequence_sums(**estimates._asdict())
+    return term, estimates.sequence_sums()
 
 
 def kl_term_and_estimates(
@@ -123,6 +128,7 @@ def kl_term_and_estimates(
             max_completion_length=max_completion_length,
             token_normalizer=token_normalizer,
             sample_weight=sample_weight,
+            zero_outside_mask=True,  # every estimate and transform maps the masked log-ratio's 0 to 0
         )
     return term, estimates
 

@@ -27,7 +27,6 @@ from trl import GRPOTrainer
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 from ..kl.groups import zero_std_groups
-from ..kl.metrics import kl_sequence_sums
 from ..kl.placement import group_advantages
 from ..kl.term import kl_term_and_estimates, measured_sequence_sums
 from ..metrics.diversity import diversity_metrics
@@ -238,7 +237,7 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         reads them, else `PendingSums`, made at the log line."""
         term, estimates = kl_term_and_estimates(**host_inputs, **self.kl_options, with_term=with_term)
         if self.reads_step_kl:
-            return term, kl_sequence_sums(**estimates._asdict())
+            return term, estimates.sequence_sums()
         return term, PendingSums.of_estimates(estimates)
 
     def _pending_kl_sums(self, captured: dict, inputs: dict, mode: str, training: bool) -> PendingSums:

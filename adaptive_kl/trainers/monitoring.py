@@ -70,7 +70,8 @@ class PendingSums(NamedTuple):
         tensors = dict(raw_kl=estimates.raw_kl.detach(), adapted_kl=estimates.adapted_kl.detach(), mask=estimates.mask)
         if estimates.host_kl is not None:
             tensors["host_kl"] = estimates.host_kl.detach()
-        return cls(kl_sequence_sums, tensors, (("clip_threshold", estimates.clip_threshold),))
+        settings = (("clip_threshold", estimates.clip_threshold), ("zero_outside_mask", True))  # `sequence_sums`'s
+        return cls(kl_sequence_sums, tensors, settings)
 
     def sums(self) -> torch.Tensor:
         """The `(5, B)` sums, now."""

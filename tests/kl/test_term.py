@@ -92,3 +92,83 @@ def test_clip_length_normalized_is_mean_of_sequence_means_whatever_the_loss_type
     assert term.item() == pytest.approx(expected.item(), rel=1e-12)
     k3 = torch.expm1(ref - logps) + (logps - ref)
     assert stats[STAT_INDEX["clipped"]].item() == ((k3 > c) * mask).sum().item() > 0
+
+
+# The skipped products by the mask (`zero_outside_mask`): the term, its gradient and the per-sequence sums are those
+# of the product's arithmetic to the bit, with garbage where the mask is 0 (finite log-probabilities far from the
+# reference's, and a reference of −inf), in float32 where rounding would show.
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(estimator="k3", transform="clip", clip_threshold=0.05, use_bias_correction=True),
+        dict(estimator="k3+", transform="sigmoid", target=0.02, use_bias_correction=True),
+        dict(estimator="k1", kl_bound=0.1, use_bias_correction=True, importance_sampling_level="sequence"),
+        dict(estimator="k2", length_normalized=True),
+    ],
+    ids=["k3-clip-ratio", "k3+-sigmoid-ratio", "k1-bound-sequence-ratio", "k2-length-normalized"],
+)
+def test_masked_estimates_skip_the_mask_product_bit_for_bit(loss_type, options):
+    from adaptive_kl.kl.aggregation import aggregate_like_host, length_normalized_mean
+    from adaptive_kl.kl.metrics import kl_sequence_sums
+    from adaptive_kl.kl.term import kl_term_and_estimates
+
+    g = torch.Generator().manual_seed(7)
+    logps = -2 + 0.5 * torch.randn(6, 9, generator=g)
+    ref = logps + 0.3 * torch.randn(6, 9, generator=g)
+    old = logps + 0.1 * torch.randn(6, 9, generator=g)
+    mask = (torch.rand(6, 9, generator=g) > 0.3).float()
+    mask[0] = 0.0  # a sequence with no token
+    outside = mask == 0
+    logps[outside] = 40 * torch.randn(int(outside.sum()), generator=g)
+    ref[outside & (torch.rand(6, 9, generator=g) > 0.5)] = -torch.inf
+    keep = torch.tensor([True, True, False, True, True, False])
+    settings = dict(
+        loss_type=loss_type, max_completion_length=9, token_normalizer=torch.tensor(37.0), accumulation_steps=3.0
+    )
+
+    leaf = logps.clone().requires_grad_()
+    term, estimates = kl_term_and_estimates(
+        leaf, ref, mask, old_per_token_logps=old, sequence_mask=keep, **settings, **options
+    )
+    (grad,) = torch.autograd.grad(term, leaf)
+
+    # The product's arithmetic, on the same f(k): what the term was before it skipped the product
+    expected_leaf = logps.clone().requires_grad_()
+    _, expected_estimates = kl_term_and_estimates(
+        expected_leaf, ref, mask, old_per_token_logps=old, with_term=False, **options
+    )
+    kept = torch.where(keep.unsqueeze(-1), expected_estimates.adapted_kl, 0.0)
+    if options.get("length_normalized"):
+        expected = length_normalized_mean(kept, mask, accumulation_steps=3.0)
+    else:
+        expected = aggregate_like_host(kept, mask, **settings)
+    (expected_grad,) = torch.autograd.grad(expected, expected_leaf)
+    assert torch.isfinite(term) and torch.isfinite(grad).all()
+    assert torch.equal(term, expected) and torch.equal(grad, expected_grad)
+    sums = kl_sequence_sums(**estimates._asdict())  # with the product
+    assert torch.isfinite(sums).all() and torch.equal(estimates.sequence_sums(), sums)
+    # What the flag assumes matters: values that are not 0 outside the mask give other sums without the product
+    garbage = estimates.raw_kl.detach() + outside.float()
+    assert not torch.equal(
+        kl_sequence_sums(garbage, garbage, mask, zero_outside_mask=True), kl_sequence_sums(garbage, garbage, mask)
+    )
+    assert not torch.equal(
+        aggregate_like_host(garbage, mask, zero_outside_mask=True, **settings),
+        aggregate_like_host(garbage, mask, **settings),
+    )
+
+
+@pytest.mark.parametrize(
+    ("processes", "accumulation", "per_generation"), [(1, 1, 1), (1, 1, None), (2, 3, 4), (3, 2, 2), (1, 4, 4)]
+)
+def test_token_sum_normalizer_is_trls_bit_for_bit(processes, accumulation, per_generation):
+    """What TRL 1.15/1.16's `_compute_loss` divides the token sum by (dapo, cispo, vespo), in its order of operations;
+    the arithmetic by 1 that `token_sum_normalizer` skips changes no bit."""
+    from adaptive_kl.kl.aggregation import token_sum_normalizer
+
+    items = torch.tensor([0.0, 1.0, 37.0, 1234567.0, 16777215.0])
+    trls = items.clamp(min=1.0) / processes
+    if per_generation:
+        trls = trls * accumulation / per_generation
+    assert torch.equal(token_sum_normalizer(items, processes, accumulation, per_generation), trls)

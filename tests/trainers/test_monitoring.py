@@ -93,7 +93,9 @@ def test_micro_batches_scored_without_the_reference_are_counted_not_summed():
 
 
 def pending(raw: torch.Tensor, mask: torch.Tensor) -> PendingSums:
-    """A micro-batch recorded as its estimates, to be measured at the log line (as the trainer records one)."""
+    """A micro-batch recorded as its estimates, to be measured at the log line (as the trainer records one: the
+    estimates of a masked log-ratio, 0 where the mask is)."""
+    raw = raw * mask
     estimates = KLEstimates(raw, raw.clamp(max=1.0), mask, 1.0, None)
     return PendingSums.of_estimates(estimates)
 
