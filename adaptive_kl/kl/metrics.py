@@ -71,8 +71,9 @@ def kl_sequence_sums(
     """
     dtype = torch.float32 if raw_kl.device.type == "mps" else torch.float64
     # Every per-token quantity masked by one product in its own dtype (exact: the mask is 0 or 1; the mask row
-    # becomes m² = m), none where they are masked already, then summed per sequence, accumulated in float64 without a float64 copy. Few and whole-batch
-    # operations (no graph, rather than a `detach` of each input): on a small model each costs microseconds.
+    # becomes m² = m; none where they are masked already), then summed per sequence, accumulated in float64 without a
+    # float64 copy. Few and whole-batch operations (no graph, rather than a `detach` of each input): on a small model
+    # each costs microseconds.
     with torch.no_grad():
         clipped = raw_kl > clip_threshold if clip_threshold is not None else torch.zeros_like(mask)
         host = raw_kl if host_kl is None else host_kl
