@@ -98,6 +98,12 @@ def forward_and_backward(trainer, inputs: dict) -> None:
     trainer.compute_loss(trainer.model, inputs).backward()
 
 
+def forward_only(trainer, inputs: dict) -> None:
+    """The loss of one micro-batch without its backward (`--forward-only`): with the whole pass's ratio, it tells
+    whether a cost is in the forward or the backward."""
+    trainer.compute_loss(trainer.model, inputs)
+
+
 def timed_pass(trainer, inputs: dict, clock, run=forward_and_backward) -> float:
     """One `run(trainer, inputs)` (a loss forward and backward), timed: its seconds."""
     trainer.model.zero_grad(set_to_none=True)
@@ -285,6 +291,12 @@ def parse_args(argv):
     parser.add_argument(
         "--count-ops", action="store_true", help="count each variant's tensor operations of one pass instead of timing"
     )
+    parser.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="time the loss forward alone (no backward; the log line as set by --log-every): beside a run of the "
+        "whole pass, where a cost lies",
+    )
     parser.set_defaults(warmup=3)
     opts = parser.parse_args(argv)
     for option, value in (("--reps", opts.reps), ("--memory-reps", opts.memory_reps)):
@@ -317,9 +329,13 @@ def main(argv=None):
         counts = count_operations(trainers, inputs)
         report("loss_cost.py", argv, [settings, *notes], operations_table(counts), opts.output)
         return
-    results = measure(trainers, inputs, opts.reps, opts.warmup, memory_reps=opts.memory_reps, log_every=opts.log_every)
+    run = forward_only if opts.forward_only else forward_and_backward
+    results = measure(
+        trainers, inputs, opts.reps, opts.warmup, run, memory_reps=opts.memory_reps, log_every=opts.log_every
+    )
     settings += (
-        f"loss forward and backward, a log line after every {opts.log_every} (in the times), "
+        f"loss {'forward alone' if opts.forward_only else 'forward and backward'}, a log line after every "
+        f"{opts.log_every} (in the times), "
         f"{opts.reps} repetitions after {opts.warmup}, variants in rotating order, "
         f"the garbage collector paused in a timed pass; peak memory over {opts.memory_reps} more repetitions; "
         f"{'CUDA events' if torch.cuda.is_available() else 'perf_counter'}, torch threads {opts.threads}"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 
 import pytest
+import torch
 from tiny import run_python
 
 
@@ -65,6 +67,33 @@ def test_loss_cost_reports_ours_and_the_a_a_with_their_intervals(tmp_path):
         assert re.fullmatch(r"[+-]\d+\.\d ± \d+\.\d", cells[7]), cells[7]
 
 
+def test_loss_cost_forward_only_times_the_loss_without_its_backward(tmp_path):
+    """`--forward-only`: the pass is the trainer's loss alone (no gradient reaches the model); the report says so."""
+    sys.path.insert(0, BENCHMARKS)
+    from loss_cost import forward_and_backward, forward_only
+
+    class Trainer:  # what the two passes call: `compute_loss(model, inputs)`
+        model = torch.nn.Linear(2, 1)
+
+        def compute_loss(self, model, inputs):
+            return model(inputs["x"]).sum()
+
+    trainer, inputs = Trainer(), {"x": torch.ones(3, 2)}
+    forward_only(trainer, inputs)
+    assert trainer.model.weight.grad is None
+    forward_and_backward(trainer, inputs)
+    assert torch.equal(trainer.model.weight.grad, torch.full((1, 2), 3.0))
+
+    output = tmp_path / "forward.md"
+    run_python(
+        os.path.join(BENCHMARKS, "loss_cost.py"),
+        *("--forward-only", "--reps", "2", "--warmup", "1", "--memory-reps", "2", "--prompts", "2"),
+        *("--num-generations", "4", "--completion-length", "6", "--output", str(output)),
+    )
+    text = output.read_text()
+    assert "loss forward alone, a log line after every 10" in text and "2 repetitions after 1" in text
+
+
 def test_at_the_defaults_every_operation_ours_adds_is_the_packages_own(tmp_path):
     """`loss_cost.py --count-ops`: stock and the A/A run the same tensor operations; ours at the defaults runs stock's
     (the host's loss with its own KL term, untouched) and, beyond them, exactly those the package's code issues (a
@@ -95,7 +124,6 @@ def test_the_ratio_interval_is_students_on_the_log_ratios():
     """Paired ratios 1.1, 1.0 and 0.9 over 3 repetitions: the geometric mean, and exp(mean ± t_{0.975,2}·s/√3) of
     their logs."""
     import statistics
-    import sys
 
     sys.path.insert(0, BENCHMARKS)
     from loss_cost import ratio_interval
