@@ -50,14 +50,15 @@ def token_sum_normalizer(
     return normalizer * accumulation_steps / steps_per_generation
 
 
-def sequence_sums(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ_t m_it·x_it, shape `(B,)`."""
-    return (values * mask).sum(-1)
+def sequence_sums(values: torch.Tensor, mask: torch.Tensor, zero_outside_mask: bool = False) -> torch.Tensor:
+    """Σ_t m_it·x_it, shape `(B,)` (`zero_outside_mask`: `values` are 0 where `mask` is: summed as they are)."""
+    return (values if zero_outside_mask else values * mask).sum(-1)
 
 
-def sequence_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ_t m_it·x_it / max(L_i, 1), shape `(B,)`. Fully masked rows contribute 0."""
-    return sequence_sums(values, mask) / token_counts(mask, -1).clamp(min=1.0)
+def sequence_means(values: torch.Tensor, mask: torch.Tensor, zero_outside_mask: bool = False) -> torch.Tensor:
+    """Σ_t m_it·x_it / max(L_i, 1), shape `(B,)`. Fully masked rows contribute 0. `zero_outside_mask`: as for
+    `sequence_sums`."""
+    return sequence_sums(values, mask, zero_outside_mask) / token_counts(mask, -1).clamp(min=1.0)
 
 
 def aggregate_like_host(
@@ -101,7 +102,7 @@ def aggregate_like_host(
     | luspo | mean_i(Σ_t m·x) / accumulation_steps |
     | any, with `sample_weight` w | Σ m·x·w_i / token_normalizer |
     """
-    masked = values if zero_outside_mask else values * mask  # (B, T): m·x
+    masked = values if zero_outside_mask else values * mask  # (B, T): m·x, 0 outside the mask
     if sample_weight is not None:
         return (masked * sample_weight.to(values.dtype).unsqueeze(-1)).sum() / token_normalizer
     if loss_type in TOKEN_SUM_LOSS_TYPES:
@@ -109,7 +110,7 @@ def aggregate_like_host(
             raise ValueError(f"loss_type={loss_type!r} needs token_normalizer.")
         return masked.sum() / token_normalizer
     if loss_type in SEQUENCE_MEAN_LOSS_TYPES:
-        term = (masked.sum(-1) / token_counts(mask, -1).clamp(min=1.0)).mean()
+        term = sequence_means(masked, mask, zero_outside_mask=True).mean()
     elif loss_type == "bnpo":
         term = masked.sum() / token_counts(mask).clamp(min=1.0)
     elif loss_type == "dr_grpo":
@@ -117,7 +118,7 @@ def aggregate_like_host(
             raise ValueError("loss_type='dr_grpo' needs max_completion_length.")
         term = masked.sum() / (values.size(0) * max_completion_length)
     elif loss_type == "luspo":
-        term = masked.sum(-1).mean()
+        term = sequence_sums(masked, mask, zero_outside_mask=True).mean()
     else:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
     # Dividing by 1 is exact: skipping it gives the same value, an operation fewer (no accumulation, evaluation)

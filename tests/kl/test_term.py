@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptive_kl.kl.metrics import STAT_INDEX
-from adaptive_kl.kl.term import adapted_kl_term
+from adaptive_kl.kl.aggregation import aggregate_like_host, length_normalized_mean, token_sum_normalizer
+from adaptive_kl.kl.metrics import STAT_INDEX, kl_sequence_sums
+from adaptive_kl.kl.term import adapted_kl_term, kl_term_and_estimates
 
 
 def _batch(seed=0):
@@ -109,10 +110,6 @@ def test_clip_length_normalized_is_mean_of_sequence_means_whatever_the_loss_type
     ids=["k3-clip-ratio", "k3+-sigmoid-ratio", "k1-bound-sequence-ratio", "k2-length-normalized"],
 )
 def test_masked_estimates_skip_the_mask_product_bit_for_bit(loss_type, options):
-    from adaptive_kl.kl.aggregation import aggregate_like_host, length_normalized_mean
-    from adaptive_kl.kl.metrics import kl_sequence_sums
-    from adaptive_kl.kl.term import kl_term_and_estimates
-
     g = torch.Generator().manual_seed(7)
     logps = -2 + 0.5 * torch.randn(6, 9, generator=g)
     ref = logps + 0.3 * torch.randn(6, 9, generator=g)
@@ -167,8 +164,6 @@ def test_token_sum_normalizer_is_trls_bit_for_bit(processes, accumulation, per_g
     """What TRL 1.15/1.16's `_compute_loss` divides the token sum by (dapo, cispo, vespo), in its order of operations;
     the arithmetic by 1 that `token_sum_normalizer` skips changes no bit. Only by 1: N · 5 / 5 is not N for every N
     (16777215 · 5 rounds in float32), so skipping equal accumulation steps would fail the last case."""
-    from adaptive_kl.kl.aggregation import token_sum_normalizer
-
     items = torch.tensor([0.0, 1.0, 37.0, 1234567.0, 16777215.0])
     trls = items.clamp(min=1.0) / processes
     if per_generation:
