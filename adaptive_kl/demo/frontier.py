@@ -707,6 +707,7 @@ def learned_section(runs: list[VariantRun], frontier: Frontier) -> str:
 
 
 MARKERS = ("s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
+COLOURS = tuple(f"C{i}" for i in range(10) if i != 7)  # not C7, grey: constant β's line and bars are grey
 LINE_LABEL = "constant β (seed means)"
 START_LABEL = "the start (drift 0; on a log axis, drawn at its left edge)"
 
@@ -744,8 +745,13 @@ def write_frontiers_plot(panels: list[tuple[list[VariantRun], Frontier, str]], p
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # One method, one look, in every panel: its marker and colour follow its label in the first panel that has it.
+    looks: dict[str, int] = {}
+    for runs, frontier, _ in panels:
+        for label in legend_labels(methods(runs, frontier))[1].values():
+            looks.setdefault(look_of(label), len(looks))
     fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 5.5), squeeze=False)
-    legends = [draw_frontier(ax, runs, frontier, title) for ax, (runs, frontier, title) in zip(axes[0], panels)]
+    legends = [draw_frontier(ax, runs, frontier, title, looks) for ax, (runs, frontier, title) in zip(axes[0], panels)]
     if None in legends:
         plt.close(fig)
         return None
@@ -755,12 +761,30 @@ def write_frontiers_plot(panels: list[tuple[list[VariantRun], Frontier, str]], p
     return path
 
 
-def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str):
+def legend_labels(names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """`(shared, labels)` of methods' names: the settings every one of them has (the legend's title says those), and
+    each name's label, what it adds to them (the whole name when nothing is shared or nothing is added)."""
+    split = {name: name.split(", ") for name in names}
+    shared = []
+    if len(names) > 1:
+        shared = [part for part in split[names[0]] if all(part in parts for parts in split.values())]
+    labels = {name: ", ".join(part for part in parts if part not in shared) or name for name, parts in split.items()}
+    return shared, labels
+
+
+def look_of(label: str) -> str:
+    """What decides a method's marker and colour: its label less `target_kl`, which each study fixes by its own rule,
+    so that one controller looks the same on every frontier drawn beside another."""
+    return ", ".join(part for part in label.split(", ") if not part.startswith("target_kl="))
+
+
+def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str, looks: dict[str, int] | None = None):
     """Draws the frontier on the matplotlib axes `ax`: x against y, constant β as a line through its points' seed
-    means (each with 95% bars on both axes and labelled with its β), each method a marker of its own with its bars,
-    and a legend below. x is on a log scale when every drawn value is positive (the drifts span decades); a bar
-    reaching 0 or below stops at the axis' left edge, and a y bar at the ends of `frontier.y_range`. Returns the
-    legend, or None without a point to draw."""
+    means (each with 95% bars on both axes and labelled with its β), each method a marker of its own with its bars
+    (the `looks[look_of(label)]`-th marker and colour where `looks` is given, so that panels drawn side by side
+    agree; else in order), and a legend below. x is on a log scale when every drawn value is positive (the drifts
+    span decades); a bar reaching 0 or below stops at the axis' left edge, and a y bar at the ends of
+    `frontier.y_range`. Returns the legend, or None without a point to draw."""
     groups = seed_groups(runs)
     line = [
         (beta_of(variant), _point(groups[variant], frontier.x), _point(groups[variant], frontier.y))
@@ -775,11 +799,7 @@ def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str):
     if not line and not marks:
         return None
     # The legend names each method by what it adds to the settings all methods share (its title says those).
-    shared = (
-        [part for part in marks[0][0].split(", ") if all(part in name.split(", ") for name, _, _ in marks)]
-        if len(marks) > 1
-        else []
-    )
+    shared, labels = legend_labels(methods(runs, frontier))
     x_header, _ = metric_column(frontier.x)
     y_header, _ = metric_column(frontier.y)
     means = [x for _, (x, _), _ in line + marks]
@@ -813,10 +833,10 @@ def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str):
                         bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.8),
                         zorder=5)  # fmt: skip
     for i, (name, (x, x_half), (y, y_half)) in enumerate(marks):
-        label = ", ".join(part for part in name.split(", ") if part not in shared) or name
-        ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=yerr(y, y_half), fmt=MARKERS[i % len(MARKERS)],
-                    color=f"C{i % 10}", elinewidth=1, capsize=3, markersize=8, alpha=0.9, zorder=4,
-                    label=label)  # fmt: skip
+        look = i if looks is None else looks[look_of(labels[name])]
+        ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=yerr(y, y_half), fmt=MARKERS[look % len(MARKERS)],
+                    color=COLOURS[look % len(COLOURS)], elinewidth=1, capsize=3, markersize=8, alpha=0.9, zorder=4,
+                    label=labels[name])  # fmt: skip
     if logarithmic:
         ax.set_xscale("log")
         ax.set_xlim(left=left / 1.25)  # the start's marker, drawn at `left`, whole

@@ -24,6 +24,7 @@ from adaptive_kl.demo.frontier import (
     reach,
     read_methods,
     write_frontier_plot,
+    write_frontiers_plot,
 )
 from adaptive_kl.demo.runner import VariantRun
 from adaptive_kl.demo.seeds import group_name
@@ -295,6 +296,43 @@ def test_the_frontier_plot_is_written_on_a_log_or_linear_axis(tmp_path):
     still = [*runs, fake("beta=0.2, loss_type=grpo, kl_scaling=log", 0, 0.0, 0.5)]
     check_png(write_frontier_plot(still, FRONTIER, str(tmp_path / "linear.png")))
     assert write_frontier_plot([], FRONTIER, str(tmp_path / "none.png")) is None
+
+
+def test_frontiers_drawn_side_by_side_give_one_method_one_look(tmp_path, monkeypatch):
+    """Two frontiers in one picture: a method in both has the same marker and colour in both, whatever order or
+    company it has in each, a controller whatever `target_kl` each study fixed; two methods never share a look."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    controller = "beta=0.2, loss_type=grpo, kl_controller=stepwise, target_kl={}, beta_max=0.2"
+    line = [run for run in fabricated_runs() if run.name.rsplit(", seed=", 1)[0] in LINE]
+    left = [*fabricated_runs(), *(fake(controller.format(0.147), seed, 0.3, 0.8) for seed in range(3))]
+    # The second setting: the controller first, at its own target, then `ON` and `ABOVE` (in that order); no `BELOW`.
+    right = [*line, *(fake(controller.format(0.184), seed, 0.3, 0.8) for seed in range(3))]
+    right += [run for run in fabricated_runs() if run.name.rsplit(", seed=", 1)[0] in (ON, ABOVE)][::-1]
+    path = write_frontiers_plot([(left, FRONTIER, "left"), (right, FRONTIER, "right")], str(tmp_path / "both.png"))
+    check_png(path)
+
+    def looks(axes) -> dict[str, tuple[str, str]]:
+        """Each method's `(marker, colour)` in `axes`, by its legend label."""
+        marks = [bars for bars in axes.containers if bars.get_label().startswith("kl_")]
+        return {bars.get_label(): (bars.lines[0].get_marker(), bars.lines[0].get_color()) for bars in marks}
+
+    left_looks, right_looks = (looks(axes) for axes in figures.pop().axes)
+    name = {ABOVE: "kl_adaptation_method=clip", ON: "kl_adaptation_method=dynamic"}
+    for method in (ABOVE, ON):
+        assert left_looks[name[method]] == right_looks[name[method]]
+    assert (
+        left_looks["kl_controller=stepwise, target_kl=0.147, beta_max=0.2"]
+        == right_looks["kl_controller=stepwise, target_kl=0.184, beta_max=0.2"]
+    )
+    assert len(set(left_looks.values())) == len(left_looks) == 5  # ABOVE, BELOW, ON, UNADJUSTED, the controller
+    # The control: drawn alone, each panel numbers its methods in its own order, and the two would disagree.
+    check_png(write_frontier_plot(right, FRONTIER, str(tmp_path / "right.png")))
+    (alone,) = figures.pop().axes
+    assert looks(alone)[name[ON]] != left_looks[name[ON]]
 
 
 def test_a_bar_stops_where_the_metric_cannot_go():
