@@ -88,11 +88,11 @@ def statistics_of_sequences(sums: torch.Tensor) -> torch.Tensor:
     lengths, sequence_kl = sums[0], sums[1]
     # L_i and K̄_i where L_i > 0; where L_i = 0 both are 0 already (every term of the sums was masked)
     x, y = lengths, sequence_kl / lengths.clamp(min=1.0)
-    # the number of sequences (a sum of ones: exact), then the moments
-    counts = torch.stack([torch.ones_like(x), (lengths > 0).to(sums.dtype), x, y, x * x, y * y, x * y]).sum(-1)
-    totals = sums.sum(-1)
-    # Σ_i Σ_t m·k (seq_kl) is Σ m·k (raw_kl): one sum, both entries.
-    return torch.cat([totals, counts[:1], totals[1:2], counts[1:]])
+    # Every statistic is a sum over the sequences, in the order of `STAT_NAMES`: the sums' five totals, the number of
+    # sequences (a sum of ones: exact), Σ_i Σ_t m·k again (seq_kl), then the moments (Σ L_i is the tokens again). One
+    # reduction: at a log line, after a backward, each tensor operation costs tens of microseconds on a CPU.
+    moments = torch.stack([torch.ones_like(x), sequence_kl, (lengths > 0).to(sums.dtype), x, y, x * x, y * y, x * y])
+    return torch.cat([sums, moments]).sum(-1)
 
 
 def kl_statistics(
@@ -156,7 +156,10 @@ def host_kl_mean(stats: torch.Tensor) -> float | list[float]:
     entries, the batch's `kl_sequence_sums` summed over its sequences): the token mean of the host's per-token KL,
     Σ m·k / max(Σ m, 1), which TRL appends once per micro-batch and averages over the logging window. `stats` of
     shape `(S, M)`, M micro-batches' side by side: their M means, as a list."""
-    host_kl, tokens = stats[[STAT_INDEX["host_kl"], STAT_INDEX["tokens"]]].tolist()
+    # Rows read by `tolist`, not by indexing with a list: that makes an index tensor, and at a log line, after a
+    # backward, every tensor operation costs some tens of microseconds on a CPU (`docs/performance.md`)
+    rows = stats.tolist()
+    host_kl, tokens = rows[STAT_INDEX["host_kl"]], rows[STAT_INDEX["tokens"]]
     if isinstance(host_kl, list):
         return [value / max(count, 1.0) for value, count in zip(host_kl, tokens)]
     return host_kl / max(tokens, 1.0)

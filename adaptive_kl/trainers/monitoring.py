@@ -99,6 +99,8 @@ def measured(recorded: list) -> tuple[torch.Tensor, torch.Tensor]:
         rows = first.size(1) // len(members)  # equal shapes: the same B each
         totals.append(first.view(first.size(0), len(members), rows).sum(-1))  # (5, M_g)
         places.extend(place for place, _ in members)
+    if len(groups) == 1:  # the usual log line: one shape, in order (no concatenation, each an operation)
+        return sums[0], totals[0]
     totals = torch.cat(totals, dim=1)
     if places != sorted(places):
         totals = totals[:, torch.tensor(places, device=totals.device).argsort()]
@@ -134,7 +136,8 @@ class RecordedSums:
     def micro_batch_totals(self) -> torch.Tensor:
         """Each micro-batch's `(5,)` totals (`kl_sequence_sums` summed over its sequences), `(5, M)` in the order
         recorded; after `statistics`."""
-        return torch.cat(self.folded_totals, dim=1)
+        totals = self.folded_totals
+        return totals[0] if len(totals) == 1 else torch.cat(totals, dim=1)
 
 
 @dataclass
@@ -221,14 +224,15 @@ class KLMonitor:
         self,
         metrics: dict[str, list[float]],
         mode: str,
-        sum_over_processes: Callable[[torch.Tensor], torch.Tensor],
+        sum_over_processes: Callable[[torch.Tensor], torch.Tensor] | None,
         host_kl: bool = False,
     ) -> bool:
         """Writes the `adaptive_kl/*` metrics of the micro-batches since the last log into TRL's `metrics` of `mode`
-        (which it averages, and prefixes with `eval_` in evaluation), their statistics summed by `sum_over_processes`,
-        then starts the next log's sums. With `host_kl`, also TRL's `kl` of each of those micro-batches, as TRL's GRPO
-        appends it (`host_kl_mean`), for a trainer whose host's loss ran without its KL term. Returns whether it
-        wrote any: False when no micro-batch went through the loss since the last log."""
+        (which it averages, and prefixes with `eval_` in evaluation), their statistics summed by `sum_over_processes`
+        (None: one process, nothing to sum), then starts the next log's sums. With `host_kl`, also TRL's `kl` of each
+        of those micro-batches, as TRL's GRPO appends it (`host_kl_mean`), for a trainer whose host's loss ran without
+        its KL term. Returns whether it wrote any: False when no micro-batch went through the loss since the last
+        log."""
         counts = self.counts[mode]
         if not counts.scored:
             return False
@@ -236,12 +240,13 @@ class KLMonitor:
         recorded = self.log_sums[mode]
         stats = recorded.statistics()
         if stats is not None:  # the KL metrics: from the micro-batches scored with the reference only
-            if host_kl:  # one reduction: the statistics, then each micro-batch's totals
+            if host_kl:
                 totals = recorded.micro_batch_totals()
-                summed = sum_over_processes(torch.cat([stats, totals.flatten()]))
-                stats, totals = summed[: stats.numel()], summed[stats.numel() :].view_as(totals)
+                if sum_over_processes is not None:  # one reduction: the statistics, then each micro-batch's totals
+                    summed = sum_over_processes(torch.cat([stats, totals.flatten()]))
+                    stats, totals = summed[: stats.numel()], summed[stats.numel() :].view_as(totals)
                 metrics["kl"].extend(host_kl_mean(totals))
-            else:
+            elif sum_over_processes is not None:
                 stats = sum_over_processes(stats)
             for key, value in kl_metrics(stats, beta=beta, beta_scale=scale).items():
                 metrics[key] = [value]
