@@ -374,8 +374,7 @@ class AdaptiveKLRun:
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
         metrics = metric_store(self, mode)
-        sum_over_processes = self.sum_over_processes if self.accelerator.num_processes > 1 else None
-        written = self.kl_monitor.write_metrics(metrics, mode, sum_over_processes, host_kl=self.logs_host_kl)
+        written = self.kl_monitor.write_metrics(metrics, mode, self.sum_over_processes, host_kl=self.logs_host_kl)
         if written and mode == "train":
             controller, resets = self.beta_controller, self.reference_resets
             if controller.has_training_state:

@@ -224,15 +224,14 @@ class KLMonitor:
         self,
         metrics: dict[str, list[float]],
         mode: str,
-        sum_over_processes: Callable[[torch.Tensor], torch.Tensor] | None,
+        sum_over_processes: Callable[[torch.Tensor], torch.Tensor],
         host_kl: bool = False,
     ) -> bool:
         """Writes the `adaptive_kl/*` metrics of the micro-batches since the last log into TRL's `metrics` of `mode`
-        (which it averages, and prefixes with `eval_` in evaluation), their statistics summed by `sum_over_processes`
-        (None: one process, nothing to sum), then starts the next log's sums. With `host_kl`, also TRL's `kl` of each
-        of those micro-batches, as TRL's GRPO appends it (`host_kl_mean`), for a trainer whose host's loss ran without
-        its KL term. Returns whether it wrote any: False when no micro-batch went through the loss since the last
-        log."""
+        (which it averages, and prefixes with `eval_` in evaluation), their statistics summed by `sum_over_processes`,
+        then starts the next log's sums. With `host_kl`, also TRL's `kl` of each of those micro-batches, as TRL's GRPO
+        appends it (`host_kl_mean`), for a trainer whose host's loss ran without its KL term. Returns whether it
+        wrote any: False when no micro-batch went through the loss since the last log."""
         counts = self.counts[mode]
         if not counts.scored:
             return False
@@ -240,13 +239,12 @@ class KLMonitor:
         recorded = self.log_sums[mode]
         stats = recorded.statistics()
         if stats is not None:  # the KL metrics: from the micro-batches scored with the reference only
-            if host_kl:
+            if host_kl:  # one reduction: the statistics, then each micro-batch's totals
                 totals = recorded.micro_batch_totals()
-                if sum_over_processes is not None:  # one reduction: the statistics, then each micro-batch's totals
-                    summed = sum_over_processes(torch.cat([stats, totals.flatten()]))
-                    stats, totals = summed[: stats.numel()], summed[stats.numel() :].view_as(totals)
+                summed = sum_over_processes(torch.cat([stats, totals.flatten()]))
+                stats, totals = summed[: stats.numel()], summed[stats.numel() :].view_as(totals)
                 metrics["kl"].extend(host_kl_mean(totals))
-            elif sum_over_processes is not None:
+            else:
                 stats = sum_over_processes(stats)
             for key, value in kl_metrics(stats, beta=beta, beta_scale=scale).items():
                 metrics[key] = [value]
