@@ -90,7 +90,7 @@ def statistics_of_sequences(sums: torch.Tensor) -> torch.Tensor:
     x, y = lengths, sequence_kl / lengths.clamp(min=1.0)
     # Every statistic is a sum over the sequences, in the order of `STAT_NAMES`: the sums' five totals, the number of
     # sequences (a sum of ones: exact), Σ_i Σ_t m·k again (seq_kl), then the moments (Σ L_i is the tokens again). One
-    # reduction: at a log line, after a backward, each tensor operation costs tens of microseconds on a CPU.
+    # reduction: on a CPU each tensor operation costs microseconds, those right after a backward tens.
     moments = torch.stack([torch.ones_like(x), sequence_kl, (lengths > 0).to(sums.dtype), x, y, x * x, y * y, x * y])
     return torch.cat([sums, moments]).sum(-1)
 
@@ -156,8 +156,8 @@ def host_kl_mean(stats: torch.Tensor) -> float | list[float]:
     entries, the batch's `kl_sequence_sums` summed over its sequences): the token mean of the host's per-token KL,
     Σ m·k / max(Σ m, 1), which TRL appends once per micro-batch and averages over the logging window. `stats` of
     shape `(S, M)`, M micro-batches' side by side: their M means, as a list."""
-    # Rows read by `tolist`, not by indexing with a list: that makes an index tensor, and at a log line, after a
-    # backward, every tensor operation costs some tens of microseconds on a CPU (`docs/performance.md`)
+    # Rows read by `tolist`, not by indexing with a list: that makes an index tensor, and on a CPU each tensor
+    # operation costs microseconds, those right after a backward tens (`docs/performance.md`)
     rows = stats.tolist()
     host_kl, tokens = rows[STAT_INDEX["host_kl"]], rows[STAT_INDEX["tokens"]]
     if isinstance(host_kl, list):

@@ -93,18 +93,22 @@ def measured(recorded: list) -> tuple[torch.Tensor, torch.Tensor]:
     for members in groups.values():
         first = members[0][1]
         if isinstance(first, PendingSums):
-            tensors = {name: torch.cat([item.tensors[name] for _, item in members]) for name in first.tensors}
+            tensors = {name: concatenated([item.tensors[name] for _, item in members], 0) for name in first.tensors}
             first = first._replace(tensors=tensors).sums()  # (5, M_g·B)
         sums.append(first)
         rows = first.size(1) // len(members)  # equal shapes: the same B each
         totals.append(first.view(first.size(0), len(members), rows).sum(-1))  # (5, M_g)
         places.extend(place for place, _ in members)
-    if len(groups) == 1:  # the usual log line: one shape, in order (no concatenation, each an operation)
-        return sums[0], totals[0]
-    totals = torch.cat(totals, dim=1)
+    totals = concatenated(totals, 1)
     if places != sorted(places):
         totals = totals[:, torch.tensor(places, device=totals.device).argsort()]
-    return torch.cat(sums, dim=1), totals
+    return concatenated(sums, 1), totals
+
+
+def concatenated(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """`torch.cat(tensors, dim)`, without the copy `cat` makes of a single tensor (a log line with one micro-batch, or
+    one shape of them): each tensor operation it skips is some microseconds on a CPU."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim)
 
 
 @dataclass
@@ -136,8 +140,7 @@ class RecordedSums:
     def micro_batch_totals(self) -> torch.Tensor:
         """Each micro-batch's `(5,)` totals (`kl_sequence_sums` summed over its sequences), `(5, M)` in the order
         recorded; after `statistics`."""
-        totals = self.folded_totals
-        return totals[0] if len(totals) == 1 else torch.cat(totals, dim=1)
+        return concatenated(self.folded_totals, 1)
 
 
 @dataclass
