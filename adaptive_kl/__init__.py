@@ -32,7 +32,7 @@ _EXPORTS = {
     "AdaptiveKLGRPOTrainer": "trainers.grpo",
     "AdaptiveKLRLOOConfig": "trainers.rloo_config",
     "AdaptiveKLRLOOTrainer": "trainers.rloo",
-    "AdaptiveKLStateCallback": "trainers.state",
+    "AdaptiveKLStateCallback": "trainers.lifecycle",
     "KLHealthCallback": "trainers.callbacks",
     "RetentionCallback": "trainers.callbacks",
     "BetaController": "kl.controller",

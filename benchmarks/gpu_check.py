@@ -344,15 +344,17 @@ def common_fields(opts, tokenizer, steps: int, beta: float, length: int) -> dict
     )
 
 
-def perturb_kl_term(trainer, factor: float) -> None:
+def perturb_kl_term(factor: float) -> None:
     """Scales our KL term by `factor` (0: dropped): a deliberate defect, which the parity check must catch."""
-    adapted = trainer._adapted_kl_term
+    import adaptive_kl.trainers.grpo as grpo_module
 
-    def perturbed(host_inputs):
-        term, sums = adapted(host_inputs)
-        return term * factor, sums
+    term_and_sums = grpo_module.kl_term_and_sequence_sums
 
-    trainer._adapted_kl_term = perturbed
+    def perturbed(*args, **kwargs):
+        term, sums = term_and_sums(*args, **kwargs)
+        return (None if term is None else term * factor), sums
+
+    grpo_module.kl_term_and_sequence_sums = perturbed
 
 
 # --- parity ---------------------------------------------------------------------------------------------------------
@@ -366,7 +368,7 @@ def parity_trainers(opts, rows: int):
         config = dict(beta=PARITY_BETA, gradient_accumulation_steps=2, per_device_train_batch_size=rows)
         stock, ours = build(opts, None, **config), build(opts, {}, **config)
         if opts.perturb_kl is not None:
-            perturb_kl_term(ours, {"drop": 0.0, "scale": 1.01}[opts.perturb_kl])
+            perturb_kl_term({"drop": 0.0, "scale": 1.01}[opts.perturb_kl])
         for trainer in (stock, ours):
             # Micro-batches fed as they are: the host's `_prepare_inputs` would generate from them.
             trainer._prepare_inputs = lambda inputs: inputs
@@ -401,12 +403,11 @@ def accumulated_step(trainer, micro_batches, beta: float | None = None) -> StepR
     """One optimizer step through `trainer.training_step`, with the host's β set to `beta` for it (default: as is)."""
     import torch
 
-    from adaptive_kl.trainers.hooks import set_accumulation_steps
     from adaptive_kl.trainers.unsloth import recording_logp_gradients
 
     model = trainer.model
     model.zero_grad(set_to_none=True)
-    set_accumulation_steps(trainer, len(micro_batches))
+    trainer.current_gradient_accumulation_steps = len(micro_batches)
     own_beta = trainer.beta
     trainer.beta = own_beta if beta is None else beta
     logp_grads = []
@@ -786,14 +787,13 @@ def cost_loss(opts) -> Outcome:
     from loss_cost import OURS, STOCK, STOCK_AGAIN, measure, summarize
 
     from adaptive_kl.testing.batches import grouped_inputs
-    from adaptive_kl.trainers.hooks import set_accumulation_steps
 
     # On Unsloth the package's term always replaces the host's: the defaults are the adaptive path, one row for both
     fields = {STOCK: None, STOCK_AGAIN: None, OURS: {}}
     trainers = {label: build(opts, f, completion_length=opts.completion_length) for label, f in fields.items()}
     for trainer in trainers.values():
         trainer.model.train()
-        set_accumulation_steps(trainer, 1)
+        trainer.current_gradient_accumulation_steps = 1
         trainer._prepare_inputs = lambda inputs: inputs  # the micro-batch as it is (no generation)
     inputs = grouped_inputs(trainers[STOCK], 1, opts.completion_length, micro_batches=1)
 

@@ -47,7 +47,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from adaptive_kl.demo.seeds import mean_interval
 from adaptive_kl.testing.batches import grouped_inputs
-from adaptive_kl.trainers.hooks import set_accumulation_steps
 from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed
 
 
@@ -316,7 +315,7 @@ def main(argv=None):
     trainers = {label: build_trainer(fields, model_dir, opts, steps=1) for label, fields in VARIANTS.items()}
     for trainer in trainers.values():
         trainer.model.train()
-        set_accumulation_steps(trainer, 1)
+        trainer.current_gradient_accumulation_steps = 1
     inputs = grouped_inputs(trainers[STOCK], opts.prompts, opts.completion_length, micro_batches=1)
     model = f"model {opts.model}" if opts.model else f"shape {opts.shape}"
     settings = (

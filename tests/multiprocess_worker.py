@@ -24,6 +24,7 @@ import sys
 import torch
 from tiny import TRAIN_KWARGS, prompt_dataset
 from transformers import AutoTokenizer, TrainerCallback
+from trl import GRPOConfig
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer, AdaptiveKLRLOOConfig, AdaptiveKLRLOOTrainer
 from adaptive_kl.trainers.rloo import REFERENCE_LOGPS, SAMPLING_LOGPS
@@ -58,8 +59,16 @@ CONFIGS = {
     "resets": dict(kl_controller="adaptive", target_kl=0.1, kl_horizon=100, ref_reset_steps=2),
     # The zero-std KL mask: half the prompts give every completion the same reward, so their groups' KL is left out,
     # decided on the rewards of every process.
+    # The package's own term (the mask), with TRL's entropy bonus where TRL has it: its `policy_loss` then carries our
+    # term, averaged over the processes as TRL averages its loss. The bonus is a per-process token mean, which a split
+    # over processes changes: at 1e-6 that leaves the loss and gradients within the comparison's tolerance.
     "mask": dict(
-        kl_mask_zero_std_groups=True, kl_controller="adaptive", target_kl=0.1, kl_horizon=100, reward="tied-half"
+        kl_mask_zero_std_groups=True,
+        kl_controller="adaptive",
+        target_kl=0.1,
+        kl_horizon=100,
+        reward="tied-half",
+        **({"entropy_coef": 1e-6} if "entropy_coef" in GRPOConfig.__dataclass_fields__ else {}),
     ),  # fmt: skip
     # RLOO: `dynamic` on the global mean reward, its penalty in the reward (gathered across processes).
     "rloo-dynamic": dict(
@@ -130,19 +139,18 @@ def record_kl_sums(recorder: Recorder, step: int, log_ratio: torch.Tensor, mask:
 class RecordingTrainer(AdaptiveKLGRPOTrainer):
     recorder: Recorder
 
-    def _adapted_kl_term(self, host_inputs, with_term=True):
-        log_ratio = host_inputs["per_token_logps"] - host_inputs["ref_per_token_logps"]
-        record_kl_sums(
-            self.recorder, self.state.global_step + 1, log_ratio, host_inputs["mask"], self.args.kl_estimator
-        )
-        return super()._adapted_kl_term(host_inputs, with_term)
+    def captured_policy_logps(self, capture, training):
+        self.recorded_logps = super().captured_policy_logps(capture, training)  # the log-probabilities the KL reads
+        return self.recorded_logps
 
-    def _pending_kl_sums(self, captured, inputs, mode, training):  # the host's own term, at β_t
-        log_ratio = captured["policy_logps"][0] - inputs["ref_per_token_logps"]
-        record_kl_sums(
-            self.recorder, self.state.global_step + 1, log_ratio, inputs["completion_mask"], self.args.kl_estimator
-        )
-        return super()._pending_kl_sums(captured, inputs, mode, training)
+    def _loss_and_kl_sums(self, model, inputs, *args):
+        self.recorded_logps = None
+        result = super()._loss_and_kl_sums(model, inputs, *args)
+        if self.recorded_logps is not None:  # scored with the reference: the KL's tokens
+            log_ratio = self.recorded_logps - inputs["ref_per_token_logps"]
+            step = self.state.global_step + 1
+            record_kl_sums(self.recorder, step, log_ratio, inputs["completion_mask"], self.args.kl_estimator)
+        return result
 
 
 class RecordingRLOOTrainer(AdaptiveKLRLOOTrainer):

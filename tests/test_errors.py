@@ -343,7 +343,7 @@ def test_liger_layer_kernels_keep_our_loss(tiny_model_dir, tmp_path, monkeypatch
     stock_loss, _ = loss_and_grads(stock, inputs)
     ours_loss, _ = loss_and_grads(ours, inputs)
     assert ours_loss.item() == pytest.approx(stock_loss.item(), rel=1e-6)
-    assert ours.kl_monitor.log_sums["train"].statistics() is not None  # the loss went through our KL term
+    assert ours.kl_monitor.log_sums["train"]  # the loss went through our KL term
     ours.train()
     assert patched == [{"fused_linear_cross_entropy": False}]  # Liger applied, its fused loss disabled by TRL
     assert any("adaptive_kl/raw_kl" in h for h in ours.state.log_history)

@@ -38,7 +38,7 @@ from ..tasks.policies import resolve_policy
 from ..tasks.recipe import RecipeError, load_dataset_dict, resolve_reward_func
 from ..trainers.config import AdaptiveKLGRPOConfig
 from ..trainers.grpo import AdaptiveKLGRPOTrainer
-from ..trainers.hooks import close_progress_bars, set_wrapped_model
+from ..trainers.hooks import close_progress_bars
 from ..trainers.inputs import RewardOutputError
 from ..trainers.scorer import install_cpu_scorer_if_needed
 from ..usage import UsageError, check_local_path, check_model, closest
@@ -226,7 +226,7 @@ def close_processes(trainer) -> None:
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     trainer.accelerator.wait_for_everyone()
-    set_wrapped_model(trainer, trainer.model)
+    trainer.model_wrapped = trainer.model  # drops the DDP wrapper, which holds the process group
     trainer.accelerator.free_memory()  # releases accelerate's references to the prepared (wrapped) model
     gc.collect()
     trainer.accelerator.wait_for_everyone()

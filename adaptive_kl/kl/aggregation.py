@@ -42,23 +42,15 @@ def token_sum_normalizer(
             one accumulation window; `None` in evaluation, where the batch is neither split nor accumulated.
     """
     items = num_items.clamp(min=1.0) if torch.is_tensor(num_items) else max(float(num_items), 1.0)
-    # No arithmetic by 1 (one process, no accumulation: the usual single-GPU run): it is exact, so skipping it gives
-    # the same value to the bit, and each skipped operation is some microseconds a micro-batch on a small model.
-    normalizer = items if num_processes == 1 else items / num_processes
-    if not steps_per_generation or accumulation_steps == steps_per_generation == 1:
+    normalizer = items / num_processes
+    if not steps_per_generation:  # evaluation
         return normalizer
     return normalizer * accumulation_steps / steps_per_generation
 
 
-def sequence_sums(values: torch.Tensor, mask: torch.Tensor, zero_outside_mask: bool = False) -> torch.Tensor:
-    """Σ_t m_it·x_it, shape `(B,)` (`zero_outside_mask`: `values` are 0 where `mask` is: summed as they are)."""
-    return (values if zero_outside_mask else values * mask).sum(-1)
-
-
-def sequence_means(values: torch.Tensor, mask: torch.Tensor, zero_outside_mask: bool = False) -> torch.Tensor:
-    """Σ_t m_it·x_it / max(L_i, 1), shape `(B,)`. Fully masked rows contribute 0. `zero_outside_mask`: as for
-    `sequence_sums`."""
-    return sequence_sums(values, mask, zero_outside_mask) / token_counts(mask, -1).clamp(min=1.0)
+def sequence_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_t m_it·x_it / max(L_i, 1), shape `(B,)`. Fully masked rows contribute 0."""
+    return (values * mask).sum(-1) / token_counts(mask, -1).clamp(min=1.0)
 
 
 def aggregate_like_host(
@@ -70,7 +62,6 @@ def aggregate_like_host(
     max_completion_length: int | None = None,
     token_normalizer: torch.Tensor | float | None = None,
     sample_weight: torch.Tensor | None = None,
-    zero_outside_mask: bool = False,
 ) -> torch.Tensor:
     """Aggregates a per-token term exactly as the host aggregates its per-token loss for ``loss_type``.
 
@@ -86,9 +77,6 @@ def aggregate_like_host(
             `sample_weight`, what the weighted sum is divided by.
         sample_weight (`torch.Tensor` of shape `(B,)`, *optional*): Unsloth's per-completion weights (its zero-variance
             exclusion and prompt-level aggregation), which replace the loss-type normalizer.
-        zero_outside_mask (`bool`): `values` are already 0 wherever `mask` is 0 (the package's per-token KL is: its
-            log-ratio is `estimators.masked_log_ratio`'s, and every estimate and transform maps 0 to 0), so m·x is x
-            and the product is skipped: the same sums to the bit, an operation fewer forward and backward.
 
     Returns:
         `torch.Tensor`: scalar.
@@ -102,7 +90,7 @@ def aggregate_like_host(
     | luspo | mean_i(Σ_t m·x) / accumulation_steps |
     | any, with `sample_weight` w | Σ m·x·w_i / token_normalizer |
     """
-    masked = values if zero_outside_mask else values * mask  # (B, T): m·x, 0 outside the mask
+    masked = values * mask  # (B, T): m·x, 0 outside the mask
     if sample_weight is not None:
         return (masked * sample_weight.to(values.dtype).unsqueeze(-1)).sum() / token_normalizer
     if loss_type in TOKEN_SUM_LOSS_TYPES:
@@ -110,7 +98,7 @@ def aggregate_like_host(
             raise ValueError(f"loss_type={loss_type!r} needs token_normalizer.")
         return masked.sum() / token_normalizer
     if loss_type in SEQUENCE_MEAN_LOSS_TYPES:
-        term = sequence_means(masked, mask, zero_outside_mask=True).mean()
+        term = (masked.sum(-1) / token_counts(mask, -1).clamp(min=1.0)).mean()
     elif loss_type == "bnpo":
         term = masked.sum() / token_counts(mask).clamp(min=1.0)
     elif loss_type == "dr_grpo":
@@ -118,11 +106,10 @@ def aggregate_like_host(
             raise ValueError("loss_type='dr_grpo' needs max_completion_length.")
         term = masked.sum() / (values.size(0) * max_completion_length)
     elif loss_type == "luspo":
-        term = sequence_sums(masked, mask, zero_outside_mask=True).mean()
+        term = masked.sum(-1).mean()
     else:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
-    # Dividing by 1 is exact: skipping it gives the same value, an operation fewer (no accumulation, evaluation)
-    return term if accumulation_steps == 1 else term / accumulation_steps
+    return term / accumulation_steps
 
 
 # The seed "Adaptive KL Divergence for GRPO Training" (no published source): every sequence weighs the same, whatever

@@ -48,7 +48,6 @@ def kl_sequence_sums(
     *,
     clip_threshold: float | None = None,
     host_kl: torch.Tensor | None = None,
-    zero_outside_mask: bool = False,
 ) -> torch.Tensor:
     """The per-sequence sums of one batch that every statistic is made of (float64, detached): what a trainer keeps of
     each micro-batch, to be turned into statistics (`statistics_of_sequences`) only when they are read.
@@ -61,9 +60,6 @@ def kl_sequence_sums(
         host_kl (`torch.Tensor` of shape `(B, T)`, *optional*): the per-token KL TRL's GRPO loss logs as `kl` (k3, and
             bias-corrected like its loss), when it differs from `raw_kl`; `None`: `raw_kl` (a host that logs its own
             KL, as RLOO does, reads nothing from this entry).
-        zero_outside_mask (`bool`): `raw_kl`, `adapted_kl` and `host_kl` are already 0 wherever `mask` is 0 (the
-            package's estimates are: `kl.term.kl_term_and_estimates`), and `clip_threshold` is not negative, so every
-            per-token quantity is its masked value and the mask's product is skipped: the same sums to the bit.
 
     Returns:
         `torch.Tensor` of shape `(5, B)`: per sequence, Σ_t m, Σ_t m·k, Σ_t m·f(k), Σ_t m·[k > c] and Σ_t m·k_host
@@ -71,14 +67,12 @@ def kl_sequence_sums(
     """
     dtype = torch.float32 if raw_kl.device.type == "mps" else torch.float64
     # Every per-token quantity masked by one product in its own dtype (exact: the mask is 0 or 1; the mask row
-    # becomes m² = m; none where they are masked already), then summed per sequence, accumulated in float64 without a
-    # float64 copy. Few and whole-batch operations (no graph, rather than a `detach` of each input): on a small model
-    # each costs microseconds.
+    # becomes m² = m), then summed per sequence, accumulated in float64 without a float64 copy.
     with torch.no_grad():
         clipped = raw_kl > clip_threshold if clip_threshold is not None else torch.zeros_like(mask)
         host = raw_kl if host_kl is None else host_kl
         per_token = torch.stack([mask, raw_kl, adapted_kl, clipped, host])  # (5, B, T)
-        return (per_token if zero_outside_mask else per_token * mask).sum(-1, dtype=dtype)  # (5, B)
+        return (per_token * mask).sum(-1, dtype=dtype)  # (5, B)
 
 
 def statistics_of_sequences(sums: torch.Tensor) -> torch.Tensor:
@@ -149,17 +143,3 @@ def kl_metrics(stats: torch.Tensor, *, beta: float, beta_scale: float) -> dict[s
             s["corr_n"], s["corr_x"], s["corr_y"], s["corr_xx"], s["corr_yy"], s["corr_xy"]
         ),
     }
-
-
-def host_kl_mean(stats: torch.Tensor) -> float | list[float]:
-    """TRL's GRPO `kl` of one micro-batch from its statistics (summed over processes; or only their first five
-    entries, the batch's `kl_sequence_sums` summed over its sequences): the token mean of the host's per-token KL,
-    Σ m·k / max(Σ m, 1), which TRL appends once per micro-batch and averages over the logging window. `stats` of
-    shape `(S, M)`, M micro-batches' side by side: their M means, as a list."""
-    # Rows read by `tolist`, not by indexing with a list: that makes an index tensor, and on a CPU each tensor
-    # operation costs microseconds, those right after a backward tens (`docs/performance.md`)
-    rows = stats.tolist()
-    host_kl, tokens = rows[STAT_INDEX["host_kl"]], rows[STAT_INDEX["tokens"]]
-    if isinstance(host_kl, list):
-        return [value / max(count, 1.0) for value, count in zip(host_kl, tokens)]
-    return host_kl / max(tokens, 1.0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .aggregation import sequence_means, sequence_sums
+from .aggregation import sequence_means
 from .estimators import estimate_and_transform, masked_log_ratio
 from .groups import nan_std
 from .metrics import kl_sequence_sums
@@ -60,7 +60,7 @@ def sequence_kl_penalty(
             clip_threshold=clip_threshold, target=target, log_ratio_clip=log_ratio_clip,
         )  # fmt: skip
         mask = mask.to(adapted.dtype)
-        per_sequence = sequence_means(adapted, mask) if length_normalized else sequence_sums(adapted, mask)
+        per_sequence = sequence_means(adapted, mask) if length_normalized else (adapted * mask).sum(-1)
         return beta * per_sequence
 
 
@@ -183,4 +183,4 @@ def penalty_sequence_sums(
             clip_threshold=clip_threshold, target=target, log_ratio_clip=log_ratio_clip,
         )  # fmt: skip
         clipped_at = clip_threshold if transform == "clip" else None
-        return kl_sequence_sums(kl, adapted, mask, clip_threshold=clipped_at, zero_outside_mask=True)
+        return kl_sequence_sums(kl, adapted, mask, clip_threshold=clipped_at)

@@ -1,13 +1,11 @@
 """The KL term of one micro-batch: estimate → bias correction → transform → aggregate, and its statistics.
 
-Pure functions of tensors and settings: the trainer calls `kl_term_and_estimates` with the log-probabilities its host
-computed (and turns the estimates into per-sequence sums, and those into statistics, when it reads them);
-`kl_term_and_sequence_sums` does both at once, and `benchmarks/kl_term.py` times it against a forward pass.
+A pure function of tensors and settings: the trainer calls `kl_term_and_sequence_sums` with the log-probabilities its
+host computed, and keeps the per-sequence sums of its statistics (`adaptive_kl.kl.metrics`) until a log line or a
+controller reads them; `benchmarks/kl_term.py` times it against a forward pass.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 
@@ -16,31 +14,7 @@ from .estimators import estimate_and_transform, importance_ratio, masked_log_rat
 from .metrics import kl_sequence_sums, statistics_of_sequences
 
 
-class KLEstimates(NamedTuple):
-    """The per-token KL of one micro-batch that its statistics are made of: the keyword arguments of
-    `adaptive_kl.kl.metrics.kl_sequence_sums`."""
-
-    raw_kl: torch.Tensor  # (B, T): k
-    adapted_kl: torch.Tensor  # (B, T): f(k)
-    mask: torch.Tensor  # (B, T)
-    clip_threshold: float | None  # c where the clip transform is active, else None
-    host_kl: torch.Tensor | None  # (B, T): the KL TRL's GRPO loss logs, where it is not k
-
-    def sequence_sums(self) -> torch.Tensor:
-        """The `(5, B)` per-sequence sums of their statistics (`kl_sequence_sums`). Estimates of a masked log-ratio
-        are 0 outside the mask already, so the sums skip the mask's product."""
-        return kl_sequence_sums(**self._asdict(), zero_outside_mask=True)
-
-
-def kl_term_and_sequence_sums(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """`kl_term_and_estimates` (same arguments), with the estimates turned into the per-sequence sums of their
-    statistics (`adaptive_kl.kl.metrics.kl_sequence_sums`): the scalar term (`None` without `with_term`) and the
-    `(5, B)` sums."""
-    term, estimates = kl_term_and_estimates(*args, **kwargs)
-    return term, estimates.sequence_sums()
-
-
-def kl_term_and_estimates(
+def kl_term_and_sequence_sums(
     per_token_logps: torch.Tensor,
     ref_per_token_logps: torch.Tensor,
     mask: torch.Tensor,
@@ -63,8 +37,8 @@ def kl_term_and_estimates(
     importance_log_ratio_clip: float | None = None,
     sequence_mask: torch.Tensor | None = None,
     with_term: bool = True,
-) -> tuple[torch.Tensor | None, KLEstimates]:
-    """Agg(f(k)) for one micro-batch, and the per-token estimates its statistics are made of.
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Agg(f(k)) for one micro-batch, and the per-sequence sums its statistics are made of.
 
     Args:
         per_token_logps (`torch.Tensor` of shape `(B, T)`): log π_θ at the sampled tokens, carrying gradient.
@@ -90,11 +64,12 @@ def kl_term_and_estimates(
             unmasked one with those rows zeroed, not a mean over the kept rows, which would raise the effective β of
             the kept ones by however many rows a batch masks. The statistics still cover every sequence.
         with_term (`bool`): `False` where the KL is only measured (the host's own term is in the loss, or the KL is in
-            the reward): the estimates alone, without the aggregation.
+            the reward): the sums alone, without the aggregation.
 
     Returns:
-        `tuple[torch.Tensor | None, KLEstimates]`: the scalar term (differentiable through `per_token_logps`; `None`
-        without `with_term`) and k, f(k) (carrying gradient where the term does) and what else their statistics read.
+        `tuple[torch.Tensor | None, torch.Tensor]`: the scalar term (differentiable through `per_token_logps`; `None`
+        without `with_term`) and the `(5, B)` per-sequence sums of k, f(k) and what else their statistics read
+        (`adaptive_kl.kl.metrics.kl_sequence_sums`, detached).
     """
     log_ratio = masked_log_ratio(per_token_logps, ref_per_token_logps, mask)
     ratio = None
@@ -111,9 +86,10 @@ def kl_term_and_estimates(
             log_ratio.detach(), estimator="k3", log_ratio_clip=log_ratio_clip,
             weight=None if ratio is None else ratio.detach(), bound=kl_bound,
         )  # fmt: skip
-    estimates = KLEstimates(kl, adapted, mask, clip_threshold if transform == "clip" else None, host_kl)
+    clipped_at = clip_threshold if transform == "clip" else None
+    sums = kl_sequence_sums(kl, adapted, mask, clip_threshold=clipped_at, host_kl=host_kl)
     if not with_term:
-        return None, estimates
+        return None, sums
     kept = adapted
     if sequence_mask is not None:  # `where`, not a product: exactly 0, even for a non-finite f(k)
         kept = torch.where(sequence_mask.to(torch.bool).unsqueeze(-1), adapted, adapted.new_zeros(()))
@@ -128,9 +104,8 @@ def kl_term_and_estimates(
             max_completion_length=max_completion_length,
             token_normalizer=token_normalizer,
             sample_weight=sample_weight,
-            zero_outside_mask=True,  # every estimate and transform maps the masked log-ratio's 0 to 0
         )
-    return term, estimates
+    return term, sums
 
 
 def adapted_kl_term(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -139,16 +114,3 @@ def adapted_kl_term(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]
     `(len(STAT_NAMES),)`, for this process only (the caller reduces it)."""
     term, sums = kl_term_and_sequence_sums(*args, **kwargs)
     return term, statistics_of_sequences(sums)
-
-
-def measured_sequence_sums(
-    per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, mask: torch.Tensor, **options
-) -> torch.Tensor:
-    """The `(5, B)` per-sequence sums of `kl_term_and_sequence_sums` (same arguments) without its term: the KL measured
-    beside a loss that holds its own KL term, or in the reward. Row-wise, so that batches concatenated along the
-    sequences give their sums concatenated (what a trainer uses to measure many micro-batches in one call). `mask` may
-    be of any dtype (a completion mask as the host keeps it)."""
-    mask = mask.to(per_token_logps.dtype)
-    if options.get("old_per_token_logps") is None:  # on-policy: the bias correction's ratio is exactly 1
-        options["use_bias_correction"] = False
-    return kl_term_and_sequence_sums(per_token_logps, ref_per_token_logps, mask, **options, with_term=False)[1]

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from ..trainers.hooks import host_rewards, score_policy, set_accumulation_steps
-
 
 def fabricated_inputs(trainer, seed: int = 0) -> dict:
     """A micro-batch as `_generate_and_score_completions` returns it, with drifted reference and old policies.
@@ -35,7 +33,7 @@ def grouped_inputs(trainer, num_prompts: int, completion_length: int, seed: int 
     old policies. `num_items_in_batch` counts the tokens of `micro_batches` such micro-batches (the optimizer step's).
     """
     g = torch.Generator().manual_seed(seed)
-    group = host_rewards(trainer, "train").group_size
+    group = trainer.num_generations
     rows, vocab = num_prompts * group, trainer.model.config.vocab_size
     pad = trainer.processing_class.pad_token_id
     prompt_ids = not_pad(torch.randint(3, vocab - 1, (num_prompts, 8), generator=g), pad)
@@ -74,13 +72,12 @@ def scored_micro_batch(trainer, prompt_ids, completion_ids, completion_mask, adv
         x.to(device) for x in (prompt_ids, completion_ids, completion_mask, prompt_mask)
     )
     with torch.no_grad():
-        logps = score_policy(
-            trainer,
+        logps = trainer._get_per_token_logps_and_entropies(
             trainer.model,
             torch.cat([prompt_ids, completion_ids], 1),
             torch.cat([prompt_mask, completion_mask], 1),
             completion_len,
-        )
+        )[0]
     return {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
@@ -97,7 +94,8 @@ def loss_and_grads(trainer, inputs, *, train: bool = True, accumulation_steps: i
     model = trainer.model
     model.train(train)
     model.zero_grad(set_to_none=True)
-    set_accumulation_steps(trainer, accumulation_steps)
+    # What Transformers' training loop sets before each optimizer step, for a loss computed outside it
+    trainer.current_gradient_accumulation_steps = accumulation_steps
     with torch.set_grad_enabled(train):
         loss = trainer.compute_loss(model, inputs)
     if not train:

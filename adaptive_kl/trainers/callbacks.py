@@ -24,7 +24,7 @@ from transformers.utils import logging
 
 from ..kl.validation import is_finite_number, is_positive_int
 from .generation import generate_greedy
-from .hooks import has_metric_store, metric_store
+from .hooks import metric_store
 
 
 logger = logging.get_logger(__name__)
@@ -261,7 +261,8 @@ class RetentionCallback(TrainerCallback):
             raise ValueError(f"kl_to_start must be True or False, got {kl_to_start!r}.")
         if kl_to_start and metric != "loglik":
             raise ValueError(f"kl_to_start=True needs metric='loglik' (it scores the completions), got {metric!r}.")
-        if not has_metric_store(trainer):
+        store = trainer._metrics if hasattr(trainer, "_metrics") else None  # TRL's metric store (`hooks.metric_store`)
+        if not (isinstance(store, dict) and "train" in store):
             raise ValueError(
                 "trainer must be a TRL trainer with TRL's metric store (GRPOTrainer, AdaptiveKLGRPOTrainer), "
                 f"got {type(trainer).__name__}."

@@ -4,21 +4,19 @@ Where the KL fields choose β_t only (every field at its default, a schedule, `d
 host computes its own loss, KL term included, at β_t, bit for bit as stock TRL does at that β (`host_kl_term`), and
 this class only measures the term for `adaptive_kl/*` and the controllers. Otherwise the host computes its loss with
 β = 0 (the policy term, untouched), and this class adds `β_t · Agg(f(k))` computed from the log-probabilities the
-host already computed for that loss: no copy of the host's loss, no extra forward pass. The KL term's path:
-`compute_loss` (`lifecycle.AdaptiveKLRun`) → `_loss_and_kl_sums` → `hooks.HostHooks.host_loss_scoring` (what the
-host's loss scored) → `_host_kl_inputs` (its aggregation, `hooks.host_loss_settings`) →
-`kl.term.kl_term_and_estimates`. With `kl_placement="reward"` the KL is instead a penalty on each completion's
-reward (`_score_kl`), and the loss only measures it.
+host already computed for that loss (`kl.term.kl_term_and_sequence_sums`): no copy of the host's loss, no extra
+forward pass; TRL's `kl` and `policy_loss` of that micro-batch are then logged as TRL would have logged them. With
+`kl_placement="reward"` the KL is instead a penalty on each completion's reward (`_score_kl`), and the loss only
+measures it. A micro-batch reads top to bottom in `_loss_and_kl_sums`; what both trainers do around it is
+`lifecycle.AdaptiveKLRun`'s.
 
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
-Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`. Everything taken from the
-host goes through `adaptive_kl.trainers.hooks`; what both trainers do is `lifecycle.AdaptiveKLRun`'s.
+Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 
 import torch
@@ -28,7 +26,7 @@ from trl import GRPOTrainer
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 from ..kl.groups import zero_std_groups
 from ..kl.placement import group_advantages
-from ..kl.term import kl_term_and_estimates, measured_sequence_sums
+from ..kl.term import kl_term_and_sequence_sums
 from ..metrics.diversity import diversity_metrics
 from .config import AdaptiveKLGRPOConfig
 from .embedding import build_embedder
@@ -36,19 +34,13 @@ from .hooks import (
     MULTIMODAL_INPUTS,
     HostHooks,
     HostScoring,
+    accumulation_steps,
     check_carries_gradient,
     check_host,
     completion_loss_mask,
-    grpo_scale_rewards,
-    host_loss_settings,
-    host_models,
-    host_rewards,
-    metric_store,
-    score_policy,
 )
-from .inputs import check_train_dataset, train_dataset_argument
-from .lifecycle import AdaptiveKLRun, ScoredBatch, local_rows
-from .monitoring import PendingSums
+from .inputs import check_train_dataset
+from .lifecycle import AdaptiveKLRun, ScoredBatch
 from .unsloth import (
     UNSLOTH_LOG_RATIO_CLAMP,
     capturing_efficient_grpo,
@@ -77,6 +69,7 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         reference_resets (`ReferenceResets`): when the reference is reset; saved in every checkpoint too.
         host_kl_term (`bool`): the host's loss keeps its own KL term, at β_t (the config's `kl_term_is_trls`, not on
             Unsloth); the package only measures it for `adaptive_kl/*` and the controllers.
+        logs_host_kl (`bool`): the host's loss runs without its KL term, so this trainer logs TRL's `kl` itself.
     """
 
     host_class, host_family, config_class = GRPOTrainer, "grpo", AdaptiveKLGRPOConfig
@@ -94,86 +87,71 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
 
     def _prepare_host(self, args, more: tuple, kwargs: dict) -> None:
         check_host(GRPOTrainer, "grpo", args, "AdaptiveKLGRPOTrainer", own_loss=args.beta > 0)
-        check_train_dataset(
-            train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
-        )
+        train_dataset = more[0] if more else kwargs.get("train_dataset")  # GRPOTrainer's argument after `args`
+        check_train_dataset(train_dataset, environment=kwargs.get("environment_factory") is not None)
         self._unsloth_module = prepare_unsloth_host(GRPOTrainer, args.kl_placement, args.kl_mask_zero_std_groups)
         if self._unsloth_module is not None:
             self.host_log_ratio_clip = UNSLOTH_LOG_RATIO_CLAMP
+        self.kl_in_reward = args.kl_placement == "reward"
+        self.kl_mask_zero_std_groups = args.kl_mask_zero_std_groups
         # Nothing of the config changes the form of the host's KL term (k3 in the loss, no transform, no mask, no
         # clamp), only its β_t: the host keeps it, at β_t, so the loss, its gradients and every value TRL logs are
         # stock TRL's at that β, bit for bit. Not on Unsloth, whose fused loss computes its KL where this class cannot
         # measure it, and compiles its β as a constant (`trainers.unsloth`).
         self.host_kl_term = args.kl_term_is_trls and self._unsloth_module is None
-
-    @property
-    def kl_in_reward(self) -> bool:
-        return self.args.kl_placement == "reward"
-
-    @property
-    def logs_host_kl(self) -> bool:
-        """Whether this trainer logs TRL's `kl` itself: when the host's loss runs with β = 0 (and logs no `kl`)."""
-        return not self.host_kl_term
+        self.logs_host_kl = not self.host_kl_term
 
     # --- a scored generation batch -----------------------------------------------------------------------------------
 
+    def _on_scored(self, scoring: HostScoring) -> None:
+        super()._on_scored(scoring)
+        if self.args.diversity_metrics:
+            self._log_diversity(scoring.output, scoring.mode)
+
     def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
         output, mode = scoring.output, scoring.mode
-        keep = self._kl_group_mask(output, batch.rewards, mode) if self.args.kl_mask_zero_std_groups else None
-        if self.kl_in_reward:
-            batch = self._penalize_rewards(output, batch, keep, mode)
-        if self.args.diversity_metrics:
-            self._log_diversity(output, mode)
-        return batch
-
-    def _penalize_rewards(self, output: dict, batch: ScoredBatch, keep: torch.Tensor | None, mode: str) -> ScoredBatch:
-        """`kl_placement="reward"`: the advantages of `output` become those of the rewards minus β_t·Σ_t f(k), each
-        group's as TRL computes them; the completions of a group `keep` masks (`(B,)`, or None) get no penalty, so that
-        they keep their zero advantages. Returns `batch` with its `(N,)` penalties."""
-        # TRL's GRPO keeps the log-probabilities it scored in its output: the sampling policy's when it needs them
-        # (off-policy), the reference's when its β is not 0 and the reference was scored.
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        keep = None
+        if self.kl_mask_zero_std_groups:
+            # Decided per group of the whole generation batch (groups may span processes), then put in the output:
+            # a tensor of first dimension B follows each completion through TRL's shuffle and split into micro-batches
+            masked = zero_std_groups(batch.rewards, group_size)  # (N,)
+            rows = len(output["completion_ids"])
+            start = self.accelerator.process_index * rows
+            keep = output["kl_group_mask"] = ~masked[start : start + rows].to(output["completion_ids"].device)
+            self._metrics[mode]["adaptive_kl/kl_masked_fraction"].append(masked.double().mean().item())
+        if not self.kl_in_reward:
+            return batch
+        # The advantages become those of the rewards minus β_t·Σ_t f(k), each group's as TRL computes them. TRL keeps
+        # the log-probabilities it scored in its output: the sampling policy's when it needs them (off-policy), the
+        # reference's when its β is not 0 and the reference was scored.
         mask = completion_loss_mask(output)
-        ref_logps = output.get("ref_per_token_logps")
-        policy_logps = output.get("old_per_token_logps")
-        if policy_logps is None and ref_logps is not None:  # on-policy: TRL did not score the sampling policy
-            policy_logps = self._sampling_policy_logps(output, mode)
+        ref_logps, policy_logps = output.get("ref_per_token_logps"), output.get("old_per_token_logps")
+        if policy_logps is None and ref_logps is not None:
+            # On-policy, TRL skips the sampling policy's scoring: one no-grad forward of the policy, which has not
+            # changed since it sampled
+            input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            args = self.args
+            rows_per_forward = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+            multimodal = {key: output[key] for key in MULTIMODAL_INPUTS if key in output}
+            with torch.no_grad():
+                policy_logps = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, output["completion_ids"].size(1), rows_per_forward,
+                    **multimodal,
+                )[0]  # fmt: skip
         # Without log-probabilities (scored without the reference, on-policy), those TRL would have scored are in the
-        # output embedding's dtype or float32, which the penalty's dtype does not tell apart (`penalty_dtype`)
-        embedding = host_models(self).policy.get_output_embeddings().weight
+        # output embedding's dtype, which the zero penalty's dtype follows
+        embedding = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight
         logps_dtype = policy_logps.dtype if policy_logps is not None else embedding.dtype
         penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, logps_dtype)
         if keep is not None:  # decided on the task rewards: those groups keep 0 advantages
             penalty = torch.where(keep, penalty, torch.zeros_like(penalty))
-        group_size, scaling = host_rewards(self, mode).group_size, grpo_scale_rewards(self)
+        scaling = self.scale_rewards
         penalties, _ = self._penalize(
             output, batch.rewards, penalty, mode, lambda rewards: group_advantages(rewards, group_size, scaling)
         )
         return dataclasses.replace(batch, penalty=penalties)
-
-    def _sampling_policy_logps(self, output: dict, mode: str) -> torch.Tensor:
-        """`(B, T)` log π at the sampled tokens under the policy that sampled them, by one no-grad forward of the
-        policy (on-policy, `num_iterations == 1`: TRL skips it, and the policy has not changed since it sampled)."""
-        args = self.args
-        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
-        multimodal = {key: output[key] for key in MULTIMODAL_INPUTS if key in output}
-        with torch.no_grad():
-            return score_policy(
-                self, self.model, input_ids, attention_mask, output["completion_ids"].size(1), batch_size, **multimodal
-            )
-
-    def _kl_group_mask(self, output: dict, rewards: torch.Tensor, mode: str) -> torch.Tensor:
-        """`kl_mask_zero_std_groups`: the `(B,)` bool mask of this process's completions whose KL counts, False for
-        those of a group whose total `rewards` (`(N,)`, every process's) all agree. It is decided here, per group of
-        the whole generation batch, and put in `output["kl_group_mask"]`: a tensor of first dimension B, it follows
-        each completion through TRL's shuffle and split into micro-batches. Logs the fraction of completions masked."""
-        masked = zero_std_groups(rewards, host_rewards(self, mode).group_size)  # (N,): groups may span processes
-        rows = len(output["completion_ids"])
-        keep = ~local_rows(masked, rows, self.accelerator.process_index).to(output["completion_ids"].device)
-        output["kl_group_mask"] = keep
-        metric_store(self, mode)["adaptive_kl/kl_masked_fraction"].append(masked.double().mean().item())
-        return keep
 
     def _log_diversity(self, output: dict, mode: str) -> None:
         """`diversity/*` of the generation batch, over every process's completions (groups may span processes)."""
@@ -186,15 +164,13 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             ids.append(row[mask].tolist())
         ids = gather_object(ids)
         texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-        group_size = host_rewards(self, mode).group_size
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
         metrics = diversity_metrics(ids, texts, group_size, embedder=self.diversity_embedder)
         for name, value in metrics.items():
-            metric_store(self, mode)[name].append(value)
+            self._metrics[mode][name].append(value)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "train" if self.model.training else "eval"
-        metrics = metric_store(self, mode)
-        self.kl_monitor.write_policy_loss_terms(metrics, mode, self.accelerator.gather)
+        metrics = self._metrics["train" if self.model.training else "eval"]
         if self.args.diversity_metrics and metrics.get("entropy"):
             metrics["diversity/entropy"] = list(metrics["entropy"])  # TRL's, on the panel
         super().log(logs, start_time)
@@ -202,67 +178,54 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
     # --- the KL term -------------------------------------------------------------------------------------------------
 
     def _loss_and_kl_sums(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
+        metrics = self._metrics[mode]
+        logged_kl, logged_policy_loss = len(metrics.get("kl", ())), len(metrics.get("policy_loss", ()))
         backend_capture = capturing_efficient_grpo if self._unsloth_module is not None else None
-        policy_losses = metric_store(self, mode).get("policy_loss")  # TRL's, with its entropy bonus on
-        logged = len(policy_losses) if policy_losses is not None else 0
         with self.host_loss_scoring(backend_capture, beta=beta if self.host_kl_term else 0.0) as captured:
-            loss = self.host_compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        if "ref_per_token_logps" not in inputs:  # `_scores_reference`: β_t = 0, the term adds exactly 0
+            loss = super(AdaptiveKLRun, self).compute_loss(model, inputs, return_outputs, num_items_in_batch)  # host's
+        if "ref_per_token_logps" not in inputs:  # scored without the reference: β_t = 0, the term adds exactly 0
             return loss, None
         training = torch.is_grad_enabled() and mode == "train"
-        if self.host_kl_term:  # the host's own term, at β_t, is in the loss: the KL is measured for the metrics
-            pending = self._pending_kl_sums(captured, inputs, mode, training)
-            return loss, pending.sums() if self.reads_step_kl else pending
-        host_inputs = self._host_kl_inputs(captured, inputs, mode, training, aggregated=not self.kl_in_reward)
-        if self.kl_in_reward:
-            # The KL is in the advantages: measured here, without a graph, for the metrics and controllers only (in
-            # the reward, without the loss's importance ratio)
-            host_inputs["use_bias_correction"] = False
-            with torch.no_grad():
-                _, sums = self._adapted_kl_term(host_inputs, with_term=False)
+        if self.host_kl_term:  # the host's own term, at β_t, is in the loss and in its logs: the KL is only measured
+            policy_logps = self.captured_policy_logps(captured, training).detach()
+            old_logps = inputs.get("old_per_token_logps")  # None on-policy, where the bias correction's ratio is 1
+            _, sums = kl_term_and_sequence_sums(
+                policy_logps, inputs["ref_per_token_logps"], completion_loss_mask(inputs).to(policy_logps.dtype),
+                **self.kl_transform_options, old_per_token_logps=old_logps,
+                use_bias_correction=self.args.use_bias_correction_kl and old_logps is not None,
+                importance_sampling_level=self.importance_sampling_level, with_term=False,
+            )  # fmt: skip
             return loss, sums
-        kl_term, sums = self._adapted_kl_term(host_inputs)
-        weighted = beta * kl_term
-        policy_losses = metric_store(self, mode).get("policy_loss")
-        if policy_losses is not None and len(policy_losses) > logged:
-            # TRL's `policy_loss` is its loss before the entropy bonus, KL term included; the host's ran without it
-            self.kl_monitor.record_policy_loss_term(mode, len(policy_losses) - 1, weighted.detach())
-        return loss + weighted, sums  # Unsloth's backward ignores its incoming gradient: add, never scale
+        host_inputs = self._host_kl_inputs(captured, inputs, mode, training)
+        if self.kl_in_reward:  # the KL is in the advantages: measured here, without a graph (and without the ratio)
+            with torch.no_grad():
+                _, sums = kl_term_and_sequence_sums(
+                    **{**host_inputs, "use_bias_correction": False}, **self.kl_options, with_term=False
+                )
+        else:
+            kl_term, sums = kl_term_and_sequence_sums(**host_inputs, **self.kl_options)
+            weighted = beta * kl_term
+            loss = loss + weighted  # Unsloth's backward ignores its incoming gradient: add, never scale
+            policy_losses = metrics.get("policy_loss")
+            if policy_losses is not None and len(policy_losses) > logged_policy_loss:
+                # TRL's `policy_loss` (logged with its entropy bonus on) is its loss before the bonus, KL term
+                # included, and before its division by the accumulation steps (after it for the token-sum types,
+                # whose normalizer holds them); the host's ran without the term, which we add as TRL averages it
+                share = weighted.detach()
+                if host_inputs["loss_type"] not in TOKEN_SUM_LOSS_TYPES:
+                    share = share * host_inputs["accumulation_steps"]
+                policy_losses[-1] += self.accelerator.gather(share).nanmean().item()
+        # TRL's `kl` of this micro-batch, as its loss logs it: the token mean of its k3 (bias-corrected like the loss),
+        # over every process. A host that logged one with β = 0 (Unsloth's logs 0) has it replaced.
+        if "kl" in metrics:
+            del metrics["kl"][logged_kl:]
+        tokens, host_kl = self.sum_over_processes(sums[[0, 4]].sum(-1)).tolist()  # rows of `kl_sequence_sums`
+        metrics["kl"].append(host_kl / max(tokens, 1.0))
+        return loss, sums
 
-    def _adapted_kl_term(
-        self, host_inputs: dict, with_term: bool = True
-    ) -> tuple[torch.Tensor | None, torch.Tensor | PendingSums]:
-        """Agg(f(k)) of one micro-batch from the host's inputs (`_host_kl_inputs`) and the config's estimate and
-        transform (`None` without `with_term`), and the per-sequence sums of its statistics: `(5, B)` where a step
-        reads them, else `PendingSums`, made at the log line."""
-        term, estimates = kl_term_and_estimates(**host_inputs, **self.kl_options, with_term=with_term)
-        if self.reads_step_kl:
-            return term, estimates.sequence_sums()
-        return term, PendingSums.of_estimates(estimates)
-
-    def _pending_kl_sums(self, captured: dict, inputs: dict, mode: str, training: bool) -> PendingSums:
-        """The KL of the host's own term, to be measured (`kl.term.measured_sequence_sums`): what `_host_kl_inputs`
-        would give the term, less the aggregation. A step that reads it measures it at once, else the log line."""
-        tensors = dict(
-            per_token_logps=self.captured_policy_logps(captured, training).detach(),
-            ref_per_token_logps=inputs["ref_per_token_logps"],
-            mask=completion_loss_mask(inputs),
-        )
-        if self.args.use_bias_correction_kl and inputs.get("old_per_token_logps") is not None:
-            tensors["old_per_token_logps"] = inputs["old_per_token_logps"]  # on-policy, the ratio is exactly 1
-        level = host_loss_settings(self, mode).importance_sampling_level  # read per micro-batch, as the host does
-        settings = (*self._kl_transform_settings, ("importance_sampling_level", level))
-        return PendingSums(measured_sequence_sums, tensors, settings)
-
-    @functools.cached_property
-    def _kl_transform_settings(self) -> tuple:
-        return (*self.kl_transform_options.items(), ("use_bias_correction", self.args.use_bias_correction_kl))
-
-    def _host_kl_inputs(
-        self, captured: dict, inputs: dict, mode: str, training: bool, aggregated: bool = True
-    ) -> dict:
-        """The log-probabilities, mask and aggregation of the host's loss that the KL term must share (`aggregated`
-        False: the term is not aggregated, so TRL's token normalizer is not computed)."""
+    def _host_kl_inputs(self, captured: dict, inputs: dict, mode: str, training: bool) -> dict:
+        """The log-probabilities, mask and aggregation of the host's loss that the KL term shares, read per
+        micro-batch, as the host reads them."""
         if self._unsloth_module is not None:
             if "efficient_grpo" not in captured:
                 raise unsupported_unsloth("its GRPO loss no longer calls UnslothEfficientGRPO.apply")
@@ -272,13 +235,13 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
                 kl_inputs["importance_log_ratio_clip"] = self.args.kl_log_ratio_clip
             return kl_inputs
         per_token_logps = self.captured_policy_logps(captured, training)
-        settings = host_loss_settings(self, mode)
+        steps = accumulation_steps(self) if mode == "train" else 1.0  # TRL does not accumulate in evaluation
         token_normalizer = None
-        if aggregated and settings.loss_type in TOKEN_SUM_LOSS_TYPES:
+        if self.loss_type in TOKEN_SUM_LOSS_TYPES and not self.kl_in_reward:
             token_normalizer = token_sum_normalizer(
                 inputs["num_items_in_batch"],
                 self.accelerator.num_processes,
-                settings.accumulation_steps,
+                steps,
                 self.args.steps_per_generation if mode == "train" else None,
             )
         return dict(
@@ -286,13 +249,13 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             ref_per_token_logps=inputs["ref_per_token_logps"],
             mask=completion_loss_mask(inputs).to(per_token_logps.dtype),
             old_per_token_logps=inputs.get("old_per_token_logps"),
-            loss_type=settings.loss_type,
-            accumulation_steps=settings.accumulation_steps,
-            max_completion_length=settings.max_completion_length,
+            loss_type=self.loss_type,
+            accumulation_steps=steps,
+            max_completion_length=self.max_completion_length,
             token_normalizer=token_normalizer,
             use_bias_correction=self.args.use_bias_correction_kl,
-            importance_sampling_level=settings.importance_sampling_level,
+            importance_sampling_level=self.importance_sampling_level,
             importance_log_ratio_clip=self.args.kl_log_ratio_clip,
             # `_score_kl` put it in every scored batch: numerator rows only, the normalizers are the host's
-            sequence_mask=inputs["kl_group_mask"] if self.args.kl_mask_zero_std_groups else None,
+            sequence_mask=inputs["kl_group_mask"] if self.kl_mask_zero_std_groups else None,
         )

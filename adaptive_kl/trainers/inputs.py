@@ -104,12 +104,6 @@ class RewardOutputError(TypeError):
     """A reward function returned something that is not one reward per completion."""
 
 
-def train_dataset_argument(more: tuple, kwargs: dict):
-    """The `train_dataset` of a call `GRPOTrainer.__init__(model, reward_funcs, args, *more, **kwargs)`: the first
-    argument after `args`, or the keyword."""
-    return more[0] if more else kwargs.get("train_dataset")
-
-
 def _is_reward(value) -> bool:
     """Whether TRL can take `value` as one completion's reward: None, a real number (a bool too: True is 1.0), or a
     one-element real tensor or NumPy array."""

@@ -1,55 +1,48 @@
-"""`AdaptiveKLRun`: the base `AdaptiveKLGRPOTrainer` and `AdaptiveKLRLOOTrainer` share, where one generation batch goes
-from the host's hook to the loss.
+"""`AdaptiveKLRun`: the base `AdaptiveKLGRPOTrainer` and `AdaptiveKLRLOOTrainer` share: what a generation batch, a
+micro-batch, an optimizer step, a log line and a run do, whatever the host.
 
 A trainer is `class T(AdaptiveKLRun, HostHooks, <TRL trainer>)` and adds only what differs between hosts. Through one
 generation batch:
 
-1. The host is about to generate (`_on_generation_batch`): a reference reset that fell due is applied.
-2. `_scores_reference`: whether the host scores the reference (not while β_t is 0 for good: `zero_beta`).
-3. The host scored the batch (`_on_scored`): the task rewards are summed, with what the β controllers read (the mean
-   reward, the fraction of zero-std groups) and the β of the first optimizer step the batch serves; the trainer then
-   names its host's log-probabilities and, where the KL is in the reward, subtracts the penalty (`_kl_penalty`) from
-   the rewards and replaces the host's advantages (`_penalize`). The result is one `ScoredBatch`, kept per mode in
-   `scored_batches` for the steps it serves.
-4. Each micro-batch (`compute_loss`): the trainer's `_loss_and_kl_sums` (the host's loss, plus the KL term
-   where the KL is in the loss) and the per-sequence sums of the KL's statistics, or, where no step reads them, what
-   they are made of (`monitoring.PendingSums`, measured at the log line), which `kl_monitor` keeps.
-5. The optimizer step's last micro-batch (`_end_of_step`): the controller's update from the step's KL statistics (read
-   only where a controller or a reset reads the KL) or
-   the scored batch's mean reward or zero-std fraction, and the KL-triggered reference reset's decision.
+1. Before the host generates (`_before_scoring`): a reference reset that fell due is applied, and the batch is scored
+   without the reference where β_t is 0 for good (`zero_beta`).
+2. After the host scored it (`_on_scored`): where something reads them (a penalty in the reward, the zero-std mask, a
+   β that adapts), the task rewards and their statistics, as one `ScoredBatch`; then the trainer's `_score_kl`.
+3. Each micro-batch (`compute_loss`): the trainer's `_loss_and_kl_sums` (the host's loss, with the KL term where it
+   belongs there) and the `(5, B)` per-sequence sums of the KL's statistics, which `KLMonitor` keeps.
+4. The optimizer step's last micro-batch (`_end_of_step`): β's update, and the KL-triggered reset's decision.
+5. Each log line (`log`): the `adaptive_kl/*` metrics of the micro-batches since the last, in one reduction.
 
-The collaborators hold their own state and take the values they use, never the trainer: `beta_controller` (β_t),
-`reference_resets` (when the reference is reset), `zero_beta` (the reference skipped while β is 0), `kl_monitor` (the
-KL statistics per step and per log line) and `run_warnings`. What is done to the host's models goes through `hooks`.
+β, the reference resets and the zero-β skip hold their own state (`kl.controller`, `reference`, `zero_beta`); a
+feature that is off is `None` or never called. `AdaptiveKLStateCallback` keeps β's state in every checkpoint.
 """
 
 from __future__ import annotations
 
-import functools
 import gc
 import math
+import os
+import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from ..kl.controller import BetaController
 from ..kl.groups import zero_std_group_fraction
-from ..kl.metrics import STAT_NAMES
+from ..kl.metrics import STAT_NAMES, kl_metrics, statistics_of_sequences
 from ..kl.placement import sequence_kl_penalty, total_rewards, zero_penalty
 from .hooks import (
     HostScoring,
     check_host_attributes,
-    host_beta,
     host_built_without_reference,
     host_models,
-    host_rewards,
-    metric_store,
     release_reference_model,
     replace_logged_advantages,
     resolve_args,
 )
-from .monitoring import KLMonitor, PendingSums
 from .reference import (
     ReferenceResets,
     apply_reference_reset,
@@ -59,8 +52,7 @@ from .reference import (
     save_reference,
     warn_if_reference_is_base,
 )
-from .run_warnings import RunWarnings
-from .state import AdaptiveKLStateCallback, check_resumed_kl_state
+from .state import STATE_CALLBACK, check_resumed_kl_state, saved_attribute
 from .zero_beta import ZeroBetaReference, reference_never_scored
 
 
@@ -76,7 +68,7 @@ class ScoredBatch:
             `reward` (NaN where no reward function scored one).
         mean_reward (`float`): their mean, NaN when none was scored: what a reward-triggered β (`dynamic`) reads.
         zero_std_fraction (`float`): the fraction of groups whose rewards all agree, NaN when no group has two scored:
-            what a saturation-triggered β reads.
+            what a saturation-triggered β reads, and a target-KL controller's hold.
         penalty (`torch.Tensor` of shape `(N,)` or `None`): the KL penalties subtracted from the rewards, every
             process's, where the KL is in the reward.
     """
@@ -90,33 +82,148 @@ class ScoredBatch:
     penalty: torch.Tensor | None = None
 
 
-def local_rows(values: torch.Tensor, rows: int, process_index: int) -> torch.Tensor:
-    """This process's `rows` rows of `values` `(N, ...)`, gathered over processes in process order, as TRL slices its
-    advantages."""
-    start = process_index * rows
-    return values[start : start + rows]
+@dataclass
+class KLMonitor:
+    """The KL statistics of one trainer's loss, between optimizer steps and between log lines.
+
+    Each micro-batch's `(5, B)` per-sequence sums (`kl.metrics.kl_sequence_sums`, this process's) are kept as they
+    are, or counted without when it was scored without the reference (β_t = 0). They become statistics
+    (`kl.metrics.STAT_NAMES`), summed over processes in one reduction, only when read: at the end of an optimizer step
+    where the controller or the KL-triggered resets read the KL (`end_step`), and at each log line (`write_metrics`,
+    a collective: every process logs at the same steps). A micro-batch costs its sums, a few tensor operations.
+
+    Args:
+        reads_steps (`bool`): whether anything reads an optimizer step's statistics; without, the steps keep none.
+    """
+
+    reads_steps: bool = True
+    step_sums: list[torch.Tensor] = field(default_factory=list)  # the optimizer step in progress's, in training
+    log_sums: dict[str, list[torch.Tensor]] = field(default_factory=lambda: {"train": [], "eval": []})
+    # per mode, since the last log: [micro-batches recorded, of them scored without the reference]
+    counts: dict[str, list[int]] = field(default_factory=lambda: {"train": [0, 0], "eval": [0, 0]})
+    last_beta: dict[str, tuple[float, float]] = field(default_factory=dict)  # per mode: the last (β_t, its scale)
+    zero_std_fractions: list[float] = field(default_factory=list)  # what a saturation trigger read since the last log
+
+    def start_run(self) -> None:
+        """A new `train()` call: an exception (e.g. from a reward function) can interrupt an optimizer step after some
+        of its micro-batches were recorded, and those partial sums must not leak into the next run."""
+        self.step_sums, self.log_sums = [], {"train": [], "eval": []}
+        self.counts, self.zero_std_fractions = {"train": [0, 0], "eval": [0, 0]}, []
+
+    def record(self, sums: torch.Tensor | None, mode: str, beta: float, scale: float) -> None:
+        """Keeps one micro-batch's sums (None: scored without the reference) and the β it applied."""
+        self.last_beta[mode] = (beta, scale)
+        self.counts[mode][0] += 1
+        if sums is None:
+            self.counts[mode][1] += 1
+            return
+        self.log_sums[mode].append(sums)
+        if mode == "train" and self.reads_steps:
+            self.step_sums.append(sums)
+
+    def end_step(self, sum_over_processes) -> torch.Tensor | None:
+        """The statistics of the optimizer step that just ended, summed by `sum_over_processes`; None when none of its
+        micro-batches was scored with the reference."""
+        sums, self.step_sums = self.step_sums, []
+        return sum_over_processes(statistics_of_sequences(torch.cat(sums, 1))) if sums else None
+
+    def write_metrics(self, metrics: dict[str, list[float]], mode: str, sum_over_processes) -> bool:
+        """Writes the `adaptive_kl/*` metrics of the micro-batches since the last log into TRL's `metrics` of `mode`
+        (which it averages, and prefixes with `eval_` in evaluation), their statistics summed by `sum_over_processes`,
+        and starts the next log's. Returns whether it wrote any: False when no micro-batch went through the loss."""
+        scored, skipped = self.counts[mode]
+        if not scored:
+            return False
+        beta, scale = self.last_beta[mode]
+        if self.log_sums[mode]:  # the KL metrics: of the micro-batches scored with the reference only
+            stats = sum_over_processes(statistics_of_sequences(torch.cat(self.log_sums[mode], 1)))
+            for key, value in kl_metrics(stats, beta=beta, beta_scale=scale).items():
+                metrics[key] = [value]
+        else:
+            metrics["adaptive_kl/current_beta"], metrics["adaptive_kl/beta_scale"] = [beta], [scale]
+        metrics["adaptive_kl/reference_skipped"] = [skipped / scored]
+        if mode == "train" and self.zero_std_fractions:  # what the saturation trigger read, averaged like TRL's
+            finite = [value for value in self.zero_std_fractions if not math.isnan(value)]  # NaN: nothing measured
+            metrics["adaptive_kl/zero_std_fraction"] = [sum(finite) / len(finite) if finite else float("nan")]
+            self.zero_std_fractions = []
+        self.log_sums[mode], self.counts[mode] = [], [0, 0]
+        return True
+
+
+class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
+    """Saves the `BetaController` state (and the `ReferenceResets` state when resets are on) in every checkpoint's
+    `trainer_state.json`, under `stateful_callbacks["AdaptiveKLStateCallback"]`, and restores it on resume.
+
+    Transformers writes `state()` there at each save. When training resumes, `on_train_begin` loads what the
+    checkpoint's `TrainerState` carries (`state.check_resumed_kl_state` has checked it), whatever
+    `restore_callback_states_from_checkpoint` says. `on_save` hands each saved checkpoint directory to `on_saved`.
+    """
+
+    def __init__(self, controller=None, controller_state=None, resets=None, reference_reset_state=None, on_saved=None):
+        self.controller, self.controller_state = controller, controller_state
+        self.resets, self.reference_reset_state = resets, reference_reset_state
+        self.on_saved = on_saved
+
+    def state(self) -> dict:
+        attributes = {"controller_state": self.controller.state_dict()}
+        if self.resets is not None and self.resets.enabled:
+            attributes["reference_reset_state"] = self.resets.state_dict()
+        return {"args": {}, "attributes": attributes}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # A state resumed from a checkpoint without ours (stock TRL's) has no entry, and Transformers' save would
+        # fail with a KeyError before writing trainer_state.json: give it the entry every later save updates.
+        saved = state.stateful_callbacks.setdefault(STATE_CALLBACK, self.state())
+        if state.global_step == 0:  # a run from the start: the entry is this run's own
+            return
+        controller_state = saved_attribute(saved, "controller_state") or self.controller_state
+        if controller_state is not None:
+            self.controller.load_state_dict(controller_state)
+        reset_state = saved_attribute(saved, "reference_reset_state") or self.reference_reset_state
+        if reset_state is not None and self.resets is not None:
+            self.resets.load_state_dict(reset_state)
+
+    def on_save(self, args, state, control, **kwargs):
+        # Under a hyperparameter search Transformers saves in a run directory per trial, not here: say so rather than
+        # write beside it.
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR  # not at import: see `check_trl_version`
+
+        if self.on_saved is None or not args.should_save:
+            return
+        checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if not os.path.isdir(checkpoint):
+            warnings.warn(
+                f"{checkpoint} was not saved where Transformers saves checkpoints outside a hyperparameter search: "
+                "what adaptive-kl adds to a checkpoint (a reset reference's weights) is not in it.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        self.on_saved(checkpoint)
 
 
 class AdaptiveKLRun:
     """Base placed before `hooks.HostHooks` and the host trainer in an adaptive-KL trainer's bases.
 
-    A trainer sets `host_class` (the TRL trainer it subclasses), `host_family` (`"grpo"` or `"rloo"`), `config_class`,
-    `kl_in_reward` (its KL is a penalty in the reward, computed once per generation batch) and `logs_host_kl` (it logs
-    TRL's `kl` itself, because its host's loss runs without the KL); and implements `_prepare_host` (its checks before
-    the host is built), `_score_kl` (what the KL does to a scored batch) and `_loss_and_kl_sums` (a micro-batch's
-    loss with its KL).
+    A trainer sets `host_class` (the TRL trainer it subclasses), `host_family` (`"grpo"` or `"rloo"`) and
+    `config_class`, and implements `_prepare_host` (its checks before the host is built, and what it decides of the
+    config: `kl_in_reward`, `host_kl_term`, ...), `_score_kl` (what the KL does to a scored batch) and
+    `_loss_and_kl_sums` (a micro-batch's loss with its KL).
 
     Attributes (set at construction):
         beta_controller (`BetaController`): owns β_t; saved in every checkpoint and restored on resume.
         reference_resets (`ReferenceResets`): when the reference is reset; saved in every checkpoint too.
-        scored_batches (`dict[str, ScoredBatch]`): per mode, the generation batch in use.
+        zero_beta (`ZeroBetaReference` or `None`): the reference skipped while β_t is 0 for good; `None` where β
+            cannot reach 0 for good, or nothing would be skipped (`skip_zero_beta_reference=False`).
+        kl_monitor (`KLMonitor`): the KL statistics per optimizer step and per log line.
+        scored_batches (`dict[str, ScoredBatch]`): per mode, the generation batch in use, where something reads it.
     """
 
     host_class: type
     host_family: str
     config_class: type
-    kl_in_reward: bool
-    logs_host_kl: bool
+    kl_in_reward = False  # the trainer's KL is a penalty in the reward, computed once per generation batch
+    kl_mask_zero_std_groups = False  # its KL leaves out the completions of zero-std groups
     host_log_ratio_clip: float | None = None  # the clamp of the log-ratio the host's own loss applies (Unsloth: ±20)
     _unsloth_module = None  # the generated module of Unsloth's trainer the host is, if it is one
 
@@ -133,56 +240,52 @@ class AdaptiveKLRun:
         check_host_attributes(self, self.host_family)
         if args.beta > 0:
             warn_if_reference_is_base(self.model)
-        self.beta_controller = BetaController.from_args(args)
-        self.reference_resets = ReferenceResets(every_steps=args.ref_reset_steps, kl_threshold=args.ref_reset_kl)
-        if self.reference_resets.enabled:
+        controller = self.beta_controller = BetaController.from_args(args)
+        resets = self.reference_resets = ReferenceResets(
+            every_steps=args.ref_reset_steps, kl_threshold=args.ref_reset_kl
+        )
+        if resets.enabled:
             models = host_models(self)
             prepare_reference_resets(
                 models.policy, models.sharding_engine, models.zero_stage, clears_optimizer=args.ref_reset_optimizer
             )
-        self.run_warnings = RunWarnings(is_main_process=self.accelerator.is_main_process)
-        main = self.accelerator.is_main_process
-        self.zero_beta = ZeroBetaReference(args, self.beta_controller, main, released=loads_no_reference)
-        self.kl_monitor = KLMonitor(reads_steps=self.reads_step_kl)
-        self.scored_batches: dict[str, ScoredBatch] = {}
-        self.add_callback(AdaptiveKLStateCallback(self.beta_controller, resets=self.reference_resets))
-
-    def _prepare_host(self, args, more: tuple, kwargs: dict) -> None:
-        """Before the host's `__init__`: the trainer's checks of its host and arguments (`hooks.check_host` first)."""
-        raise NotImplementedError
-
-    # --- how f(k) is computed --------------------------------------------------------------------------------------
-
-    @functools.cached_property
-    def kl_transform_options(self) -> dict:
-        """The per-token estimate k and transform f of the config: `estimator`, `transform`, `clip_threshold`,
-        `target`, `log_ratio_clip` (the keyword arguments of `kl.placement` and `kl.term`). Read from the config once,
-        at its first use, as TRL reads its own settings once: every micro-batch passes them."""
-        args = self.args
+        self.zero_beta = None
+        if args.beta > 0 and args.skip_zero_beta_reference and args.beta_min == 0 and controller.has_training_state:
+            main = self.accelerator.is_main_process
+            self.zero_beta = ZeroBetaReference(args, controller, main, released=loads_no_reference)
+        # What reads the KL of each optimizer step (else it is only logged), and the rewards of each generation batch
+        self.reads_step_kl = controller.reads_kl or resets.reads_kl
+        self.reads_rewards = self.kl_in_reward or self.kl_mask_zero_std_groups or controller.has_training_state
+        # The per-token estimate k and transform f (the keyword arguments of `kl.term` and `kl.placement`), read
+        # once, as TRL reads its own settings
         clip = args.kl_log_ratio_clip if args.kl_log_ratio_clip is not None else self.host_log_ratio_clip
-        return dict(
+        self.kl_transform_options = dict(
             estimator=args.kl_estimator,
             transform=args.kl_transform,
             clip_threshold=args.kl_clip_threshold,
             target=args.kl_target,
             log_ratio_clip=clip,
         )
+        self.kl_options = dict(self.kl_transform_options, length_normalized="length_normalized" in args.kl_methods)
+        self.kl_monitor = KLMonitor(reads_steps=self.reads_step_kl)
+        self.scored_batches: dict[str, ScoredBatch] = {}
+        self.warned: set[str] = set()  # the run's warnings given, each at most once per `train()` call
+        self.add_callback(AdaptiveKLStateCallback(controller, resets=resets, on_saved=self._save_reference))
 
-    @functools.cached_property
-    def kl_options(self) -> dict:
-        """`kl_transform_options`, and whether each sequence's KL is its per-token mean (`length_normalized`)."""
-        return dict(self.kl_transform_options, length_normalized="length_normalized" in self.args.kl_methods)
+    def _prepare_host(self, args, more: tuple, kwargs: dict) -> None:
+        """Before the host's `__init__`: the trainer's checks of its host and arguments (`hooks.check_host` first)."""
+        raise NotImplementedError
 
     # --- a generation batch ----------------------------------------------------------------------------------------
 
-    def _on_generation_batch(self, mode: str) -> None:
+    def _before_scoring(self, mode: str) -> bool:
         if self.model.training and self.reference_resets.pending:
             models = host_models(self)
             optimizer = models.optimizer if self.args.ref_reset_optimizer else None
             apply_reference_reset(models.policy, models.reference, optimizer)
             self.reference_resets.applied(self.state.global_step)
-
-    def _scores_reference(self, mode: str) -> bool:
+        if self.zero_beta is None:
+            return True
         step = self.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
         if self.zero_beta.scores_reference(mode, step, self.state.logging_steps):
             return True
@@ -195,20 +298,31 @@ class AdaptiveKLRun:
         return False
 
     def _on_scored(self, scoring: HostScoring) -> None:
-        mode = scoring.mode
+        counts = torch.isinf(scoring.rewards_per_func).sum(dim=0).tolist()  # per reward function
+        if any(counts):
+            named = ", ".join(f"{name} ({n})" for name, n in zip(self.reward_func_names, counts) if n)
+            self._warn_once(
+                "infinite_rewards",
+                f"Reward functions returned ±inf for some of the {len(scoring.rewards_per_func)} completions of a "
+                f"generation batch: {named}. TRL takes only None (NaN) as 'no reward'; an infinite reward makes the "
+                "advantages of its group non-finite, so those completions do not train, and a reward-triggered β "
+                "(dynamic) skips the step. Return finite rewards, or None where a function does not apply.",
+            )
+        if not self.reads_rewards:
+            return
         step = self.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
-        rewards_of = host_rewards(self, mode)
-        self._warn_infinite_rewards(scoring.rewards_per_func, rewards_of.names)
-        rewards = total_rewards(scoring.rewards_per_func, rewards_of.weights)  # (N,)
+        group_size = self.num_generations if scoring.mode == "train" else self.num_generations_eval
+        rewards = total_rewards(scoring.rewards_per_func, self.reward_weights)  # (N,), as TRL logs `reward`
+        beta, scale = self.beta_controller.beta_and_scale(step)
         batch = ScoredBatch(
             step=step,
-            beta=self.beta_controller.beta(step),
-            scale=self.beta_controller.scale(step),
+            beta=beta,
+            scale=scale,
             rewards=rewards,
             mean_reward=torch.nanmean(rewards).item(),
-            zero_std_fraction=zero_std_group_fraction(rewards, rewards_of.group_size),
+            zero_std_fraction=zero_std_group_fraction(rewards, group_size),
         )
-        self.scored_batches[mode] = self._score_kl(scoring, batch)
+        self.scored_batches[scoring.mode] = self._score_kl(scoring, batch)
 
     def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
         """What the trainer's KL does to the scored batch: its penalty in the reward and the advantages it changes, in
@@ -224,102 +338,78 @@ class AdaptiveKLRun:
             return zero_penalty(len(mask), logps_dtype, mask.device)
         return sequence_kl_penalty(policy_logps, ref_logps, mask, beta=beta, **self.kl_options)
 
-    def _penalize(self, output: dict, rewards: torch.Tensor, penalty: torch.Tensor, mode: str, advantages_of):
-        """Replaces the advantages of `output` by those of the `(N,)` `rewards` minus the `(B,)` `penalty` of this
-        process's sequences, gathered; `advantages_of` maps the `(N,)` penalized rewards to advantages (GRPO's group
-        advantages, RLOO's leave-one-out ones). Returns the `(N,)` penalties and penalized rewards."""
-        penalties = self._gather_penalties(penalty, mode)
+    def _penalize(self, output: dict, rewards, penalty: torch.Tensor, mode: str, advantages_of=None):
+        """Gathers this process's `(B,)` `penalty` over the processes, in the global order of the `(N,)` `rewards`
+        (their mean is logged as `adaptive_kl/reward_penalty`, whether the host or we subtract them), and with
+        `advantages_of`, which maps `(N,)` penalized rewards to advantages (GRPO's group advantages, RLOO's
+        leave-one-out ones), replaces the advantages of `output` by those of the rewards minus the penalties.
+        Returns the `(N,)` penalties and penalized rewards."""
+        penalties = self.accelerator.gather(penalty)
+        self._metrics[mode]["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
+        if advantages_of is None:
+            return penalties, None
         penalized = rewards.to(penalties.dtype) - penalties
         advantages = advantages_of(penalized)
-        rows = len(output["completion_ids"])
-        output["advantages"] = local_rows(advantages, rows, self.accelerator.process_index).to(
-            output["advantages"].dtype
-        )
+        rows = len(output["completion_ids"])  # this process's rows, sliced as TRL slices its advantages
+        start = self.accelerator.process_index * rows
+        output["advantages"] = advantages[start : start + rows].to(output["advantages"].dtype)
         replace_logged_advantages(self, advantages)
         return penalties, penalized
 
-    def _gather_penalties(self, penalty: torch.Tensor, mode: str) -> torch.Tensor:
-        """The `(N,)` penalties of every process's `(B,)` `penalty`, in the global order of the rewards; their mean is
-        logged as `adaptive_kl/reward_penalty`, whether the host or we subtract them."""
-        penalties = self.accelerator.gather(penalty)
-        metric_store(self, mode)["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
-        return penalties
-
-    def _warn_infinite_rewards(self, rewards_per_func: torch.Tensor, names: list[str]) -> None:
-        counts = torch.isinf(rewards_per_func).sum(dim=0).tolist()  # per reward function
-        if any(counts):
-            named = ", ".join(f"{name} ({count})" for name, count in zip(names, counts) if count)
-            self.run_warnings.warn(
-                "infinite_rewards",
-                f"Reward functions returned ±inf for some of the {len(rewards_per_func)} completions of a generation "
-                f"batch: {named}. TRL takes only None (NaN) as 'no reward'; an infinite reward makes the advantages "
-                "of its group non-finite, so those completions do not train, and a reward-triggered β (dynamic) "
-                "skips the step. Return finite rewards, or None where a function does not apply.",
-            )
+    def _warn_once(self, key: str, message: str) -> None:
+        """A `UserWarning` given at most once per `train()` call (a condition that can recur at every step is worth
+        telling once), by the main process only (every process sees the same reduced statistics)."""
+        if key not in self.warned:
+            self.warned.add(key)
+            if self.accelerator.is_main_process:
+                warnings.warn(message, UserWarning, stacklevel=3)
 
     # --- checkpoints -------------------------------------------------------------------------------------------------
 
-    def _on_checkpoint_saved(self, checkpoint: str) -> None:
+    def _save_reference(self, checkpoint: str) -> None:
         if self.reference_resets.num_resets > 0:  # the reference's weights now differ from the loaded model's
             models = host_models(self)
             save_reference(checkpoint, models.policy, models.reference)
 
-    def _on_checkpoint_loaded(self, checkpoint: str) -> None:
-        restore_trained_adapter(host_models(self).policy, checkpoint)
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        restore_trained_adapter(host_models(self).policy, resume_from_checkpoint)
 
-    def _on_callback_state_loaded(self) -> None:
+    def _load_callback_state(self):
+        super()._load_callback_state()
         # With `restore_callback_states_from_checkpoint=True` Transformers re-instantiates callbacks from their
         # saved args; give the new instance our controller and resets (its `on_train_begin` then loads their state).
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, AdaptiveKLStateCallback) and callback.controller is None:
                 callback.controller, callback.resets = self.beta_controller, self.reference_resets
+                callback.on_saved = self._save_reference
 
     # --- each micro-batch --------------------------------------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if host_beta(self) == 0.0:  # nothing adaptive was asked for (the configs enforce it): stock TRL
+        if self.beta == 0.0:  # nothing adaptive was asked for (the configs enforce it): stock TRL
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         mode = "train" if self.model.training else "eval"
         step = self.state.global_step + 1  # the optimizer step in progress (the next one, in evaluation)
-        beta, scale = self.applied_beta(mode, step)
-        metrics = metric_store(self, mode)
-        host_logged = len(metrics.get("kl", ()))
+        if self.kl_in_reward and mode in self.scored_batches:
+            # The β the penalty was computed with: that of the first step its generation batch serves (they differ
+            # when one batch serves several optimizer steps and β changes)
+            beta, scale = self.scored_batches[mode].beta, self.scored_batches[mode].scale
+        else:
+            beta, scale = self.beta_controller.beta_and_scale(step)
         loss, sums = self._loss_and_kl_sums(model, inputs, return_outputs, num_items_in_batch, mode, beta)
-        if self.logs_host_kl and len(metrics.get("kl", ())) > host_logged:
-            # The host's loss ran with β = 0: a `kl` it logged then (Unsloth's logs 0) is not the KL
-            del metrics["kl"][host_logged:]
         self.kl_monitor.record(sums, mode, beta, scale)
         if mode == "train" and self.accelerator.sync_gradients:  # its last micro-batch: β changes for the next step
             self._end_of_step(step)
         return loss
 
-    def applied_beta(self, mode: str, step: int) -> tuple[float, float]:
-        """`(β_t, its schedule factor)` that the KL of a micro-batch of `mode` at optimizer step `step` is applied
-        with: in the loss, the step's own; in the reward, that of the first step its generation batch serves, which
-        the penalty was computed with (they differ when one batch serves several optimizer steps and β changes)."""
-        if self.kl_in_reward and mode in self.scored_batches:
-            batch = self.scored_batches[mode]
-            return batch.beta, batch.scale
-        return self.beta_controller.beta_and_scale(step)
-
-    def host_compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The host's own `compute_loss`, with the β the host holds (what `_loss_and_kl_sums` builds on)."""
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
     def _loss_and_kl_sums(
         self, model, inputs, return_outputs, num_items_in_batch, mode: str, beta: float
-    ) -> tuple[torch.Tensor, torch.Tensor | PendingSums | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and the `(5, B)`
-        per-sequence sums of the KL's statistics (`kl.metrics.kl_sequence_sums`, this process's sequences), or, where
-        no step reads them (`reads_step_kl`), `PendingSums` that make them at the log line; None when the batch was
-        scored without the reference."""
+        per-sequence sums of the KL's statistics (`kl.metrics.kl_sequence_sums`, this process's sequences); None when
+        the batch was scored without the reference."""
         raise NotImplementedError
-
-    @property
-    def reads_step_kl(self) -> bool:
-        """Whether each optimizer step reads its KL statistics: the controller (a target KL) or the KL-triggered
-        reference resets. Otherwise they are only logged, and a micro-batch's sums can wait for the log line."""
-        return self.beta_controller.reads_kl or self.reference_resets.reads_kl
 
     def sum_over_processes(self, values: torch.Tensor) -> torch.Tensor:
         """`values` summed over the processes (a collective: every process calls it); on one process, `values`
@@ -336,17 +426,16 @@ class AdaptiveKLRun:
         if not (controller.has_training_state or self.reference_resets.enabled):
             controller.update(step)  # β is a function of the step: the update only records it (checkpoints save it)
             return
-        stats = self.kl_monitor.end_step(self.sum_over_processes if self.reads_step_kl else None)
+        stats = self.kl_monitor.end_step(self.sum_over_processes) if self.reads_step_kl else None
         sums = dict(zip(STAT_NAMES, stats.tolist())) if stats is not None else dict.fromkeys(STAT_NAMES, 0.0)
-        tokens = sums["tokens"]
-        mean_kl = sums["raw_kl"] / tokens if tokens > 0 else math.nan  # NaN too where nothing reads it
+        mean_kl = sums["raw_kl"] / sums["tokens"] if sums["tokens"] > 0 else math.nan  # NaN where nothing reads it
         scored = self.scored_batches.get("train")
         mean_reward = scored.mean_reward if scored is not None else math.nan
         zero_std_fraction = scored.zero_std_fraction if scored is not None else math.nan
         skipped = controller.num_skipped_updates
         saturation = controller.dynamic and controller.dynamic_trigger == "saturation"
         if saturation:
-            self.kl_monitor.note_zero_std_fraction(zero_std_fraction)
+            self.kl_monitor.zero_std_fractions.append(zero_std_fraction)
         controller.update(
             step,
             mean_reward=mean_reward,
@@ -361,20 +450,21 @@ class AdaptiveKLRun:
             if saturation:
                 statistic = f"fraction of zero-std groups {zero_std_fraction}"
                 why = "no group of its generation batch had two completions scored"
-            self.run_warnings.warn(
+            self._warn_once(
                 "skipped_update",
                 f"β was not updated after optimizer step {step}: its {statistic} is not finite ({why}). β "
                 f"stays at {controller.beta_base:g} until a step gives a finite value; "
                 "adaptive_kl/skipped_updates counts such steps. Warned once per run.",
             )
-        self.reference_resets.end_of_step(step, mean_kl)
+        if self.reference_resets.enabled:
+            self.reference_resets.end_of_step(step, mean_kl)
 
     # --- each log line -----------------------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
-        metrics = metric_store(self, mode)
-        written = self.kl_monitor.write_metrics(metrics, mode, self.sum_over_processes, host_kl=self.logs_host_kl)
+        metrics = self._metrics[mode]
+        written = self.kl_monitor.write_metrics(metrics, mode, self.sum_over_processes)
         if written and mode == "train":
             controller, resets = self.beta_controller, self.reference_resets
             if controller.has_training_state:
@@ -384,7 +474,7 @@ class AdaptiveKLRun:
             if resets.enabled:
                 metrics["adaptive_kl/ref_resets"] = [float(resets.num_resets)]
                 metrics["adaptive_kl/ref_reset_step"] = [float(resets.last_reset_step)]
-        if mode == "eval":
+        if mode == "eval" and self.zero_beta is not None:
             self.zero_beta.evaluation_logged()
         super().log(logs, start_time)
 
@@ -393,9 +483,10 @@ class AdaptiveKLRun:
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         # A run that does not resume starts from step 1 with a new optimizer, so β starts afresh too; a resumed run
         # gets the checkpoint's state. Nothing measured by an earlier (perhaps interrupted) run carries over.
-        self.zero_beta.start_run(resume_from_checkpoint)
+        if self.zero_beta is not None:
+            self.zero_beta.start_run(resume_from_checkpoint)
         self.kl_monitor.start_run()
-        self.run_warnings.start_run()
+        self.warned.clear()
         self.scored_batches = {}
         resumed = None
         if resume_from_checkpoint:
@@ -404,7 +495,7 @@ class AdaptiveKLRun:
             self._load_saved_reference(resumed.checkpoint, resumed.reference_reset_state)
         else:
             if resumed is not None and self.beta_controller.has_training_state:
-                self.run_warnings.warn(
+                self._warn_once(
                     "fresh_beta",
                     f"Resuming from {resumed.checkpoint}, which has no adaptive-KL controller state: β starts afresh "
                     f"at beta={self.args.beta} (resume_without_kl_state=True).",

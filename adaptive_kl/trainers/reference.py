@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -48,6 +48,10 @@ class ReferenceResets:
         last_reset_step (`int`): the optimizer step after which the last reset was applied (0: the reference is the
             initial model).
         pending (`bool`): a reset fell due and is applied before the next generation batch is scored.
+
+    Attributes:
+        enabled (`bool`): whether any reset is set.
+        reads_kl (`bool`): whether `end_of_step` reads each step's mean KL (`ref_reset_kl`).
     """
 
     every_steps: int = 0
@@ -55,15 +59,12 @@ class ReferenceResets:
     num_resets: int = 0
     last_reset_step: int = 0
     pending: bool = False
+    enabled: bool = field(init=False)
+    reads_kl: bool = field(init=False)
 
-    @property
-    def enabled(self) -> bool:
-        return self.every_steps > 0 or self.reads_kl
-
-    @property
-    def reads_kl(self) -> bool:
-        """Whether `end_of_step` reads each step's mean KL (`ref_reset_kl`)."""
-        return self.kl_threshold > 0
+    def __post_init__(self):
+        self.reads_kl = self.kl_threshold > 0
+        self.enabled = self.every_steps > 0 or self.reads_kl
 
     def end_of_step(self, step: int, mean_kl: float) -> None:
         """Called once per finished optimizer step with its global mean raw KL: marks a reset as due."""

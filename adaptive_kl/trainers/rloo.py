@@ -23,17 +23,7 @@ from trl import RLOOTrainer
 
 from ..kl.groups import group_reward_std
 from ..kl.placement import leave_one_out_advantages, penalty_sequence_sums
-from .hooks import (
-    HostHooks,
-    HostScoring,
-    check_host,
-    completion_loss_mask,
-    host_beta,
-    host_rewards,
-    metric_store,
-    rloo_advantage_settings,
-    unsupported_trl,
-)
+from .hooks import HostHooks, HostScoring, check_host, completion_loss_mask, unsupported_trl
 from .lifecycle import AdaptiveKLRun, ScoredBatch
 from .rloo_config import AdaptiveKLRLOOConfig, check_no_unsloth
 
@@ -59,7 +49,6 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
 
     host_class, host_family, config_class = RLOOTrainer, "rloo", AdaptiveKLRLOOConfig
     kl_in_reward = True
-    logs_host_kl = False  # RLOO's `kl` (k1, per generation batch) stays TRL's: ours is `adaptive_kl/raw_kl`
 
     def __init__(self, model, reward_funcs, args=None, *more, **kwargs):
         super().__init__(model, reward_funcs, args, *more, **kwargs)
@@ -76,30 +65,29 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
     # --- a scored generation batch -----------------------------------------------------------------------------------
 
     def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
-        if host_beta(self) == 0.0:  # stock RLOO (the config allows nothing else at β = 0): no penalty to replace
+        if self.beta == 0.0:  # stock RLOO (the config allows nothing else at β = 0): no penalty to replace
             return batch
         policy_logps, ref_logps = self._named_logps(scoring)
         output, mode = scoring.output, scoring.mode
         mask = completion_loss_mask(output)
         penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, policy_logps.dtype)
         if self.host_penalty:  # the host subtracted this penalty itself: logged, not applied
-            self._gather_penalties(penalty, mode)
+            self._penalize(output, batch.rewards, penalty, mode)
             if ref_logps is not None:  # for the KL statistics of its micro-batches
                 output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
             return batch
-        settings, group_size = rloo_advantage_settings(self), host_rewards(self, mode).group_size
-        rewards = batch.rewards
-        if settings.reward_clip_range:  # the host clamps the task reward, then subtracts its penalty: so do we
-            rewards = rewards.clamp(min=settings.reward_clip_range[0], max=settings.reward_clip_range[1])
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        rewards, normalize = batch.rewards, self.normalize_advantages
+        if self.reward_clip_range:  # the host clamps the task reward, then subtracts its penalty: so do we
+            rewards = rewards.clamp(min=self.reward_clip_range[0], max=self.reward_clip_range[1])
         penalties, penalized = self._penalize(
-            output, rewards, penalty, mode,
-            lambda rewards: leave_one_out_advantages(rewards, group_size, settings.normalize),
-        )  # fmt: skip
+            output, rewards, penalty, mode, lambda rewards: leave_one_out_advantages(rewards, group_size, normalize)
+        )
         # TRL logs the zero-std groups of the rewards it penalized with its own fixed β; ours are those the advantages
         # use, whatever the path (with or without the reference skipped, any method), as TRL counts them.
         std = group_reward_std(penalized, group_size)
         zero_std = torch.isclose(std, torch.zeros_like(std)).float().mean()  # a float32 mean, as TRL's
-        metric_store(self, mode)["frac_reward_zero_std"][-1] = zero_std.item()
+        self._metrics[mode]["frac_reward_zero_std"][-1] = zero_std.item()
         if ref_logps is not None:  # without them, the loss records its micro-batches as scored without the reference
             output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
         return dataclasses.replace(batch, penalty=penalties)
@@ -123,7 +111,7 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
     # --- the KL statistics -------------------------------------------------------------------------------------------
 
     def _loss_and_kl_sums(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
-        loss = self.host_compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss = super(AdaptiveKLRun, self).compute_loss(model, inputs, return_outputs, num_items_in_batch)  # host's
         if REFERENCE_LOGPS not in inputs:  # `_scores_reference`: β_t = 0, the penalty was exactly 0
             return loss, None
         sums = penalty_sequence_sums(

@@ -15,8 +15,6 @@ import warnings
 
 import torch
 
-from .hooks import has_host_log_prob_scorer, host_log_prob_scorer, replace_host_log_prob_scorer
-
 
 OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 
@@ -64,9 +62,11 @@ def install_cpu_scorer_if_needed(device: str | torch.device | None = None) -> st
             installed, whatever the probe says: its full logits would cost gigabytes per micro-batch there, and a
             kernel that fails on a GPU is a broken install to fix, so a warning says so.
     """
-    if not has_host_log_prob_scorer():  # a TRL without a fused scorer: nothing to replace
+    import trl.trainer.utils as trl_utils  # TRL's fused LM-head scorer lives there (`hooks.HOST_INTERNALS`)
+
+    if "_ChunkedLogProbFunction" not in vars(trl_utils):  # a TRL without a fused scorer: nothing to replace
         return None
-    scorer = host_log_prob_scorer()  # None on TRL 1.15 without Triton: the probe below fails, as off a GPU
+    scorer = trl_utils._ChunkedLogProbFunction  # None on TRL 1.15 without Triton: the probe fails, as off a GPU
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         hidden, weight = torch.randn(2, 4, device=device), torch.randn(5, 4, device=device)
@@ -81,5 +81,5 @@ def install_cpu_scorer_if_needed(device: str | torch.device | None = None) -> st
                 stacklevel=2,
             )
             return None
-        replace_host_log_prob_scorer(TorchLogProbFunction)
+        trl_utils._ChunkedLogProbFunction = TorchLogProbFunction  # for the whole process: stock trainers and ours
         return f"TRL's fused LM-head scorer cannot run here ({type(error).__name__}); using a plain-torch stand-in"

@@ -1,11 +1,11 @@
-"""Checkpointing of the β controller (and of the reference resets) through the Transformers stateful-callback
-mechanism.
+"""What a checkpoint saved of the β controller (and of the reference resets), read before a run resumes.
 
 Every checkpoint's `trainer_state.json` carries the `BetaController` state, and the `ReferenceResets` state when
-resets are on, under `stateful_callbacks["AdaptiveKLStateCallback"]`. A resumed run reads them back, so it follows the
-β trajectory (and resets at the steps) of an uninterrupted run. `read_checkpoint_kl_state` checks a checkpoint before
-training resumes: a damaged state is refused naming the file, and a missing one (a stock TRL checkpoint, or a damaged
-one) is reported to the trainer, which refuses it unless `resume_without_kl_state=True`.
+resets are on, under `stateful_callbacks["AdaptiveKLStateCallback"]` (`lifecycle.AdaptiveKLStateCallback` writes it
+and loads it back), so a resumed run follows the β trajectory (and resets at the steps) of an uninterrupted run.
+`read_checkpoint_kl_state` checks a checkpoint before training resumes: a damaged state is refused naming the file,
+and a missing one (a stock TRL checkpoint, or a damaged one) is reported to the trainer, which refuses it unless
+`resume_without_kl_state=True`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import json
 import os
 from dataclasses import dataclass
 
-from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..kl.controller import BetaController
@@ -23,46 +21,7 @@ from .reference import ReferenceResets
 
 
 TRAINER_STATE_FILE = "trainer_state.json"  # Transformers' name for it
-
-
-class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
-    """Saves the `BetaController` state in every checkpoint's `trainer_state.json` and restores it on resume.
-
-    Transformers writes `state()` under `stateful_callbacks["AdaptiveKLStateCallback"]` at each save. When training
-    (re)starts, `on_train_begin` loads whatever state the `TrainerState` carries: the checkpoint's on resume, the
-    current one otherwise. This does not depend on `restore_callback_states_from_checkpoint`.
-    """
-
-    def __init__(
-        self,
-        controller: BetaController | None = None,
-        controller_state: dict | None = None,
-        resets: ReferenceResets | None = None,
-        reference_reset_state: dict | None = None,
-    ):
-        self.controller = controller
-        self.controller_state = controller_state
-        self.resets = resets
-        self.reference_reset_state = reference_reset_state
-
-    def state(self) -> dict:
-        attributes = {"controller_state": self.controller.state_dict()}
-        if self.resets is not None and self.resets.enabled:
-            attributes["reference_reset_state"] = self.resets.state_dict()
-        return {"args": {}, "attributes": attributes}
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        name = type(self).__name__
-        saved = state.stateful_callbacks.get(name)
-        controller_state = saved_controller_state(saved) or self.controller_state
-        if controller_state is not None:
-            self.controller.load_state_dict(controller_state)
-        reset_state = saved_attribute(saved, "reference_reset_state") or self.reference_reset_state
-        if reset_state is not None and self.resets is not None:
-            self.resets.load_state_dict(reset_state)
-        # A state resumed from a checkpoint without ours (stock TRL's) has no entry, and Transformers' save would
-        # fail with a KeyError before writing trainer_state.json: give it the entry every later save updates.
-        state.stateful_callbacks.setdefault(name, self.state())
+STATE_CALLBACK = "AdaptiveKLStateCallback"  # our entry of its `stateful_callbacks`: the callback's class name
 
 
 def saved_attribute(saved, name: str):
@@ -73,11 +32,6 @@ def saved_attribute(saved, name: str):
         return None
     attributes = saved.get("attributes")
     return attributes.get(name) if isinstance(attributes, dict) else None
-
-
-def saved_controller_state(saved) -> dict | None:
-    """The controller state inside a `stateful_callbacks` entry of ours."""
-    return saved_attribute(saved, "controller_state")
 
 
 def resolve_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
@@ -106,10 +60,10 @@ def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
     except (OSError, ValueError) as error:
         raise ValueError(f"Cannot read the checkpoint state {path}: {error}") from None
     callbacks = trainer_state.get("stateful_callbacks") if isinstance(trainer_state, dict) else None
-    saved = callbacks.get(AdaptiveKLStateCallback.__name__) if isinstance(callbacks, dict) else None
+    saved = callbacks.get(STATE_CALLBACK) if isinstance(callbacks, dict) else None
     if saved is None:
         return None
-    controller_state = saved_controller_state(saved)
+    controller_state = saved_attribute(saved, "controller_state")
     reset_state = saved_attribute(saved, "reference_reset_state")
     try:
         BetaController(1.0).load_state_dict(controller_state)  # the same checks as on resume, on scratch objects
@@ -117,7 +71,7 @@ def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
             ReferenceResets().load_state_dict(reset_state)
     except ValueError as error:
         raise ValueError(
-            f"{path}: stateful_callbacks[{AdaptiveKLStateCallback.__name__!r}] is damaged: {error} Restore the file "
+            f"{path}: stateful_callbacks[{STATE_CALLBACK!r}] is damaged: {error} Restore the file "
             "from a copy, or resume from another checkpoint."
         ) from None
     global_step = trainer_state.get("global_step", 0)
@@ -146,7 +100,7 @@ def missing_kl_state_message(checkpoint: str, beta: float) -> str:
     """Why a resume from `checkpoint` without a saved β controller state is refused, and the opt-in."""
     path = os.path.join(checkpoint, TRAINER_STATE_FILE)
     where = (
-        f"{path} has no adaptive-KL controller state (stateful_callbacks['{AdaptiveKLStateCallback.__name__}'])"
+        f"{path} has no adaptive-KL controller state (stateful_callbacks['{STATE_CALLBACK}'])"
         if os.path.isfile(path)
         else f"{path} does not exist"
     )

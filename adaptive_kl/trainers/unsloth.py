@@ -6,7 +6,7 @@ of a compiled function that receives β as a Python float (each distinct β woul
 
 - `install_capture_shim` rebinds `UnslothEfficientGRPO` in the generated module's globals (where the loss looks it up)
   to a proxy that, only while `capturing_efficient_grpo()` is open, records the call's arguments and passes β = 0;
-- the trainer then adds β_t·Agg(f(k)) computed by `adaptive_kl.kl.term.kl_term_and_estimates` from the captured
+- the trainer then adds β_t·Agg(f(k)) computed by `adaptive_kl.kl.term.kl_term_and_sequence_sums` from the captured
   log-probabilities, with the aggregation Unsloth's loss uses (`unsloth_kl_term_inputs`). No extra forward pass, no
   full-vocabulary logits.
 
@@ -283,7 +283,7 @@ def recording_logp_gradients(gradients: list):
 
 
 def unsloth_kl_term_inputs(call: dict) -> dict:
-    """The tensors and aggregation of `kl_term_and_estimates` for one captured `UnslothEfficientGRPO.apply` call.
+    """The tensors and aggregation of `kl_term_and_sequence_sums` for one captured `UnslothEfficientGRPO.apply` call.
 
     The aggregation is Unsloth's, which this path must mirror to add a term its loss would have contained:
 

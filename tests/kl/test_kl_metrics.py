@@ -14,7 +14,6 @@ from adaptive_kl.kl.metrics import (
     METRIC_NAMES,
     STAT_INDEX,
     STAT_NAMES,
-    host_kl_mean,
     kl_metrics,
     kl_sequence_sums,
     kl_statistics,
@@ -299,7 +298,9 @@ def test_kl_metrics_match_direct_computation():
     assert metrics["adaptive_kl/clip_fraction"] == pytest.approx(np.mean([k > CLIP for k in raw_tokens]), rel=1e-14)
     assert metrics["adaptive_kl/seq_kl"] == pytest.approx(np.mean(seq_sums), rel=1e-14)
     assert metrics["adaptive_kl/kl_length_corr"] == pytest.approx(np.corrcoef(lengths, means)[0, 1], abs=1e-12)
-    assert host_kl_mean(stats) == pytest.approx(np.mean(host_tokens), rel=1e-14)  # TRL's `kl` of the micro-batch
+    assert (stats[STAT_INDEX["host_kl"]] / max(stats[STAT_INDEX["tokens"]], 1.0)).item() == pytest.approx(
+        np.mean(host_tokens), rel=1e-14
+    )  # TRL's `kl` of the micro-batch
     assert metrics["adaptive_kl/current_beta"] == 0.037
     assert metrics["adaptive_kl/beta_scale"] == 0.5
 
@@ -331,7 +332,12 @@ def test_kl_metrics_of_empty_statistics_are_zero_and_finite():
     metrics = kl_metrics(stats, beta=0.2, beta_scale=1.0)
     for name, value in metrics.items():
         assert math.isfinite(value), name
-    assert metrics["adaptive_kl/raw_kl"] == metrics["adaptive_kl/kl_length_corr"] == host_kl_mean(stats) == 0.0
+    assert (
+        metrics["adaptive_kl/raw_kl"]
+        == metrics["adaptive_kl/kl_length_corr"]
+        == (stats[STAT_INDEX["host_kl"]] / max(stats[STAT_INDEX["tokens"]], 1.0)).item()
+        == 0.0
+    )
 
 
 @pytest.mark.parametrize("kl", [1 / 3, 2 / 3, 0.9, 0.1, 0.7])

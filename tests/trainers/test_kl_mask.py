@@ -219,13 +219,13 @@ def test_the_mask_is_decided_per_group_and_follows_each_completion_into_its_micr
     )
     recorder = GenerationRecorder(trainer)
     passed = []
-    original_term = trainer_module.kl_term_and_estimates
+    original_term = trainer_module.kl_term_and_sequence_sums
 
     def spy(*args, sequence_mask, **kwargs):
         passed.append(sequence_mask.clone())
         return original_term(*args, sequence_mask=sequence_mask, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "kl_term_and_estimates", spy)
+    monkeypatch.setattr(trainer_module, "kl_term_and_sequence_sums", spy)
     micro_batches = []
     original_loss = trainer.compute_loss
 

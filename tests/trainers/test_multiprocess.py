@@ -26,6 +26,7 @@ import pytest
 import torch
 from repo_paths import TESTS
 from tiny import launch_two_processes, run_python
+from trl import GRPOConfig
 
 
 PER_DEVICE_BATCH = 4  # the single process takes 2 × 4
@@ -167,23 +168,26 @@ def test_reference_resets_are_identical_on_every_rank(runs):
 
 @CONFIG_NAMES
 def test_two_processes_match_one_process(runs, name):
-    """(c) Same global batch on 1 and 2 processes: same losses, KL, gradient norms, β and final parameters."""
+    """(c) Same global batch on 1 and 2 processes: same losses, KL, gradient norms, β and final parameters; with TRL's
+    entropy bonus on (the mask), its `policy_loss` with our term, averaged over the processes as TRL averages it."""
     one, (rank0, rank1) = runs[name]["one"], runs[name]["two"]
     assert one["num_processes"] == 1
     assert one["beta"] == pytest.approx(rank0["beta"], rel=1e-6)
     one_logs, two_logs = one["log_history"], rank0["log_history"]
     assert [h["step"] for h in one_logs] == [h["step"] for h in two_logs] == list(range(1, worker.STEPS + 1))
-    keys = ("loss", "adaptive_kl/raw_kl", "adaptive_kl/adapted_kl", "kl", "grad_norm", "reward",
+    keys = ("loss", "adaptive_kl/raw_kl", "adaptive_kl/adapted_kl", "kl", "grad_norm", "reward", "policy_loss",
             "frac_reward_zero_std", "adaptive_kl/reward_penalty", "adaptive_kl/kl_masked_fraction")  # fmt: skip
     if worker.CONFIGS[name].get("gradient_accumulation_steps", 1) > 1:
         # TRL's `kl` is the mean of its micro-batches' token means, as TRL logs it: with several micro-batches of
         # unequal lengths per step it depends on how the batch is split over processes (stock TRL's too), while
         # `adaptive_kl/raw_kl`, the step's global token mean, does not (tests/trainers/test_parity.py).
-        keys = tuple(key for key in keys if key != "kl")
+        keys = tuple(key for key in keys if key not in ("kl", "policy_loss"))
     for h1, h2 in zip(one_logs, two_logs):
         assert {key for key in keys if key in h1} == {key for key in keys if key in h2}
         for key in (key for key in keys if key in h1):
             assert h2[key] == pytest.approx(h1[key], rel=1e-5, abs=1e-7), (h1["step"], key)
+    if name == "mask" and "entropy_coef" in GRPOConfig.__dataclass_fields__:
+        assert all("policy_loss" in h for h in one_logs)
     assert torch.equal(rank0["params"], rank1["params"])  # DDP keeps the replicas identical
     assert (rank0["params"] - one["params"]).abs().max().item() < 1e-6
 

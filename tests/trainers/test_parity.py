@@ -192,9 +192,67 @@ def test_logged_kl_is_trls_under_accumulation_with_unequal_lengths(trainers):
     assert abs(logged[stock] - weighted) > 1e-3 * abs(weighted)  # the two means differ here
 
 
-@pytest.mark.skipif(
-    "entropy_coef" not in GRPOConfig.__dataclass_fields__, reason="TRL's entropy bonus (policy_loss): TRL 1.16 on"
-)
+HAS_ENTROPY_BONUS = "entropy_coef" in GRPOConfig.__dataclass_fields__  # TRL 1.16 on: its `policy_loss` metric
+# A logged value is a float32 mean of one micro-batch's token or sequence terms (at most 28 here), averaged over the
+# micro-batches of a line: summed in another order, it may differ by (n − 1)·2⁻²⁴ of the terms' magnitude, n = 28.
+# The control (stock TRL on the same micro-batches with their rows reversed: the same numbers, summed in another
+# order) is checked against the same bound, and the KL's share of `policy_loss` lies far above it.
+LOGGED_RTOL = 27 * 2.0**-24
+
+
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def logging_trainers(request, tiny_model_dir):
+    """Stock TRL at β = 0.5, ours with its own term where it reduces to TRL's (`kl_log_ratio_clip=80`, k3, no clamp
+    in effect), and stock again (the control), with TRL's entropy bonus on (it logs `policy_loss`)."""
+    entropy = {"entropy_coef": 0.01} if HAS_ENTROPY_BONUS else {}
+    stock, ours, control = (
+        make_trainer(cls, config_cls, tiny_model_dir, beta=0.5, bf16=False, **entropy, **fields)
+        for cls, config_cls, fields in (
+            (GRPOTrainer, GRPOConfig, {}),
+            (AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, {"kl_log_ratio_clip": 80.0}),
+            (GRPOTrainer, GRPOConfig, {}),
+        )
+    )
+    assert not ours.host_kl_term
+    for trainer in (stock, ours, control):
+        trainer.model.to(request.param)
+    return stock, ours, control
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_logged_value_is_stocks_when_our_term_replaces_its(logging_trainers, loss_type, accumulation):
+    """The host's loss runs without its KL term when ours replaces it: its `kl` and (entropy bonus on) `policy_loss`,
+    TRL's loss before the bonus and, but for the token-sum types, before its division by the accumulation steps, are
+    logged as stock logs them, and every other value TRL logs is the host's own: every key of stock's log line is in
+    ours, equal to float precision, for every loss type, with 1 and 2 micro-batches an optimizer step. (Until 0225112
+    the `policy_loss` of grpo, bnpo, dr_grpo, sapo and luspo carried 1/accumulation of the KL's share.)"""
+    stock, ours, control = logging_trainers
+    configure(logging_trainers, loss_type, REQUIRED_LEVEL.get(loss_type, "token"), True)
+    lines = []
+    for trainer in logging_trainers:
+        ours.kl_monitor.start_run()
+        metric_store(trainer, "train").clear()
+        for seed in range(accumulation):
+            inputs = fabricated_inputs(stock, seed=seed)
+            if trainer is control:  # the same sequences in reverse order
+                inputs = {k: v.flip(0) if torch.is_tensor(v) and v.dim() else v for k, v in inputs.items()}
+            loss_and_grads(trainer, inputs, accumulation_steps=accumulation)
+        lines.append({k: v for k, v in logged_line(trainer).items() if k != "epoch"})
+    stock_line, our_line, control_line = lines
+    assert "kl" in stock_line and ("policy_loss" in stock_line) == HAS_ENTROPY_BONUS
+    assert stock_line.keys() <= our_line.keys()
+    assert all(key.startswith("adaptive_kl/") for key in our_line.keys() - stock_line.keys())
+    for key, value in stock_line.items():
+        bound = LOGGED_RTOL * abs(value)
+        assert abs(control_line[key] - value) <= bound, (key, control_line[key], value)
+        assert abs(our_line[key] - value) <= bound, (key, our_line[key], value)
+    if HAS_ENTROPY_BONUS:  # the KL's share of `policy_loss`, which the host's loss did not log, is far above the bound
+        beta, kl = 0.5, stock_line["kl"]
+        assert beta * kl > 1e3 * LOGGED_RTOL * max(abs(stock_line["policy_loss"]), 1.0)
+
+
+@pytest.mark.skipif(not HAS_ENTROPY_BONUS, reason="TRL's entropy bonus (policy_loss): TRL 1.16 on")
 def test_policy_loss_keeps_trls_meaning_when_our_term_replaces_its(tiny_model_dir):
     """With TRL's entropy bonus on, TRL logs `policy_loss`, its loss before the bonus, KL term included. The host's
     loss runs without its term when ours replaces it, so ours adds its β·term to the value logged: stock's, to float

@@ -186,9 +186,7 @@ def test_reward_placement_loss_has_no_kl_term(tiny_model_dir, tmp_path):
     host_loss, host_grads = loss_and_grads(trainer, inputs)
     assert loss.item() == host_loss.item()
     assert grads.keys() == host_grads.keys() and all(torch.equal(grads[k], host_grads[k]) for k in grads)
-    assert (
-        trainer.kl_monitor.log_sums["train"].statistics() is not None
-    )  # the KL is still measured: metrics and controllers
+    assert trainer.kl_monitor.log_sums["train"]  # the KL is still measured: metrics and controllers
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ import torch
 import trl.trainer.utils as trl_utils
 
 from adaptive_kl.trainers import scorer as scorer_module
-from adaptive_kl.trainers.hooks import has_host_log_prob_scorer, host_log_prob_scorer
 from adaptive_kl.trainers.scorer import TorchLogProbFunction, install_cpu_scorer_if_needed
 
 
@@ -35,7 +34,7 @@ def test_on_a_cpu_the_failing_kernel_is_replaced(failing_kernel, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     note = install_cpu_scorer_if_needed()
     assert failing_kernel.calls == ["cpu"]
-    assert host_log_prob_scorer() is TorchLogProbFunction and "plain-torch stand-in" in note
+    assert trl_utils._ChunkedLogProbFunction is TorchLogProbFunction and "plain-torch stand-in" in note
 
 
 def test_a_simulated_gpu_machine_keeps_trls_scorer(failing_kernel, monkeypatch):
@@ -44,31 +43,31 @@ def test_a_simulated_gpu_machine_keeps_trls_scorer(failing_kernel, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.warns(RuntimeWarning, match="fused LM-head scorer failed on cuda"):
         assert install_cpu_scorer_if_needed() is None
-    assert host_log_prob_scorer() is KernelWithoutDriver
+    assert trl_utils._ChunkedLogProbFunction is KernelWithoutDriver
 
 
 def test_training_on_the_cpu_of_a_gpu_machine_gets_the_stand_in(failing_kernel, monkeypatch):
     """`use_cpu=True` on a GPU machine: the command passes device "cpu", and the kernel fails there."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert install_cpu_scorer_if_needed("cpu") is not None
-    assert failing_kernel.calls == ["cpu"] and host_log_prob_scorer() is TorchLogProbFunction
+    assert failing_kernel.calls == ["cpu"] and trl_utils._ChunkedLogProbFunction is TorchLogProbFunction
 
 
 def test_a_working_kernel_is_kept(monkeypatch):
     monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", TorchLogProbFunction, raising=False)
-    assert install_cpu_scorer_if_needed("cpu") is None and host_log_prob_scorer() is TorchLogProbFunction
+    assert install_cpu_scorer_if_needed("cpu") is None and trl_utils._ChunkedLogProbFunction is TorchLogProbFunction
 
 
 def test_trl_115_without_triton_gets_the_stand_in_on_a_cpu(monkeypatch):
     """TRL 1.15 binds its scorer to None when Triton is not installed: on a CPU that is replaced too."""
     monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", None, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert install_cpu_scorer_if_needed() is not None and host_log_prob_scorer() is TorchLogProbFunction
+    assert install_cpu_scorer_if_needed() is not None and trl_utils._ChunkedLogProbFunction is TorchLogProbFunction
 
 
 def test_no_fused_scorer_nothing_to_do(monkeypatch):
     monkeypatch.delattr(trl_utils, "_ChunkedLogProbFunction", raising=False)
-    assert install_cpu_scorer_if_needed() is None and not has_host_log_prob_scorer()
+    assert install_cpu_scorer_if_needed() is None and "_ChunkedLogProbFunction" not in vars(trl_utils)
 
 
 def test_the_stand_in_matches_a_float64_log_softmax():

@@ -20,6 +20,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
+from adaptive_kl.trainers.lifecycle import AdaptiveKLRun
 from adaptive_kl.trainers.hooks import (
     ALLOW_UNSUPPORTED_ENV,
     SUPPORTED_TRL,
@@ -183,15 +184,13 @@ def test_scoring_without_calculate_rewards_is_refused(tiny_model_dir, tmp_path, 
         trainer.train()
 
 
-# --- one seam: every undocumented name of the host in one table, reached only through trainers/hooks/ --------------
+# --- one seam: every undocumented name of the host the package uses is in one table, checked at construction ------
 
 SEAM_MODULES = (
     "adaptive_kl/trainers/hooks/__init__.py",
     "adaptive_kl/trainers/hooks/internals.py",
-    "adaptive_kl/trainers/hooks/mixin.py",
-    "adaptive_kl/trainers/hooks/access.py",
     "adaptive_kl/trainers/unsloth.py",
-)  # the two tables and their accessors
+)  # the two tables, which name what they list
 HOST_HOLDERS = {"trainer", "host", "callback"}  # variables and parameters that hold a host object (or `x.trainer`)
 # What TRL and Transformers document as public API of a trainer and of its callbacks: any module may use it.
 DOCUMENTED = {
@@ -241,10 +240,14 @@ def is_name(node: ast.AST, *names: str) -> bool:
     return isinstance(node, ast.Name) and node.id in names
 
 
+HOST_MIXINS = ("HostHooks", "AdaptiveKLRun")  # the package's bases of its trainers, placed before the host's
+
+
 def is_host_class(cls: ast.ClassDef) -> bool:
-    """A subclass of the host trainer: one of its bases is named `...Trainer` or is the seam's `HostHooks`."""
+    """A subclass of the host trainer, or a mixin of the package's trainers: it is one of `HOST_MIXINS`, or one of its
+    bases is named `...Trainer` or is one of them."""
     bases = [base.id if isinstance(base, ast.Name) else getattr(base, "attr", "") for base in cls.bases]
-    return any(base.endswith("Trainer") or base == "HostHooks" for base in bases)
+    return cls.name in HOST_MIXINS or any(base.endswith("Trainer") or base in HOST_MIXINS for base in bases)
 
 
 def holds_host(node: ast.AST) -> bool:
@@ -309,25 +312,21 @@ def names(package_sources) -> tuple[set[str], set[str]]:
     return host, own_names([ast.parse(source) for source in package_sources.values()]) - host
 
 
-def test_only_the_seam_reaches_an_undocumented_name_of_the_host(package_sources, names):
+def test_every_undocumented_name_of_the_host_the_package_uses_is_in_the_table(package_sources, names):
     """Every name of TRL's and Transformers' trainers (and of their `ProgressCallback`) that the package uses and that
-    they do not document is in `hooks.HOST_INTERNALS`, and only the seam modules (`hooks/`, `unsloth.py`) use one;
-    no module, the seam included, reads one with a default (`getattr(trainer, name, None)`)."""
+    they do not document is in `hooks.HOST_INTERNALS`, which checks each at construction; no module reads one with a
+    default (`getattr(trainer, name, None)`), the tables included."""
     from adaptive_kl.trainers.hooks import HOST_INTERNALS
 
     table = {internal.name for internal in HOST_INTERNALS}
-    outside, unlisted, fallbacks = {}, {}, {}
+    unlisted, fallbacks = {}, {}
     for path, source in package_sources.items():
-        in_seam = path in SEAM_MODULES
-        for name, where in seam_violations(source, *names, in_seam=in_seam):
+        for name, where in seam_violations(source, *names, in_seam=path in SEAM_MODULES):
             if "silent fallback" in where:
                 fallbacks.setdefault(path, []).append(where)
             elif name not in table:
                 unlisted.setdefault(path, []).append(where)
-            elif not in_seam:
-                outside.setdefault(path, []).append(where)
     assert not unlisted, f"host names missing from hooks.HOST_INTERNALS: {unlisted}"
-    assert not outside, f"reach these through an accessor of trainers/hooks/access.py: {outside}"
     assert not fallbacks, f"a missing host attribute must fail at construction (check_host_attributes): {fallbacks}"
 
 
@@ -393,7 +392,8 @@ def test_the_design_lists_every_private_name_the_package_uses():
         library: sum(entry.owner.split(".")[0] == library for entry in private)
         for library in ("trl", "transformers", "accelerate")
     }
-    overridden = [entry for entry in private if entry.kind == "method" and entry.name in vars(HostHooks)]
+    bases = {**vars(HostHooks), **vars(AdaptiveKLRun)}  # what the package's trainers override, in their two bases
+    overridden = [entry for entry in private if entry.kind == "method" and entry.name in bases]
     assert (
         f"{len(private)} private names ({by_library['trl']} TRL, {by_library['transformers']} Transformers, "
         f"{by_library['accelerate']} Accelerate) and {len(overridden)} overridden private methods"

@@ -6,7 +6,7 @@ The host generates, scores and batches completions as usual; this trainer change
 - advantages: TRL's group-normalized advantages are replaced by the raw total reward of each sequence (the reward
   TRL logs as `reward`: Σ_k w_k·r_k, NaN when every reward function returned None); the loss uses A = r·m and trains
   only on correct sequences (r > `correct_reward_threshold`).
-- loss: the host's micro-batch loss (`_micro_batch_loss`, TRL's `_compute_loss`) is replaced by
+- loss: the host's micro-batch loss (TRL's `_compute_loss`) is replaced by
   Σ_{i correct} (1/L_i) Σ_t A_it·ℓ_it / N_correct, with ℓ the per-token
   binomial KL and N_correct the correct sequences of the whole optimizer step, over all micro-batches and
   processes. It is a plain likelihood-style objective: GRPO's importance ratio, PPO clip (`epsilon`, `delta`,
@@ -42,16 +42,11 @@ from ...trainers.hooks import (
     check_host,
     check_host_attributes,
     completion_loss_mask,
-    generation_buffer,
-    host_loss_settings,
-    host_rewards,
-    metric_store,
     replace_logged_advantages,
     resolve_args,
     unsupported_trl,
 )
-from ...trainers.inputs import check_train_dataset, train_dataset_argument
-from ...trainers.lifecycle import local_rows
+from ...trainers.inputs import check_train_dataset
 from ...trainers.unsloth import is_unsloth_class
 from .config import BinomialKLConfig
 from .loss import (
@@ -79,7 +74,8 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
         if is_unsloth_class(GRPOTrainer):  # its compute_loss never calls the host's micro-batch loss
             raise NotImplementedError("BinomialKLTrainer does not support Unsloth's GRPOTrainer; use plain TRL.")
         check_train_dataset(
-            train_dataset_argument(more, kwargs), environment=kwargs.get("environment_factory") is not None
+            more[0] if more else kwargs.get("train_dataset"),  # GRPOTrainer's argument after `args`
+            environment=kwargs.get("environment_factory") is not None,
         )
         super().__init__(model, reward_funcs, args, *more, **kwargs)
         check_host_attributes(self, "grpo")
@@ -87,16 +83,16 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
     # --- advantages -----------------------------------------------------------------------------------------------
 
     def _on_scored(self, scoring: HostScoring) -> None:
-        weights = host_rewards(self, scoring.mode).weights
-        rewards = total_rewards(scoring.rewards_per_func, weights)  # (N_global,), as TRL logs `reward`
+        rewards = total_rewards(scoring.rewards_per_func, self.reward_weights)  # (N_global,), as TRL logs `reward`
         # This process's rows, sliced as TRL slices its advantages: (B,), the raw reward (NaN: unscorable)
         rows = len(scoring.output["completion_ids"])
-        scoring.output["advantages"] = local_rows(rewards, rows, self.accelerator.process_index)
+        start = self.accelerator.process_index * rows
+        scoring.output["advantages"] = rewards[start : start + rows]
         replace_logged_advantages(self, rewards)
 
     # --- loss --------------------------------------------------------------------------------------------------------
 
-    def _micro_batch_loss(self, model, inputs):
+    def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         args = self.args
         mask = completion_loss_mask(inputs)
@@ -123,7 +119,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
         loss = binomial_kl_loss(per_token_kl, advantages, mask, correct, sums.step_correct)
         # DDP averages gradients over the P processes: scale by P so the step's gradient is the global sum / N_correct.
         loss = loss * self.accelerator.num_processes
-        sums.write_metrics(metric_store(self, mode), accumulation_steps(self) if mode == "train" else 1)
+        sums.write_metrics(self._metrics[mode], accumulation_steps(self) if mode == "train" else 1)
         return loss
 
     def _token_log_probs(self, model, inputs, mode: str) -> BinomialLogProbs:
@@ -141,7 +137,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
         args = self.args
         rows = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         rows = max(1, rows or input_ids.size(0))
-        temperature = host_loss_settings(self, mode).temperature
+        temperature = self.temperature
         parts = []
         for start in range(0, input_ids.size(0), rows):
             end = min(start + rows, input_ids.size(0))
@@ -162,11 +158,11 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
     def _step_correct_local(self, inputs, correct: torch.Tensor, mode: str) -> torch.Tensor:
         """This process's correct sequences in the optimizer step that `inputs` belongs to.
 
-        In training, `inputs` is one slot of TRL's generation buffer (`hooks.generation_buffer`), and the step is the
+        In training, `inputs` is one slot of TRL's generation buffer (`_buffered_inputs`), and the step is the
         `hooks.accumulation_steps` consecutive slots that contain it. Anything else (evaluation, or a batch
         passed to `compute_loss` directly) is a whole step by itself.
         """
-        buffer = generation_buffer(self) if mode == "train" else None
+        buffer = self._buffered_inputs if mode == "train" else None  # None before the first generation
         slot = next((i for i, batch in enumerate(buffer or ()) if batch is inputs), None)
         if slot is None:
             if any(batch is not None for batch in buffer or ()):

@@ -103,36 +103,33 @@ INTERNAL_KINDS = {
 HOST_INTERNALS_CHECKED_ON = ("trl 1.15.0, transformers 5.17.0", "trl 1.16.0, transformers 5.23.0 and 5.24.0")
 HOST_INTERNALS = (
     HostInternal("_generate_and_score_completions", BOTH_HOSTS, ("grpo", "rloo"), "method",
-                 "wrapped: a streamed batch's prompts are checked and a pending reference reset applied before it is "
-                 "scored; run with β = 0 when the trainer needs no reference log-probabilities, which TRL then skips; "
-                 "its rewards go to the trainer after (`_on_generation_batch`, `_scores_reference`, `_on_scored`)"),
+                 "wrapped (`HostHooks`): a streamed batch's prompts are checked and a pending reference reset applied "
+                 "before it is scored; run with β = 0 when the trainer needs no reference log-probabilities, which "
+                 "TRL then skips; its rewards go to the trainer after (`_before_scoring`, `_on_scored`)"),
     HostInternal("_calculate_rewards", BOTH_HOSTS, ("grpo", "rloo"), "method",
                  "wrapped: each reward function's output is checked and the gathered (N, K) rewards are kept"),
     HostInternal("_get_per_token_logps_and_entropies", BOTH_HOSTS, ("grpo", "rloo"), "method",
                  "wrapped inside the host's loss to capture the policy log-probabilities; called to score the "
-                 "sampling policy for KL in the reward (`score_policy`)"),
+                 "sampling policy for KL in the reward"),
     HostInternal("_compute_loss", BOTH_HOSTS, ("grpo", "rloo"), "method",
-                 "the micro-batch loss: run with β = 0 inside ours; the binomial trainer replaces it "
-                 "(`_micro_batch_loss`)"),
+                 "the micro-batch loss: run with β = 0 inside ours; the binomial trainer replaces it"),
     HostInternal("_prepare_inputs", "trl.GRPOTrainer", ("grpo",), "method",
                  "fills the generation buffer whose slots the binomial trainer counts correct sequences over"),
     HostInternal("_load_from_checkpoint", "transformers.Trainer", ("grpo", "rloo"), "method",
-                 "extended: a PEFT model with a 'ref' adapter gets its trained adapter back "
-                 "(`_on_checkpoint_loaded`)"),
+                 "extended: a PEFT model with a 'ref' adapter gets its trained adapter back (`AdaptiveKLRun`)"),
     HostInternal("_load_callback_state", "transformers.Trainer", ("grpo", "rloo"), "method",
-                 "extended: re-instantiated state callbacks get the trainer's controller "
-                 "(`_on_callback_state_loaded`)"),
+                 "extended: re-instantiated state callbacks get the trainer's controller (`AdaptiveKLRun`)"),
     HostInternal("_tag_names", BOTH_HOSTS, ("grpo", "rloo"), "class attribute",
                  "the model card's tags: each trainer appends its own (`HostHooks(hub_tag=...)`)"),
     HostInternal("_metrics", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "{'train'|'eval': {name: [values]}}: what is appended, TRL averages and logs (`metric_store`)"),
+                 "{'train'|'eval': {name: [values]}}: what is appended, TRL averages and logs"),
     HostInternal("_logs", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
                  "the completions table: its 'advantages' become those the loss uses (`replace_logged_advantages`)"),
     HostInternal("_buffered_inputs", "trl.GRPOTrainer", ("grpo",), "attribute",
-                 "the generation buffer: a list of micro-batches, None before the first (`generation_buffer`)"),
+                 "the generation buffer: a list of micro-batches, None before the first (the binomial trainer)"),
     HostInternal("beta", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
                  "TRL's β: set to 0 while the host's loss runs inside ours, and while it scores a generation batch "
-                 "without the reference (`HostHooks`); read to know whether the KL is on (`host_beta`). The host's "
+                 "without the reference (`HostHooks`); read to know whether the KL is on. The host's "
                  "`__init__` reads it from `args.beta` and builds no reference model when it is 0 "
                  "(`host_built_without_reference`)"),
     HostInternal("ref_model", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
@@ -141,29 +138,28 @@ HOST_INTERNALS = (
     HostInternal("_models", "accelerate.Accelerator", ("grpo", "rloo"), "accelerator attribute",
                  "the models `prepare_model` keeps, the reference among them: it is removed there too when released"),
     HostInternal("loss_type", "trl.GRPOTrainer", ("grpo",), "attribute",
-                 "the loss's aggregation, which the KL term shares (`host_loss_settings`)"),
+                 "the loss's aggregation, which the KL term shares"),
     HostInternal("importance_sampling_level", "trl.GRPOTrainer", ("grpo",), "attribute",
-                 "token or sequence: how the KL term's bias correction weights tokens (`host_loss_settings`)"),
+                 "token or sequence: how the KL term's bias correction weights tokens"),
     HostInternal("max_completion_length", "trl.GRPOTrainer", ("grpo",), "attribute",
-                 "dr_grpo's constant normalizer, which the KL term shares (`host_loss_settings`)"),
+                 "dr_grpo's constant normalizer, which the KL term shares"),
     HostInternal("current_gradient_accumulation_steps", "transformers.Trainer", ("grpo",), "training attribute",
                  "the micro-batches of the optimizer step in progress (fewer for a last partial step): the KL term's "
                  "normalizer and the binomial trainer's step (`accumulation_steps`)"),
     HostInternal("scale_rewards", "trl.GRPOTrainer", ("grpo",), "attribute",
-                 "how KL-in-the-reward's group advantages are scaled, as the host's (`grpo_scale_rewards`)"),
+                 "how KL-in-the-reward's group advantages are scaled, as the host's"),
     HostInternal("num_generations", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "the group size in training: advantages and diversity groups (`host_rewards`)"),
+                 "the group size in training: advantages and diversity groups"),
     HostInternal("num_generations_eval", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "the group size in evaluation (`host_rewards`)"),
+                 "the group size in evaluation"),
     HostInternal("reward_weights", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "the (K,) weights of the total reward TRL logs as `reward` (`host_rewards`)"),
+                 "the (K,) weights of the total reward TRL logs as `reward`"),
     HostInternal("reward_funcs", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "swapped for checking wrappers while a batch is scored, the user's list again after "
-                 "(`checking_reward_outputs`)"),
+                 "swapped for checking wrappers while a batch is scored, the user's list again after (`HostHooks`)"),
     HostInternal("reward_func_names", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "the names TRL logs each reward function under: named in warnings and errors (`host_rewards`)"),
+                 "the names TRL logs each reward function under: named in warnings and errors"),
     HostInternal("temperature", "trl.GRPOTrainer", ("grpo",), "attribute",
-                 "the sampling temperature the binomial trainer's log-probabilities use (`host_loss_settings`)"),
+                 "the sampling temperature the binomial trainer's log-probabilities use"),
     HostInternal("is_deepspeed_enabled", "transformers.Trainer", ("grpo", "rloo"), "attribute",
                  "a DeepSpeed engine owns the models: no reset under ZeRO-3, no release (`host_models`)"),
     HostInternal("is_fsdp_enabled", "transformers.Trainer", ("grpo", "rloo"), "attribute",
@@ -172,20 +168,18 @@ HOST_INTERNALS = (
                  "its moments are cleared by a reset with `ref_reset_optimizer` (`host_models`)"),
     HostInternal("model_wrapped", "transformers.Trainer", ("grpo",), "attribute",
                  "documented for reading only; the command sets it back to the model to drop the DDP wrapper before "
-                 "the process group ends (`set_wrapped_model`)"),
+                 "the process group ends"),
     HostInternal("training_bar", "transformers.ProgressCallback", ("grpo",), "callback attribute",
                  "the progress bar a run interrupted by a bad reward output leaves open: closed before the message "
                  "(`close_progress_bars`)"),
     HostInternal("_ChunkedLogProbFunction", "trl.trainer.utils", ("grpo",), "module attribute",
                  "TRL's fused LM-head scorer (1.15: Triton only, None without it; 1.16: a torch fallback off a GPU): "
                  "replaced by a plain-torch stand-in where it fails for "
-                 "training on a CPU (`host_log_prob_scorer`, `replace_host_log_prob_scorer`; `trainers.scorer`)"),
+                 "training on a CPU (`trainers.scorer`)"),
     HostInternal("normalize_advantages", "trl.RLOOTrainer", ("rloo",), "attribute",
-                 "whether RLOO standardizes its leave-one-out advantages over the batch, as the penalized ones are "
-                 "(`rloo_advantage_settings`)"),
+                 "whether RLOO standardizes its leave-one-out advantages over the batch, as the penalized ones are"),
     HostInternal("reward_clip_range", "trl.RLOOTrainer", ("rloo",), "attribute",
-                 "the range RLOO clamps total rewards to before its KL penalty, as the penalized ones are "
-                 "(`rloo_advantage_settings`)"),
+                 "the range RLOO clamps total rewards to before its KL penalty, as the penalized ones are"),
 )  # fmt: skip
 # Not in the table, because its *absence* is what is checked: `_compute_liger_loss` (see `check_host`).
 
@@ -195,30 +189,6 @@ def host_internals(family: str) -> tuple[HostInternal, ...]:
     if family not in HOST_FAMILIES:
         raise ValueError(f"family must be one of {tuple(HOST_FAMILIES)}, got {family!r}.")
     return tuple(internal for internal in HOST_INTERNALS if family in internal.hosts)
-
-
-def has_host_log_prob_scorer() -> bool:
-    """Whether TRL names a fused LM-head scorer (`trl.trainer.utils._ChunkedLogProbFunction`: TRL 1.15 and 1.16)."""
-    import trl.trainer.utils as trl_utils
-
-    return "_ChunkedLogProbFunction" in vars(trl_utils)
-
-
-def host_log_prob_scorer():
-    """TRL's fused LM-head scorer: its kernel's autograd function, or `None` where TRL 1.15 found no Triton."""
-    import trl.trainer.utils as trl_utils
-
-    return trl_utils._ChunkedLogProbFunction
-
-
-def replace_host_log_prob_scorer(scorer) -> None:
-    """Makes TRL score log-probabilities with `scorer` (same `apply` call as `_ChunkedLogProbFunction`), for the whole
-    process: stock trainers and ours alike."""
-    import trl.trainer.utils as trl_utils
-
-    if "_ChunkedLogProbFunction" not in vars(trl_utils):
-        raise unsupported_trl("trl.trainer.utils has no _ChunkedLogProbFunction to replace")
-    trl_utils._ChunkedLogProbFunction = scorer
 
 
 # --- before anything is loaded ---------------------------------------------------------------------------------------

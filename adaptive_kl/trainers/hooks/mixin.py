@@ -1,20 +1,36 @@
-"""The seam's mixin: `HostHooks` overrides the host trainer's private methods and hands the trainers named extension
-points, and `HostScoring` is what it hands them for each generation batch the host scored.
+"""The seam's mixin, `HostHooks`, and the few functions that do something with the host's undocumented names that a
+reader would otherwise piece together (the table of those names, and its checks, are `internals`').
+
+`HostHooks` overrides the host's private methods of one generation batch and of its loss, and hands the trainers two
+points to extend: `_before_scoring(mode)` (before the host generates; whether the batch needs the reference) and
+`_on_scored(scoring)` (after it scored the batch, with what it computed: `HostScoring`). Inside `host_loss_scoring()`
+every policy scoring of the host's loss is recorded.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
-from transformers import TrainerCallback
 
-from ..inputs import check_drawn_prompts
-from .access import checking_reward_outputs
+from ..inputs import check_drawn_prompts, checked_reward_funcs
 from .internals import unsupported_trl
+
+
+# Multimodal inputs of a batch from `GRPOTrainer._generate_and_score_completions` that a policy forward needs.
+MULTIMODAL_INPUTS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
 
 
 @dataclass(frozen=True)
@@ -25,12 +41,12 @@ class HostScoring:
         output (`dict`): the host's output for this process's B completions; editable (its advantages, added keys).
         mode (`str`): `"train"` or `"eval"`.
         rewards_per_func (`torch.Tensor` of shape `(N, K)`): every process's rewards per reward function, gathered,
-            NaN where a function returned None.
+            NaN where a function returned None (what `_calculate_rewards` computed, after its outputs were checked).
         logps (`tuple[torch.Tensor, ...]`): each `(B, T)` log-probability tensor the host computed while it scored the
             batch (`_get_per_token_logps_and_entropies`), in order; which is which is the host's own layout, named by
-            the trainer of that host.
-        reference_scored (`bool`): whether the host scored the reference (its β is not 0 and `_scores_reference`
-            asked for it).
+            the trainer of that host (GRPO keeps them in its output, RLOO only scores them).
+        reference_scored (`bool`): whether the host scored the reference (its β is not 0 and `_before_scoring` asked
+            for it).
     """
 
     output: dict
@@ -41,32 +57,15 @@ class HostScoring:
 
 
 class HostHooks:
-    """Mixin for the subclasses of `GRPOTrainer` and `RLOOTrainer` (listed before it): the host hooks every trainer
-    here shares.
+    """Mixin for the subclasses of `GRPOTrainer` and `RLOOTrainer` (listed before it).
 
-    It overrides the host's private methods of `HOST_INTERNALS`, so that the trainers extend only these named points
-    (each a no-op or the host's own behaviour unless overridden):
+    Extension points, internal because their signatures follow what TRL's private methods offer:
 
-    - `_on_generation_batch(mode)`: before the host generates and scores a training or evaluation batch;
-    - `_scores_reference(mode)`: whether that batch needs the reference log-probabilities (default: whenever the
-      host computes them); when not, the host scores it with β = 0, which skips the reference forward, and its
-      output has no `ref_per_token_logps`;
-    - `_on_scored(scoring)`: after it, with the batch as the host scored it (`HostScoring`): its output (editable),
-      the gathered `(N, K)` rewards that `_calculate_rewards` computed (after checking what each reward function
-      returned), and every log-probability tensor the host computed while scoring it, in order: the trainer of each
-      host names them (GRPO keeps them in its output, RLOO only scores them). A host that scored a batch without
-      calling `_calculate_rewards` is refused;
-    - `_micro_batch_loss(model, inputs)`: the loss of one micro-batch (the host's `_compute_loss`);
-    - `_on_checkpoint_saved(checkpoint)`, `_on_checkpoint_loaded(checkpoint)` and `_on_callback_state_loaded()`:
-      after the host saved a checkpoint directory, loaded the model from one, and restored its callbacks' state.
-
-    These extension points are internal: their names are private because their signatures follow what TRL's private
-    methods offer, and may change with a supported TRL release. Subclass the trainers' public API instead.
-
-    Policy scoring: inside `host_loss_scoring()`, every `_get_per_token_logps_and_entropies` result of the host's loss
-    is recorded, the loss running with β = 0 (its KL term left to the trainer) or with the trainer's β_t (the host's
-    own term, at that β); `captured_policy_logps` checks that there was exactly one and that it carries a gradient in
-    training.
+    - `_before_scoring(mode)`: before the host generates and scores a batch of `mode`; returns whether the batch
+      needs the reference log-probabilities (default: whenever the host computes them). When not, the host scores it
+      with β = 0, which skips the reference forward, and its output has no `ref_per_token_logps`;
+    - `_on_scored(scoring)`: after it, with the batch as the host scored it (`HostScoring`). A host that scored a batch
+      without calling `_calculate_rewards` is refused.
 
     A subclass names its model-card tag in its bases: `class MyTrainer(HostHooks, GRPOTrainer, hub_tag="my-tag")`.
     """
@@ -80,64 +79,34 @@ class HostHooks:
         if hub_tag is not None:
             cls._tag_names = [*cls._tag_names, hub_tag]  # the host's tags, then ours
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.add_callback(CheckpointSaved(self._on_checkpoint_saved))
-
-    # --- extension points -----------------------------------------------------------------------------------------
-
-    def _on_generation_batch(self, mode: str) -> None:
-        """Called before the host generates and scores a batch of `mode` ("train" or "eval")."""
-
-    def _scores_reference(self, mode: str) -> bool:
-        """Whether the generation batch about to be scored in `mode` needs the reference log-probabilities."""
+    def _before_scoring(self, mode: str) -> bool:
         return True
 
     def _on_scored(self, scoring: HostScoring) -> None:
-        """Called once per scored generation batch, with what the host computed for it (`scoring.output` editable)."""
-
-    def _micro_batch_loss(self, model, inputs):
-        """The loss of one micro-batch: the host's. A trainer with another objective overrides it."""
-        return super()._compute_loss(model, inputs)
-
-    def _on_checkpoint_saved(self, checkpoint: str) -> None:
-        """Called after the host saved the checkpoint directory `checkpoint` (on the processes that save)."""
-
-    def _on_checkpoint_loaded(self, checkpoint: str) -> None:
-        """Called after the host loaded the model from `checkpoint` on resume."""
-
-    def _on_callback_state_loaded(self) -> None:
-        """Called after the host restored its callbacks' state from a checkpoint."""
+        pass
 
     # --- the host's methods -----------------------------------------------------------------------------------------
 
-    def _compute_loss(self, model, inputs):
-        return self._micro_batch_loss(model, inputs)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self._on_checkpoint_loaded(resume_from_checkpoint)
-
-    def _load_callback_state(self):
-        super()._load_callback_state()
-        self._on_callback_state_loaded()
-
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        with checking_reward_outputs(self):  # a reward function's bad output is named, not a torch.tensor error
+        # While the host scores a batch, its `reward_funcs` check what each function returns (a bad output is named,
+        # not a torch.tensor error); outside, the list is the user's own, object for object.
+        funcs = self.reward_funcs
+        self.reward_funcs = checked_reward_funcs(funcs, self.reward_func_names)
+        try:
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        finally:
+            self.reward_funcs = funcs
         self._rewards_per_func = rewards_per_func  # (N_global, K), gathered over processes; NaN where None
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
         check_drawn_prompts(inputs)  # a streaming dataset's rows are first seen here
         mode = "train" if self.model.training else "eval"
-        self._on_generation_batch(mode)
-        self._rewards_per_func = None
-        self._generation_scorings = []
         # TRL scores the reference only when its β is not 0, and reads β nowhere else while scoring a batch
-        scores_reference = self._scores_reference(mode) and self.beta != 0.0
+        scores_reference = self._before_scoring(mode) and self.beta != 0.0
+        self._rewards_per_func, self._generation_scorings = None, []
         try:
-            with nullcontext() if scores_reference else self._host_beta_zero():
+            with nullcontext() if scores_reference else self._host_beta(0.0):
                 output = super()._generate_and_score_completions(inputs)
             logps = tuple(self._generation_scorings)
         finally:
@@ -153,39 +122,35 @@ class HostHooks:
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         outputs = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-        if self._policy_scorings is not None:
-            self._policy_scorings.append(outputs[0])
-        if self._generation_scorings is not None:
-            self._generation_scorings.append(outputs[0])
+        for scorings in (self._policy_scorings, self._generation_scorings):
+            if scorings is not None:
+                scorings.append(outputs[0])
         return outputs
 
+    # --- the host's loss --------------------------------------------------------------------------------------------
+
     @contextmanager
-    def _host_beta_zero(self):
-        """TRL's β is 0 inside, and back to its value after."""
-        beta, self.beta = self.beta, 0.0
+    def _host_beta(self, beta: float):
+        """TRL's β is `beta` inside, and back to its value after."""
+        host_beta, self.beta = self.beta, beta
         try:
             yield
         finally:
-            self.beta = beta
+            self.beta = host_beta
 
     @contextmanager
     def host_loss_scoring(self, backend_capture=None, *, beta: float = 0.0):
         """Runs the host's loss and yields what it computed: `{"policy_logps": [...]}`, every policy scoring of the
         loss. The host's β is `beta` inside: 0 (its loss without its KL term, which the trainer adds) or the package's
-        β_t (the host's own KL term, at that β). `backend_capture`, a context manager taking that dict (a backend whose
-        loss scores the policy its own way passes one: Unsloth's records its efficient loss's arguments under
-        `"efficient_grpo"`), is entered around the loss too."""
+        β_t (the host's own KL term, at that β). `backend_capture`, a context manager taking that dict (Unsloth's
+        records its efficient loss's arguments under `"efficient_grpo"`), is entered around the loss too."""
         capture = {"policy_logps": []}
-        self._policy_scorings, host_beta = capture["policy_logps"], self.beta
-        self.beta = beta
+        self._policy_scorings = capture["policy_logps"]
         try:
-            if backend_capture is None:  # one context, not nested ones: this runs once per micro-batch
+            with self._host_beta(beta), backend_capture(capture) if backend_capture else nullcontext():
                 yield capture
-            else:
-                with backend_capture(capture):
-                    yield capture
         finally:
-            self._policy_scorings, self.beta = None, host_beta
+            self._policy_scorings = None
 
     def captured_policy_logps(self, capture: dict, training: bool) -> torch.Tensor:
         """The `(B, T)` policy log-probabilities of the host's loss, checked.
@@ -214,27 +179,103 @@ def check_carries_gradient(logps: torch.Tensor, training: bool, what: str) -> to
     return logps
 
 
-class CheckpointSaved(TrainerCallback):
-    """Calls `on_saved(checkpoint directory)` after Transformers saved a checkpoint, on the processes that save
-    (`TrainingArguments.should_save`): the public `on_save` event, at `<output_dir>/checkpoint-<step>`. Under a
-    hyperparameter search Transformers saves elsewhere (a run directory per trial): the directory is then not there,
-    and this says so rather than writing beside it."""
+# --- what several modules do with the host's names ------------------------------------------------------------------
 
-    def __init__(self, on_saved):
-        self.on_saved = on_saved
 
-    def on_save(self, args, state, control, **kwargs):
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR  # not at import: see `check_trl_version`
+def completion_loss_mask(batch: dict):
+    """The completion tokens a loss or a KL may count: `completion_mask`, times `tool_mask` when the batch has one
+    (tool outputs in a completion were not sampled from the policy)."""
+    mask = batch["completion_mask"]
+    return mask * batch["tool_mask"] if "tool_mask" in batch else mask
 
-        if not args.should_save:
-            return
-        checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        if not os.path.isdir(checkpoint):
-            warnings.warn(
-                f"{checkpoint} was not saved where Transformers saves checkpoints outside a hyperparameter search: "
-                "what adaptive-kl adds to a checkpoint (a reset reference's weights) is not in it.",
-                UserWarning,
-                stacklevel=2,
-            )
-            return
-        self.on_saved(checkpoint)
+
+def accumulation_steps(trainer) -> int:
+    """The micro-batches of the optimizer step in progress, as Transformers' training loop set them on `trainer` (fewer
+    for a last partial step). A trainer that never ran a training step (a loss computed by hand) has none yet: then
+    the configured `gradient_accumulation_steps`, what the loop sets for a full step. `check_host` has checked that the
+    loop sets it, so its absence means "not yet", never "renamed"."""
+    if "current_gradient_accumulation_steps" in vars(trainer):
+        return trainer.current_gradient_accumulation_steps
+    return trainer.args.gradient_accumulation_steps
+
+
+def metric_store(trainer, mode: str) -> dict[str, list[float]]:
+    """`trainer`'s metrics of `mode` ("train" or "eval"): name → values, which TRL averages and logs at the next `log`
+    (prefixing "eval_" in evaluation). For code that takes any GRPO or RLOO trainer (the callbacks, the tests)."""
+    return trainer._metrics[mode]
+
+
+def replace_logged_advantages(trainer, advantages: torch.Tensor) -> None:
+    """Replaces the last `len(advantages)` entries of TRL's `_logs["advantages"]` (a bounded deque that TRL just
+    extended with its own advantages), so that the completions table shows the advantages the loss uses."""
+    logged = trainer._logs["advantages"]
+    for _ in range(min(len(advantages), len(logged))):
+        logged.pop()
+    logged.extend(advantages.tolist())
+
+
+@dataclass(frozen=True)
+class HostModels:
+    """The models and optimizer of a trainer that a reference reset or release touches.
+
+    Attributes:
+        policy: the unwrapped policy model.
+        reference: TRL's full-model reference; `None` for a PEFT policy (its reference is an adapter) and once
+            released (`release_reference_model`).
+        optimizer: `None` until `train` builds it (unless one was passed in).
+        sharding_engine (`str` or `None`): `"deepspeed"` or `"fsdp"` when that engine owns the models (a reset or a
+            release must not touch them).
+        zero_stage (`int` or `None`): DeepSpeed's ZeRO stage under DeepSpeed.
+    """
+
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer | None
+    sharding_engine: str | None
+    zero_stage: int | None
+
+
+def host_models(trainer) -> HostModels:
+    """`HostModels` of `trainer`, now."""
+    engine = "deepspeed" if trainer.is_deepspeed_enabled else "fsdp" if trainer.is_fsdp_enabled else None
+    accelerator = trainer.accelerator
+    return HostModels(
+        policy=accelerator.unwrap_model(trainer.model),
+        reference=trainer.ref_model,
+        optimizer=trainer.optimizer,
+        sharding_engine=engine,
+        zero_stage=accelerator.state.deepspeed_plugin.zero_stage if engine == "deepspeed" else None,
+    )
+
+
+@contextmanager
+def host_built_without_reference(trainer, args):
+    """The host's `__init__`, run inside, builds no reference model: it reads `args.beta` into `trainer.beta` and
+    loads a reference only when that is not 0, so `args.beta` is 0 inside; after, both hold the configured β again.
+    Only for a policy that is not a PEFT model (TRL also reads `args.beta` to copy a PEFT adapter as the reference),
+    and only when the reference will never be scored: the trainer must then refuse to score it."""
+    beta, args.beta = args.beta, 0.0
+    try:
+        yield
+    finally:
+        args.beta = beta
+    trainer.beta = beta
+
+
+def release_reference_model(trainer) -> None:
+    """Drops the full-model reference of `trainer` (its `ref_model` and the `Accelerator`'s hold on it), so that its
+    memory is freed once nothing else refers to it. The host must not score the reference afterwards."""
+    reference, trainer.ref_model = trainer.ref_model, None
+    accelerator = trainer.accelerator
+    accelerator._models = [model for model in accelerator._models if model is not reference]
+
+
+def close_progress_bars(trainer) -> None:
+    """Closes the training progress bar of each of `trainer`'s `ProgressCallback`s that has one open (a run that an
+    exception interrupted leaves it open, and a message printed then lands inside it)."""
+    from transformers.trainer_callback import ProgressCallback  # not at import: see `check_trl_version`
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+            callback.training_bar.close()
+            callback.training_bar = None
