@@ -13,7 +13,7 @@ quickstart:  ## a short run with an adaptive KL method on a tiny offline model
 	$(PYTHON) demos/quickstart.py
 
 test:  ## the test suite (CPU, offline)
-	$(PYTHON) -m pytest tests -q
+	$(PYTHON) -m pytest tests -q -n auto
 
 bench:  ## speed and memory vs stock GRPOTrainer on the CPU (tiny and 30M models, the reference, KL term alone); ~40 min
 	$(PYTHON) benchmarks/step_overhead.py --steps 40 --warmup 5 --rounds 5 --output benchmarks/results/cpu-step-tiny.md

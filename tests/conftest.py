@@ -1,9 +1,18 @@
 import os
 import sys
 
-import pytest
+
+# Under pytest-xdist (`-n auto`: one worker a core), one thread a worker, in the commands the tests start too: a
+# worker's torch and each subprocess would otherwise spin threads on every core, and the workers slow each other down.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
