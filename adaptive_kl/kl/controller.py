@@ -142,6 +142,13 @@ class BetaController:
         self.target_kl = target_kl
         self.kl_horizon = kl_horizon
         self.beta_max = self.initial_beta if beta_max is None else float(beta_max)
+        # What `update` reads: the `dynamic` trigger's statistic and threshold, or a target-KL controller's mean KL
+        saturation = dynamic_trigger == "saturation"
+        self.trigger_threshold = saturation_threshold if saturation else reward_threshold
+        self.reads_kl = not dynamic and kl_controller != "fixed"
+        # Whether β_base changes during training, so that a run resumed without the saved state would follow another β
+        # trajectory: a fixed β_base is a function of the step alone
+        self.has_training_state = dynamic or kl_controller != "fixed"
         self.reset()
 
     @classmethod
@@ -164,24 +171,16 @@ class BetaController:
             beta_max=args.beta_max,
         )
 
-    def base_beta(self, step: int) -> float:
-        """β_base(t): the controlled coefficient, or `beta_min` from `beta_schedule_steps` on under `dynamic`."""
-        if self.dynamic and step >= self.beta_schedule_steps:
-            return self.beta_min
-        return self.beta_base
-
-    def scale(self, step: int) -> float:
-        """α(t)."""
-        return checked_step_scale(step, self.kl_scaling, self.kl_scaling_rate)  # checked at construction
-
     def beta(self, step: int) -> float:
         """β_t = β_base(t)·α(t) for optimizer step `step` (1-based)."""
         return self.beta_and_scale(step)[0]
 
     def beta_and_scale(self, step: int) -> tuple[float, float]:
-        """`(β_t, α(t))` for optimizer step `step`, α computed once (a trainer asks for both every micro-batch)."""
-        scale = self.scale(step)
-        return self.base_beta(step) * scale, scale
+        """`(β_t, α(t))` for optimizer step `step`: β_base(t) is the controlled coefficient, or `beta_min` from
+        `beta_schedule_steps` on under `dynamic`; α(t) the step scaling, checked at construction."""
+        scale = checked_step_scale(step, self.kl_scaling, self.kl_scaling_rate)
+        base = self.beta_min if self.dynamic and step >= self.beta_schedule_steps else self.beta_base
+        return base * scale, scale
 
     def is_zero_from(self, step: int) -> bool:
         """Whether β_t is exactly 0 for optimizer step `step` and every later step, whatever statistics the later
@@ -213,7 +212,7 @@ class BetaController:
         if self.beta_base == 0.0 and self.beta_min == 0.0:  # every rule keeps 0: nothing to measure, nothing skipped
             return
         if self.dynamic:
-            statistic = self.trigger_statistic(mean_reward, zero_std_fraction)
+            statistic = zero_std_fraction if self.dynamic_trigger == "saturation" else mean_reward
             if statistic is None or not math.isfinite(statistic):
                 self.num_skipped_updates += 1
                 return
@@ -249,15 +248,6 @@ class BetaController:
             self.beta_base = new_beta
         else:
             self.num_skipped_updates += 1
-
-    @property
-    def trigger_threshold(self) -> float:
-        """The threshold the `dynamic` trigger's statistic must reach for β_base to decay."""
-        return self.saturation_threshold if self.dynamic_trigger == "saturation" else self.reward_threshold
-
-    def trigger_statistic(self, mean_reward: float | None, zero_std_fraction: float | None) -> float | None:
-        """Of a step's statistics, the one the `dynamic` trigger reads."""
-        return zero_std_fraction if self.dynamic_trigger == "saturation" else mean_reward
 
     COUNTERS = ("num_decays", "num_skipped_updates", "num_held_updates")  # saved beside last_step; missing: 0
 
@@ -298,17 +288,6 @@ class BetaController:
         self.last_step, self.num_decays, self.num_skipped_updates, self.num_held_updates = (
             int(v) for v in counters.values()
         )
-
-    @property
-    def reads_kl(self) -> bool:
-        """Whether `update` reads each step's mean KL: a target-KL controller (`dynamic` reads the reward instead)."""
-        return not self.dynamic and self.kl_controller != "fixed"
-
-    @property
-    def has_training_state(self) -> bool:
-        """Whether β_base changes during training (`dynamic`, or a target-KL controller), so that a run resumed
-        without the saved state would follow another β trajectory. A fixed β_base is a function of the step alone."""
-        return self.dynamic or self.kl_controller != "fixed"
 
     def __repr__(self) -> str:
         return (

@@ -29,11 +29,6 @@ STRAIGHT_THROUGH_ESTIMATORS = ("k1+", "k3+")
 EXPONENTIAL_ESTIMATORS = ("k3", "k3+")
 
 
-def upcast_half(values: torch.Tensor) -> torch.Tensor:
-    """`values` in float32 when they are float16/bfloat16 (their estimates would round too coarsely), else as is."""
-    return values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
-
-
 def clamp_log_ratio(log_ratio: torch.Tensor, bound: float | None) -> torch.Tensor:
     """Clamps ``r`` to ``[-bound, bound]`` (no clamp for `None`), upcasting half precision to float32. Outside the
     range the clamped value is constant: a clamped token carries no gradient.
@@ -45,7 +40,8 @@ def clamp_log_ratio(log_ratio: torch.Tensor, bound: float | None) -> torch.Tenso
     Returns:
         `torch.Tensor` of shape `(B, T)` (float32 when the input was float16/bfloat16).
     """
-    log_ratio = upcast_half(log_ratio)
+    if log_ratio.dtype in (torch.float16, torch.bfloat16):  # their estimates would round too coarsely
+        log_ratio = log_ratio.float()
     return log_ratio if bound is None else log_ratio.clamp(-bound, bound)
 
 
@@ -63,12 +59,6 @@ def masked_log_ratio(
         `torch.Tensor` of shape `(B, T)`.
     """
     return torch.where(mask > 0, per_token_logps - ref_per_token_logps, 0.0)
-
-
-def estimator_log_ratio(log_ratio: torch.Tensor, estimator: str, log_ratio_clip: float | None = None) -> torch.Tensor:
-    """The log-ratio `estimator` is computed from: upcast from half precision, and clamped to ±`log_ratio_clip` only
-    for the estimators that exponentiate it (`EXPONENTIAL_ESTIMATORS`) and only when a bound is given."""
-    return clamp_log_ratio(log_ratio, log_ratio_clip if estimator in EXPONENTIAL_ESTIMATORS else None)
 
 
 # k1, k2, k3: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html (there with
@@ -123,8 +113,8 @@ def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3", log_ratio_clip: 
         log_ratio (`torch.Tensor` of shape `(B, T)`): `log π_θ − log π_ref` at the sampled tokens.
         estimator (`str`): one of `"k1"`, `"k2"`, `"k3"`, or the straight-through `"k1+"`, `"k3+"` (the value of
             k1/k3, the gradient of k2).
-        log_ratio_clip (`float`, *optional*): for k3 and k3+, clamp ``r`` to ±this value first (`clamp_log_ratio`);
-            `None` (TRL's arithmetic): no clamp.
+        log_ratio_clip (`float`, *optional*): for k3 and k3+ (`EXPONENTIAL_ESTIMATORS`), clamp ``r`` to ±this value
+            first (`clamp_log_ratio`, which also upcasts half precision); `None` (TRL's arithmetic): no clamp.
 
     Returns:
         `torch.Tensor` of shape `(B, T)`.
@@ -133,7 +123,7 @@ def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3", log_ratio_clip: 
         fn = _ESTIMATOR_FNS[estimator]
     except KeyError:
         raise ValueError(f"kl_estimator must be one of {ESTIMATORS}, got {estimator!r}.") from None
-    return fn(estimator_log_ratio(log_ratio, estimator, log_ratio_clip))
+    return fn(clamp_log_ratio(log_ratio, log_ratio_clip if estimator in EXPONENTIAL_ESTIMATORS else None))
 
 
 # The transforms `clip` and `sigmoid` are the seed "Adaptive KL Divergence for GRPO Training"'s (no published source).

@@ -52,7 +52,7 @@ def sequence_kl_penalty(
         log_ratio_clip (`float`, *optional*): clamp k3's log-ratio to ±this value first (`kl_log_ratio_clip`).
 
     Returns:
-        `torch.Tensor` of shape `(B,)`, in `penalty_dtype(per_token_logps.dtype)`.
+        `torch.Tensor` of shape `(B,)`: float32, or float64 for float64 log-probabilities.
     """
     with torch.no_grad():
         _, adapted = estimate_and_transform(
@@ -64,17 +64,12 @@ def sequence_kl_penalty(
         return beta * per_sequence
 
 
-def penalty_dtype(logps_dtype: torch.dtype) -> torch.dtype:
-    """The dtype of `sequence_kl_penalty` computed from log-probabilities of `logps_dtype`: float32, or float64 for
-    float64 ones (half precision is upcast before the estimate)."""
-    return torch.promote_types(logps_dtype, torch.float32)
-
-
 def zero_penalty(rows: int, logps_dtype: torch.dtype, device=None) -> torch.Tensor:
     """The `(rows,)` penalty of a batch scored without the reference (β_t = 0 for every step it serves): exactly 0, in
-    the dtype `sequence_kl_penalty` would give from log-probabilities of `logps_dtype` (`penalty_dtype`), so that the
-    penalized rewards, and their advantages, are those of the full path bit for bit (in bfloat16 they would round)."""
-    return torch.zeros(rows, dtype=penalty_dtype(logps_dtype), device=device)
+    the dtype `sequence_kl_penalty` would give from log-probabilities of `logps_dtype` (float32, or float64 for
+    float64 ones: half precision is upcast before the estimate), so that the penalized rewards, and their advantages,
+    are those of the full path bit for bit (in bfloat16 they would round)."""
+    return torch.zeros(rows, dtype=torch.promote_types(logps_dtype, torch.float32), device=device)
 
 
 def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:

@@ -283,13 +283,20 @@ class RetentionCallback(TrainerCallback):
                 raise ValueError(f"score_fn must be a callable for metric='accuracy', got {score_fn!r}.")
             if not is_positive_int(max_new_tokens):
                 raise ValueError(f"max_new_tokens must be an int >= 1 for metric='accuracy', got {max_new_tokens!r}.")
-            needed = [c for c in _required_parameters(score_fn) if c not in ("completions", "prompts")]
+            try:  # the parameters of `score_fn` without a default (keyword-passable ones only); none when unknown
+                parameters = inspect.signature(score_fn).parameters.values()
+            except (TypeError, ValueError):
+                parameters = []
+            kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            required_names = [p.name for p in parameters if p.kind in kinds and p.default is inspect.Parameter.empty]
+            needed = [c for c in required_names if c not in ("completions", "prompts")]
             if [c for c in needed if c not in columns]:
                 raise ValueError(
                     f"dataset lacks column(s) {[c for c in needed if c not in columns]} that score_fn "
                     f"{getattr(score_fn, '__name__', score_fn)!r} requires; it has {columns}."
                 )
-        self.trainer, self.metric, self.eval_steps, self.batch_size = trainer, metric, eval_steps, batch_size
+        self.trainer, self.tokenizer = trainer, trainer.processing_class
+        self.metric, self.eval_steps, self.batch_size = metric, eval_steps, batch_size
         self.max_new_tokens, self.score_fn, self.prefix = max_new_tokens, score_fn, prefix
         self.kl_to_start = kl_to_start
         self.data = data
@@ -303,10 +310,6 @@ class RetentionCallback(TrainerCallback):
             self._tokenized = [
                 self._tokenize(i, p, c) for i, (p, c) in enumerate(zip(data["prompt"], data["completion"]))
             ]
-
-    @property
-    def tokenizer(self):
-        return self.trainer.processing_class
 
     def _tokenize(self, index: int, prompt: str, completion: str) -> tuple[list[int], list[int]]:
         prompt_ids = list(self.tokenizer(prompt)["input_ids"])
@@ -436,13 +439,3 @@ class RetentionCallback(TrainerCallback):
             total, count = sum(valid), float(len(valid))
         total, count = self._reduce([total, count])
         return {f"{self.prefix}/accuracy": total / count if count else float("nan")}
-
-
-def _required_parameters(fn) -> list[str]:
-    """Names of the parameters of `fn` that have no default (keyword-passable ones only); [] when unknown."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in parameters if p.kind in kinds and p.default is inspect.Parameter.empty]

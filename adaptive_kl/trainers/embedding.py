@@ -14,7 +14,6 @@ import os
 
 import torch
 
-from ..metrics.diversity import Embedder
 from ..models.paths import looks_like_local_path
 
 
@@ -77,8 +76,3 @@ class SentenceTransformerEmbedder:
             list(completions), batch_size=self.batch_size, convert_to_tensor=True, show_progress_bar=False
         )
         return embeddings.float().cpu()
-
-
-def build_embedder(name: str) -> Embedder | None:
-    """The embedder a config's `diversity_embedder` names; `None` for `"hashed"` (the metrics' own default)."""
-    return None if name == HASHED else SentenceTransformerEmbedder(name)

@@ -29,7 +29,7 @@ from ..kl.placement import group_advantages
 from ..kl.term import kl_term_and_sequence_sums
 from ..metrics.diversity import diversity_metrics
 from .config import AdaptiveKLGRPOConfig
-from .embedding import build_embedder
+from .embedding import HASHED, SentenceTransformerEmbedder
 from .hooks import (
     MULTIMODAL_INPUTS,
     HostHooks,
@@ -76,8 +76,9 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
 
     def __init__(self, model, reward_funcs=None, args=None, *more, diversity_embedder=None, **kwargs):
         super().__init__(model, reward_funcs, args, *more, **kwargs)
-        if diversity_embedder is None and self.args.diversity_metrics:
-            diversity_embedder = build_embedder(self.args.diversity_embedder)
+        name = self.args.diversity_embedder  # for `"hashed"`, None: the diversity metrics' own default
+        if diversity_embedder is None and self.args.diversity_metrics and name != HASHED:
+            diversity_embedder = SentenceTransformerEmbedder(name)
         self.diversity_embedder = diversity_embedder
 
     __init__.__signature__ = with_keyword_only(

@@ -6,10 +6,10 @@ as an `IndexError` from `generate`, a reward function returning strings as `too 
 
 - `check_train_dataset`: before any model is loaded, every prompt of a map-style dataset; `check_drawn_prompts`: the
   rows of a streaming dataset as training draws them (it is never read ahead of training);
-- `checked_reward_funcs`: the reward functions wrapped so that what each returns is checked on every call, before TRL
+- `checked_reward_func`: a reward function wrapped so that what it returns is checked on every call, before TRL
   converts it (one float, `None` or a number-like scalar per completion); a bad output raises `RewardOutputError` (a
-  `TypeError`) naming the function, the value and the completion. `hooks.checking_reward_outputs` hands them to the
-  host while a batch is scored.
+  `TypeError`) naming the function, the value and the completion. `hooks.HostHooks` hands them to the host while a
+  batch is scored.
 """
 
 from __future__ import annotations
@@ -43,12 +43,6 @@ def _empty_prompt_rows(dataset) -> list[int]:
     return pc.indices_nonzero(pc.fill_null(pc.equal(lengths, 0), True)).to_pylist()
 
 
-def _is_map_style(dataset) -> bool:
-    from datasets import Dataset
-
-    return isinstance(dataset, Dataset)
-
-
 def _empty_prompts_error(name: str, empty: list[int], where: str = "rows") -> ValueError:
     shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
     return ValueError(
@@ -69,7 +63,9 @@ def check_train_dataset(dataset, name: str = "train_dataset", environment: bool 
             each prompt from `reset()`, so TRL accepts a dataset without a `"prompt"` column (e.g. only an
             `environment` column routing each row); only the prompts a dataset has are checked.
     """
-    if _is_map_style(dataset):
+    from datasets import Dataset
+
+    if isinstance(dataset, Dataset):
         if "prompt" not in dataset.column_names:
             if environment:
                 return
@@ -116,9 +112,10 @@ def _is_reward(value) -> bool:
     return False
 
 
-def _check_rewards(rewards, name: str, num_completions: int):
+def _check_rewards(rewards, name: str, completions):
     """`rewards`, after checking that it is a sequence of rewards (`_is_reward`); else a `TypeError` naming `name`."""
     if isinstance(rewards, str | bytes) or not (hasattr(rewards, "__len__") and hasattr(rewards, "__iter__")):
+        num_completions = len(completions) if completions is not None else -1
         raise RewardOutputError(
             f"The reward function {name!r} returned {type(rewards).__name__} {rewards!r:.80}; it must return a list "
             f"with one float (or None) per completion ({num_completions} here)."
@@ -132,11 +129,6 @@ def _check_rewards(rewards, name: str, num_completions: int):
     return rewards
 
 
-def _num_completions(kwargs: dict) -> int:
-    completions = kwargs.get("completions")
-    return len(completions) if completions is not None else -1
-
-
 def checked_reward_func(func: Callable, name: str) -> Callable:
     """`func`, wrapped so that each call's output is checked by `_check_rewards` (sync or async alike); keeps the
     name TRL logs under."""
@@ -147,23 +139,13 @@ def checked_reward_func(func: Callable, name: str) -> Callable:
     if is_async_callable(func):
 
         async def checked(*args, **kwargs):
-            return _check_rewards(await func(*args, **kwargs), name, _num_completions(kwargs))
+            return _check_rewards(await func(*args, **kwargs), name, kwargs.get("completions"))
 
     else:
 
         def checked(*args, **kwargs):
-            return _check_rewards(func(*args, **kwargs), name, _num_completions(kwargs))
+            return _check_rewards(func(*args, **kwargs), name, kwargs.get("completions"))
 
     functools.update_wrapper(checked, func)  # attributes `func` lacks (a partial's __name__) are skipped
     checked.__name__ = name
     return checked
-
-
-def checked_reward_funcs(funcs: list, names: list[str]) -> list:
-    """`funcs` with every reward function wrapped by `checked_reward_func` under its name in `names` (reward models,
-    `torch.nn.Module`s, stay as they are). `hooks.checking_reward_outputs` hands them to the host while it scores a
-    batch."""
-    return [
-        func if isinstance(func, torch.nn.Module) else checked_reward_func(func, name)
-        for func, name in zip(funcs, names, strict=True)
-    ]

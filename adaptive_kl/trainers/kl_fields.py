@@ -36,23 +36,6 @@ KL_TRANSFORMS = ("clip", "sigmoid")
 MAX_LOG_RATIO_CLIP = 88.0
 
 
-def _dynamic(config) -> bool:
-    return "dynamic" in config.kl_methods
-
-
-def _dynamic_trigger(trigger: str):
-    return lambda config: _dynamic(config) and config.dynamic_trigger == trigger
-
-
-def _beta_adapts(config) -> bool:
-    return _dynamic(config) or config.kl_controller != "fixed"
-
-
-def _exponentiates_log_ratio(config) -> bool:
-    # The GRPO config's bias correction exponentiates the importance log-ratio; RLOO's config has no such field.
-    return config.kl_estimator in EXPONENTIAL_ESTIMATORS or getattr(config, "use_bias_correction_kl", False)
-
-
 # Parameters read only under a setting: field → (whether the config reads it, apart from β > 0; what makes it read).
 # One set while nothing reads it warns at construction (`warn_unread_parameters`).
 PARAMETER_READERS = {
@@ -62,32 +45,43 @@ PARAMETER_READERS = {
         "kl_adaptation_method with 'sigmoid' (it is the gate's centre; the controllers' target is target_kl)",
     ),
     "kl_scaling_rate": (lambda c: c.kl_scaling == "exp", "kl_scaling='exp'"),
-    "dynamic_beta_decay": (_dynamic, "kl_adaptation_method with 'dynamic'"),
-    "dynamic_trigger": (_dynamic, "kl_adaptation_method with 'dynamic'"),
+    "dynamic_beta_decay": (lambda c: "dynamic" in c.kl_methods, "kl_adaptation_method with 'dynamic'"),
+    "dynamic_trigger": (lambda c: "dynamic" in c.kl_methods, "kl_adaptation_method with 'dynamic'"),
     "reward_threshold": (
-        _dynamic_trigger("reward"),
+        lambda c: "dynamic" in c.kl_methods and c.dynamic_trigger == "reward",
         "kl_adaptation_method with 'dynamic' and dynamic_trigger='reward'",
     ),
     "saturation_threshold": (
-        _dynamic_trigger("saturation"),
+        lambda c: "dynamic" in c.kl_methods and c.dynamic_trigger == "saturation",
         "kl_adaptation_method with 'dynamic' and dynamic_trigger='saturation'",
     ),
-    "beta_schedule_steps": (_dynamic, "kl_adaptation_method with 'dynamic'"),
+    "beta_schedule_steps": (lambda c: "dynamic" in c.kl_methods, "kl_adaptation_method with 'dynamic'"),
     "target_kl": (
         lambda c: c.kl_controller != "fixed",
         "kl_controller='adaptive' or 'stepwise' (the sigmoid gate's centre is kl_target)",
     ),
     "kl_horizon": (lambda c: c.kl_controller == "adaptive", "kl_controller='adaptive'"),
-    "beta_min": (_beta_adapts, "kl_adaptation_method with 'dynamic', or a kl_controller other than 'fixed'"),
+    "beta_min": (
+        lambda c: "dynamic" in c.kl_methods or c.kl_controller != "fixed",
+        "kl_adaptation_method with 'dynamic', or a kl_controller other than 'fixed'",
+    ),
     "beta_max": (lambda c: c.kl_controller != "fixed", "kl_controller='adaptive' or 'stepwise'"),
     "kl_monitor_steps": (
-        lambda c: _beta_adapts(c) and c.beta_min == 0 and c.skip_zero_beta_reference,
+        lambda c: (
+            ("dynamic" in c.kl_methods or c.kl_controller != "fixed")
+            and c.beta_min == 0
+            and c.skip_zero_beta_reference
+        ),
         "a β that can reach 0 and stay there (dynamic or a target-KL controller, beta_min=0) with "
         "skip_zero_beta_reference=True",
     ),
-    "resume_without_kl_state": (_beta_adapts, "a β that adapts (dynamic or a target-KL controller)"),
+    "resume_without_kl_state": (
+        lambda c: "dynamic" in c.kl_methods or c.kl_controller != "fixed",
+        "a β that adapts (dynamic or a target-KL controller)",
+    ),
     "kl_log_ratio_clip": (
-        _exponentiates_log_ratio,
+        # The GRPO config's bias correction exponentiates the importance log-ratio; RLOO's config has no such field.
+        lambda c: c.kl_estimator in EXPONENTIAL_ESTIMATORS or getattr(c, "use_bias_correction_kl", False),
         "an estimator that exponentiates the log-ratio (kl_estimator 'k3' or 'k3+') or use_bias_correction_kl=True",
     ),
 }
@@ -103,14 +97,9 @@ def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
         ValueError: naming `kl_adaptation_method` and the allowed values, for an unknown or repeated name, `"none"`
             combined with another method, or both `clip` and `sigmoid`.
     """
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"kl_adaptation_method must be {ALLOWED_METHODS}; got {value!r}.")
-    return _parsed_methods(value)
-
-
-@functools.cache  # the config's `kl_methods` reads it at every micro-batch
-def _parsed_methods(value: str) -> tuple[str, ...]:
     allowed = ALLOWED_METHODS
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"kl_adaptation_method must be {allowed}; got {value!r}.")
     methods = tuple(part.strip() for part in value.split("+"))
     unknown = [m for m in methods if m not in KL_METHODS]
     if unknown:
@@ -346,7 +335,7 @@ class AdaptiveKLFields:
             )
 
 
-@functools.cache  # per class: a property of the config reads it at every micro-batch
+@functools.cache  # per class
 def field_defaults(config_cls: type) -> MappingProxyType:
     """Each field of the dataclass `config_cls` that has a default (not a factory) → that default (read-only)."""
     return MappingProxyType({f.name: f.default for f in fields(config_cls) if f.default is not MISSING})
@@ -537,7 +526,7 @@ def adaptive_horizon_for(steps: int, sequences_per_step: int) -> int:
 
 def check_training_arguments(config) -> None:
     """Checks of inherited `TrainingArguments` fields that Transformers leaves to the optimizer, which would fail (or
-    silently not train) only inside `train()`."""
+    silently not train) only inside `train()`: shared with the binomial trainer's config."""
     require(
         is_finite_number(config.learning_rate) and config.learning_rate > 0,
         f"learning_rate must be a finite number > 0, got {config.learning_rate!r} (at 0 the policy never changes; "

@@ -39,13 +39,12 @@ from .hooks import (
     check_host_attributes,
     host_built_without_reference,
     host_models,
-    release_reference_model,
     replace_logged_advantages,
     resolve_args,
 )
 from .reference import (
     ReferenceResets,
-    apply_reference_reset,
+    copy_policy_to_reference,
     load_reference,
     prepare_reference_resets,
     restore_trained_adapter,
@@ -206,9 +205,16 @@ class AdaptiveKLRun:
     """Base placed before `hooks.HostHooks` and the host trainer in an adaptive-KL trainer's bases.
 
     A trainer sets `host_class` (the TRL trainer it subclasses), `host_family` (`"grpo"` or `"rloo"`) and
-    `config_class`, and implements `_prepare_host` (its checks before the host is built, and what it decides of the
-    config: `kl_in_reward`, `host_kl_term`, ...), `_score_kl` (what the KL does to a scored batch) and
-    `_loss_and_kl_sums` (a micro-batch's loss with its KL).
+    `config_class`, and implements:
+
+    - `_prepare_host(args, more, kwargs)`: before the host's `__init__`, its checks of its host and arguments
+      (`hooks.check_host` first) and what it decides of the config (`kl_in_reward`, ...);
+    - `_score_kl(scoring, batch) -> ScoredBatch`: what its KL does to a scored batch (a penalty in the reward, the
+      advantages it changes, in `scoring.output`), `batch` returned with its penalty;
+    - `_loss_and_kl_sums(model, inputs, return_outputs, num_items_in_batch, mode, beta) -> (loss, sums)`: the
+      micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and the `(5, B)` per-sequence sums
+      of the KL's statistics (`kl.metrics.kl_sequence_sums`, this process's sequences); None when the batch was
+      scored without the reference.
 
     Attributes (set at construction):
         beta_controller (`BetaController`): owns β_t; saved in every checkpoint and restored on resume.
@@ -272,17 +278,14 @@ class AdaptiveKLRun:
         self.warned: set[str] = set()  # the run's warnings given, each at most once per `train()` call
         self.add_callback(AdaptiveKLStateCallback(controller, resets=resets, on_saved=self._save_reference))
 
-    def _prepare_host(self, args, more: tuple, kwargs: dict) -> None:
-        """Before the host's `__init__`: the trainer's checks of its host and arguments (`hooks.check_host` first)."""
-        raise NotImplementedError
-
     # --- a generation batch ----------------------------------------------------------------------------------------
 
     def _before_scoring(self, mode: str) -> bool:
         if self.model.training and self.reference_resets.pending:
             models = host_models(self)
-            optimizer = models.optimizer if self.args.ref_reset_optimizer else None
-            apply_reference_reset(models.policy, models.reference, optimizer)
+            copy_policy_to_reference(models.policy, models.reference)
+            if self.args.ref_reset_optimizer:  # each parameter's moments start afresh at its next step
+                models.optimizer.state.clear()
             self.reference_resets.applied(self.state.global_step)
         if self.zero_beta is None:
             return True
@@ -290,7 +293,9 @@ class AdaptiveKLRun:
         if self.zero_beta.scores_reference(mode, step, self.state.logging_steps):
             return True
         if self.zero_beta.may_release(host_models(self)):
-            release_reference_model(self)
+            # Dropped from the trainer and from the `Accelerator`'s hold on it, its memory is freed
+            reference, self.ref_model = self.ref_model, None
+            self.accelerator._models = [model for model in self.accelerator._models if model is not reference]
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -323,11 +328,6 @@ class AdaptiveKLRun:
             zero_std_fraction=zero_std_group_fraction(rewards, group_size),
         )
         self.scored_batches[scoring.mode] = self._score_kl(scoring, batch)
-
-    def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
-        """What the trainer's KL does to the scored batch: its penalty in the reward and the advantages it changes, in
-        `scoring.output`; returns `batch` with its penalty."""
-        raise NotImplementedError
 
     def _kl_penalty(self, policy_logps, ref_logps, mask, beta: float, logps_dtype: torch.dtype) -> torch.Tensor:
         """The `(B,)` detached penalties β_t·Σ_t f(k) of this process's sequences (`kl.placement.sequence_kl_penalty`);
@@ -403,14 +403,6 @@ class AdaptiveKLRun:
             self._end_of_step(step)
         return loss
 
-    def _loss_and_kl_sums(
-        self, model, inputs, return_outputs, num_items_in_batch, mode: str, beta: float
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and the `(5, B)`
-        per-sequence sums of the KL's statistics (`kl.metrics.kl_sequence_sums`, this process's sequences); None when
-        the batch was scored without the reference."""
-        raise NotImplementedError
-
     def sum_over_processes(self, values: torch.Tensor) -> torch.Tensor:
         """`values` summed over the processes (a collective: every process calls it); on one process, `values`
         (Accelerate's reduce would only copy them)."""
@@ -474,8 +466,8 @@ class AdaptiveKLRun:
             if resets.enabled:
                 metrics["adaptive_kl/ref_resets"] = [float(resets.num_resets)]
                 metrics["adaptive_kl/ref_reset_step"] = [float(resets.last_reset_step)]
-        if mode == "eval" and self.zero_beta is not None:
-            self.zero_beta.evaluation_logged()
+        if mode == "eval" and self.zero_beta is not None:  # the next evaluation measures its first batch again
+            self.zero_beta.eval_monitored = False
         super().log(logs, start_time)
 
     # --- a run -------------------------------------------------------------------------------------------------------
@@ -492,7 +484,7 @@ class AdaptiveKLRun:
         if resume_from_checkpoint:
             resumed = check_resumed_kl_state(self.args, self.beta_controller, resume_from_checkpoint)
         if resumed is not None and resumed.saved is not None:  # its state is loaded by the state callback
-            self._load_saved_reference(resumed.checkpoint, resumed.reference_reset_state)
+            self._load_saved_reference(resumed.checkpoint, resumed.saved["reference_reset_state"])
         else:
             if resumed is not None and self.beta_controller.has_training_state:
                 self._warn_once(

@@ -135,14 +135,6 @@ def prepare_reference_resets(policy, sharding_engine: str | None, zero_stage: in
         add_reference_adapter(policy)
 
 
-def apply_reference_reset(policy, ref_model, optimizer=None) -> None:
-    """The reference becomes the policy (`copy_policy_to_reference`); with an `optimizer` (`ref_reset_optimizer`),
-    each parameter's moments start afresh at its next step."""
-    copy_policy_to_reference(policy, ref_model)
-    if optimizer is not None:
-        optimizer.state.clear()
-
-
 # --- the reference's parameters -----------------------------------------------------------------------------------
 
 

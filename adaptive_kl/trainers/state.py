@@ -139,8 +139,3 @@ class ResumedKLState:
 
     checkpoint: str
     saved: dict | None
-
-    @property
-    def reference_reset_state(self) -> dict | None:
-        """The reference resets' state the checkpoint saved (`None` without resets or state)."""
-        return None if self.saved is None else self.saved["reference_reset_state"]

@@ -158,7 +158,3 @@ class ZeroBetaReference:
         if self.released and not resumes_past_the_switch(self.args, resume_from_checkpoint):
             raise ValueError(f"Cannot train from resume_from_checkpoint={resume_from_checkpoint!r}: {self.why_none}")
         self.monitored_window, self.eval_monitored = None, False
-
-    def evaluation_logged(self) -> None:
-        """An evaluation's metrics were logged: the next evaluation measures its first batch again."""
-        self.eval_monitored = False

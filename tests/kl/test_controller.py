@@ -162,7 +162,7 @@ def test_fixed_controller_beta_is_initial_beta_times_step_scale(scaling):
     ctrl = BetaController(0.3, kl_scaling=scaling)
     for t in range(1, 60):
         assert ctrl.beta(t) == pytest.approx(0.3 * (1.0 if t <= 1 else EXPECTED_SCALE[scaling](t)), rel=1e-14)
-        assert ctrl.scale(t) == pytest.approx(1.0 if t <= 1 else EXPECTED_SCALE[scaling](t), rel=1e-14)
+        assert ctrl.beta_and_scale(t)[1] == pytest.approx(1.0 if t <= 1 else EXPECTED_SCALE[scaling](t), rel=1e-14)
         ctrl.update(t, mean_reward=10.0, mean_kl=10.0, num_sequences=8)
     assert ctrl.beta_base == 0.3
 
@@ -522,7 +522,7 @@ def test_from_args_copies_every_field():
     )
     assert (ctrl.kl_scaling, ctrl.kl_controller, ctrl.target_kl, ctrl.kl_horizon) == ("exp", "fixed", 0.07, 5000)
     assert (ctrl.dynamic_trigger, ctrl.saturation_threshold, ctrl.kl_scaling_rate) == ("saturation", 0.3, 0.97)
-    assert ctrl.trigger_threshold == 0.3 and ctrl.scale(3) == pytest.approx(0.97**2, rel=1e-15)
+    assert ctrl.trigger_threshold == 0.3 and ctrl.beta_and_scale(3)[1] == pytest.approx(0.97**2, rel=1e-15)
     assert ctrl.beta_max == 0.3  # None: where β starts
     assert ctrl.state_dict() == {
         "beta_base": 0.3,

@@ -20,7 +20,6 @@ from trl import GRPOConfig, GRPOTrainer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.experimental.binomial import BinomialKLConfig, BinomialKLTrainer
-from adaptive_kl.trainers.lifecycle import AdaptiveKLRun
 from adaptive_kl.trainers.hooks import (
     ALLOW_UNSUPPORTED_ENV,
     SUPPORTED_TRL,
@@ -28,6 +27,7 @@ from adaptive_kl.trainers.hooks import (
     UnsupportedTRLError,
     installed_trl_version,
 )
+from adaptive_kl.trainers.lifecycle import AdaptiveKLRun
 
 
 TRAINERS = [

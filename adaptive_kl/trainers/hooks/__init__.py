@@ -8,8 +8,7 @@ that TRL, Transformers and Accelerate do not document as public.
   and none is read with a default (`getattr(trainer, name, None)`), so a host that lacks one fails at construction,
   naming it, rather than falling back silently. Unsloth's own internals have their table in `trainers.unsloth`.
 - `mixin`: `HostHooks`, which overrides the host's private methods of a generation batch and of its loss, and the few
-  functions that do something with the table's names (`completion_loss_mask`, `accumulation_steps`, `host_models`,
-  `release_reference_model`, ...).
+  functions that do something with the table's names (`completion_loss_mask`, `accumulation_steps`, `host_models`).
 
 A host that does not behave as these hooks expect raises `UnsupportedTRLError`, naming the installed TRL and the
 supported range. `ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL=1` lets an unsupported TRL be imported, to try a new release; it
@@ -48,6 +47,5 @@ from .mixin import (  # noqa: F401 (the seam's names, importable from the packag
     host_built_without_reference,
     host_models,
     metric_store,
-    release_reference_model,
     replace_logged_advantages,
 )

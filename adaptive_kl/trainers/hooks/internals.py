@@ -134,7 +134,7 @@ HOST_INTERNALS = (
                  "(`host_built_without_reference`)"),
     HostInternal("ref_model", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
                  "the full-model reference (None for PEFT): reset (`host_models`), dropped once β is 0 for good "
-                 "(`release_reference_model`)"),
+                 "(`AdaptiveKLRun`)"),
     HostInternal("_models", "accelerate.Accelerator", ("grpo", "rloo"), "accelerator attribute",
                  "the models `prepare_model` keeps, the reference among them: it is removed there too when released"),
     HostInternal("loss_type", "trl.GRPOTrainer", ("grpo",), "attribute",

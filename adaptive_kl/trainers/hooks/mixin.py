@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..inputs import check_drawn_prompts, checked_reward_funcs
+from ..inputs import check_drawn_prompts, checked_reward_func
 from .internals import unsupported_trl
 
 
@@ -88,10 +88,13 @@ class HostHooks:
     # --- the host's methods -----------------------------------------------------------------------------------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        # While the host scores a batch, its `reward_funcs` check what each function returns (a bad output is named,
-        # not a torch.tensor error); outside, the list is the user's own, object for object.
+        # While the host scores a batch, its reward functions check what they return (a bad output is named, not a
+        # torch.tensor error), reward models aside; outside, the list is the user's own, object for object
         funcs = self.reward_funcs
-        self.reward_funcs = checked_reward_funcs(funcs, self.reward_func_names)
+        self.reward_funcs = [
+            func if isinstance(func, torch.nn.Module) else checked_reward_func(func, name)
+            for func, name in zip(funcs, self.reward_func_names, strict=True)
+        ]
         try:
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         finally:
@@ -221,7 +224,7 @@ class HostModels:
     Attributes:
         policy: the unwrapped policy model.
         reference: TRL's full-model reference; `None` for a PEFT policy (its reference is an adapter) and once
-            released (`release_reference_model`).
+            released (while β is 0 for good: `zero_beta`).
         optimizer: `None` until `train` builds it (unless one was passed in).
         sharding_engine (`str` or `None`): `"deepspeed"` or `"fsdp"` when that engine owns the models (a reset or a
             release must not touch them).
@@ -260,14 +263,6 @@ def host_built_without_reference(trainer, args):
     finally:
         args.beta = beta
     trainer.beta = beta
-
-
-def release_reference_model(trainer) -> None:
-    """Drops the full-model reference of `trainer` (its `ref_model` and the `Accelerator`'s hold on it), so that its
-    memory is freed once nothing else refers to it. The host must not score the reference afterwards."""
-    reference, trainer.ref_model = trainer.ref_model, None
-    accelerator = trainer.accelerator
-    accelerator._models = [model for model in accelerator._models if model is not reference]
 
 
 def close_progress_bars(trainer) -> None:
