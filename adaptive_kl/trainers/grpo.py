@@ -16,7 +16,6 @@ Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import torch
@@ -109,7 +108,7 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         if self.args.diversity_metrics:
             self._log_diversity(scoring.output, scoring.mode)
 
-    def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
+    def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> None:
         output, mode = scoring.output, scoring.mode
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         keep = None
@@ -122,7 +121,7 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             keep = output["kl_group_mask"] = ~masked[start : start + rows].to(output["completion_ids"].device)
             self._metrics[mode]["adaptive_kl/kl_masked_fraction"].append(masked.double().mean().item())
         if not self.kl_in_reward:
-            return batch
+            return
         # The advantages become those of the rewards minus β_t·Σ_t f(k), each group's as TRL computes them. TRL keeps
         # the log-probabilities it scored in its output: the sampling policy's when it needs them (off-policy), the
         # reference's when its β is not 0 and the reference was scored.
@@ -148,11 +147,10 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, logps_dtype)
         if keep is not None:  # decided on the task rewards: those groups keep 0 advantages
             penalty = torch.where(keep, penalty, torch.zeros_like(penalty))
-        scaling = self.scale_rewards
-        penalties, _ = self._penalize(
-            output, batch.rewards, penalty, mode, lambda rewards: group_advantages(rewards, group_size, scaling)
+        scale = self.scale_rewards
+        self._penalize(
+            output, batch.rewards, penalty, mode, lambda reward: group_advantages(reward, group_size, scale)
         )
-        return dataclasses.replace(batch, penalty=penalties)
 
     def _log_diversity(self, output: dict, mode: str) -> None:
         """`diversity/*` of the generation batch, over every process's completions (groups may span processes)."""

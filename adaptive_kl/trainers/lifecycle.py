@@ -5,7 +5,7 @@ A trainer is `class T(AdaptiveKLRun, HostHooks, <TRL trainer>)` and adds only wh
 generation batch:
 
 1. Before the host generates (`_before_scoring`): a reference reset that fell due is applied, and the batch is scored
-   without the reference where β_t is 0 for good (`zero_beta`).
+   without the reference where β_t is 0 for good (`reference.ZeroBetaReference`).
 2. After the host scored it (`_on_scored`): where something reads them (a penalty in the reward, the zero-std mask, a
    β that adapts), the task rewards and their statistics, as one `ScoredBatch`; then the trainer's `_score_kl`.
 3. Each micro-batch (`compute_loss`): the trainer's `_loss_and_kl_sums` (the host's loss, with the KL term where it
@@ -13,7 +13,7 @@ generation batch:
 4. The optimizer step's last micro-batch (`_end_of_step`): β's update, and the KL-triggered reset's decision.
 5. Each log line (`log`): the `adaptive_kl/*` metrics of the micro-batches since the last, in one reduction.
 
-β, the reference resets and the zero-β skip hold their own state (`kl.controller`, `reference`, `zero_beta`); a
+β, the reference resets and the zero-β skip hold their own state (`kl.controller`, `reference`); a
 feature that is off is `None` or never called. `AdaptiveKLStateCallback` keeps β's state in every checkpoint.
 """
 
@@ -44,15 +44,16 @@ from .hooks import (
 )
 from .reference import (
     ReferenceResets,
+    ZeroBetaReference,
     copy_policy_to_reference,
     load_reference,
     prepare_reference_resets,
+    reference_never_scored,
     restore_trained_adapter,
     save_reference,
     warn_if_reference_is_base,
 )
 from .state import STATE_CALLBACK, check_resumed_kl_state, saved_attribute
-from .zero_beta import ZeroBetaReference, reference_never_scored
 
 
 @dataclass(frozen=True)
@@ -60,25 +61,21 @@ class ScoredBatch:
     """One generation batch as the trainer scored it: what every optimizer step it serves reads.
 
     Attributes:
-        step (`int`): the first optimizer step it serves (the next one, in evaluation).
-        beta (`float`): β_t of that step; a penalty in the reward is computed with it, for every step the batch serves.
+        beta (`float`): β_t of the first optimizer step it serves (the next one, in evaluation); a penalty in the
+            reward is computed with it, for every step the batch serves.
         scale (`float`): β_t's schedule factor at that step.
         rewards (`torch.Tensor` of shape `(N,)`): the total task rewards of every process's completions, as TRL logs
             `reward` (NaN where no reward function scored one).
         mean_reward (`float`): their mean, NaN when none was scored: what a reward-triggered β (`dynamic`) reads.
         zero_std_fraction (`float`): the fraction of groups whose rewards all agree, NaN when no group has two scored:
             what a saturation-triggered β reads, and a target-KL controller's hold.
-        penalty (`torch.Tensor` of shape `(N,)` or `None`): the KL penalties subtracted from the rewards, every
-            process's, where the KL is in the reward.
     """
 
-    step: int
     beta: float
     scale: float
     rewards: torch.Tensor
     mean_reward: float
     zero_std_fraction: float
-    penalty: torch.Tensor | None = None
 
 
 @dataclass
@@ -209,8 +206,8 @@ class AdaptiveKLRun:
 
     - `_prepare_host(args, more, kwargs)`: before the host's `__init__`, its checks of its host and arguments
       (`hooks.check_host` first) and what it decides of the config (`kl_in_reward`, ...);
-    - `_score_kl(scoring, batch) -> ScoredBatch`: what its KL does to a scored batch (a penalty in the reward, the
-      advantages it changes, in `scoring.output`), `batch` returned with its penalty;
+    - `_score_kl(scoring, batch)`: what its KL does to a scored batch (a penalty in the reward, the advantages it
+      changes, in `scoring.output`);
     - `_loss_and_kl_sums(model, inputs, return_outputs, num_items_in_batch, mode, beta) -> (loss, sums)`: the
       micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and the `(5, B)` per-sequence sums
       of the KL's statistics (`kl.metrics.kl_sequence_sums`, this process's sequences); None when the batch was
@@ -292,7 +289,8 @@ class AdaptiveKLRun:
         step = self.state.global_step + 1  # the first optimizer step the batch serves (the next one, in evaluation)
         if self.zero_beta.scores_reference(mode, step, self.state.logging_steps):
             return True
-        if self.zero_beta.may_release(host_models(self)):
+        models = host_models(self)
+        if self.zero_beta.may_release(models.reference, models.sharding_engine):
             # Dropped from the trainer and from the `Accelerator`'s hold on it, its memory is freed
             reference, self.ref_model = self.ref_model, None
             self.accelerator._models = [model for model in self.accelerator._models if model is not reference]
@@ -319,15 +317,14 @@ class AdaptiveKLRun:
         group_size = self.num_generations if scoring.mode == "train" else self.num_generations_eval
         rewards = total_rewards(scoring.rewards_per_func, self.reward_weights)  # (N,), as TRL logs `reward`
         beta, scale = self.beta_controller.beta_and_scale(step)
-        batch = ScoredBatch(
-            step=step,
+        batch = self.scored_batches[scoring.mode] = ScoredBatch(
             beta=beta,
             scale=scale,
             rewards=rewards,
             mean_reward=torch.nanmean(rewards).item(),
             zero_std_fraction=zero_std_group_fraction(rewards, group_size),
         )
-        self.scored_batches[scoring.mode] = self._score_kl(scoring, batch)
+        self._score_kl(scoring, batch)
 
     def _kl_penalty(self, policy_logps, ref_logps, mask, beta: float, logps_dtype: torch.dtype) -> torch.Tensor:
         """The `(B,)` detached penalties β_t·Σ_t f(k) of this process's sequences (`kl.placement.sequence_kl_penalty`);
@@ -343,18 +340,18 @@ class AdaptiveKLRun:
         (their mean is logged as `adaptive_kl/reward_penalty`, whether the host or we subtract them), and with
         `advantages_of`, which maps `(N,)` penalized rewards to advantages (GRPO's group advantages, RLOO's
         leave-one-out ones), replaces the advantages of `output` by those of the rewards minus the penalties.
-        Returns the `(N,)` penalties and penalized rewards."""
+        Returns the `(N,)` penalized rewards (None without `advantages_of`)."""
         penalties = self.accelerator.gather(penalty)
         self._metrics[mode]["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
         if advantages_of is None:
-            return penalties, None
+            return None
         penalized = rewards.to(penalties.dtype) - penalties
         advantages = advantages_of(penalized)
         rows = len(output["completion_ids"])  # this process's rows, sliced as TRL slices its advantages
         start = self.accelerator.process_index * rows
         output["advantages"] = advantages[start : start + rows].to(output["advantages"].dtype)
         replace_logged_advantages(self, advantages)
-        return penalties, penalized
+        return penalized
 
     def _warn_once(self, key: str, message: str) -> None:
         """A `UserWarning` given at most once per `train()` call (a condition that can recur at every step is worth

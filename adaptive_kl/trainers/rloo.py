@@ -15,7 +15,6 @@ What both trainers do is `lifecycle.AdaptiveKLRun`'s.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import torch
@@ -64,23 +63,23 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
 
     # --- a scored generation batch -----------------------------------------------------------------------------------
 
-    def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> ScoredBatch:
+    def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> None:
         if self.beta == 0.0:  # stock RLOO (the config allows nothing else at β = 0): no penalty to replace
-            return batch
+            return
         policy_logps, ref_logps = self._named_logps(scoring)
         output, mode = scoring.output, scoring.mode
         mask = completion_loss_mask(output)
         penalty = self._kl_penalty(policy_logps, ref_logps, mask, batch.beta, policy_logps.dtype)
+        if ref_logps is not None:  # for the KL statistics of its micro-batches (without: scored without the reference)
+            output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
         if self.host_penalty:  # the host subtracted this penalty itself: logged, not applied
             self._penalize(output, batch.rewards, penalty, mode)
-            if ref_logps is not None:  # for the KL statistics of its micro-batches
-                output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
-            return batch
+            return
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         rewards, normalize = batch.rewards, self.normalize_advantages
         if self.reward_clip_range:  # the host clamps the task reward, then subtracts its penalty: so do we
             rewards = rewards.clamp(min=self.reward_clip_range[0], max=self.reward_clip_range[1])
-        penalties, penalized = self._penalize(
+        penalized = self._penalize(
             output, rewards, penalty, mode, lambda rewards: leave_one_out_advantages(rewards, group_size, normalize)
         )
         # TRL logs the zero-std groups of the rewards it penalized with its own fixed β; ours are those the advantages
@@ -88,9 +87,6 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
         std = group_reward_std(penalized, group_size)
         zero_std = torch.isclose(std, torch.zeros_like(std)).float().mean()  # a float32 mean, as TRL's
         self._metrics[mode]["frac_reward_zero_std"][-1] = zero_std.item()
-        if ref_logps is not None:  # without them, the loss records its micro-batches as scored without the reference
-            output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
-        return dataclasses.replace(batch, penalty=penalties)
 
     def _named_logps(self, scoring: HostScoring) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`(policy, reference)` `(B, T)` log-probabilities of the batch: TRL's RLOO keeps only their sums in its

@@ -224,7 +224,7 @@ class HostModels:
     Attributes:
         policy: the unwrapped policy model.
         reference: TRL's full-model reference; `None` for a PEFT policy (its reference is an adapter) and once
-            released (while β is 0 for good: `zero_beta`).
+            released (while β is 0 for good: `reference.ZeroBetaReference`).
         optimizer: `None` until `train` builds it (unless one was passed in).
         sharding_engine (`str` or `None`): `"deepspeed"` or `"fsdp"` when that engine owns the models (a reset or a
             release must not touch them).
