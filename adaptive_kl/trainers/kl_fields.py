@@ -36,6 +36,10 @@ KL_TRANSFORMS = ("clip", "sigmoid")
 MAX_LOG_RATIO_CLIP = 88.0
 
 
+def _beta_adapts(config) -> bool:
+    return "dynamic" in config.kl_methods or config.kl_controller != "fixed"
+
+
 # Parameters read only under a setting: field → (whether the config reads it, apart from β > 0; what makes it read).
 # One set while nothing reads it warns at construction (`warn_unread_parameters`).
 PARAMETER_READERS = {
@@ -61,24 +65,14 @@ PARAMETER_READERS = {
         "kl_controller='adaptive' or 'stepwise' (the sigmoid gate's centre is kl_target)",
     ),
     "kl_horizon": (lambda c: c.kl_controller == "adaptive", "kl_controller='adaptive'"),
-    "beta_min": (
-        lambda c: "dynamic" in c.kl_methods or c.kl_controller != "fixed",
-        "kl_adaptation_method with 'dynamic', or a kl_controller other than 'fixed'",
-    ),
+    "beta_min": (_beta_adapts, "kl_adaptation_method with 'dynamic', or a kl_controller other than 'fixed'"),
     "beta_max": (lambda c: c.kl_controller != "fixed", "kl_controller='adaptive' or 'stepwise'"),
     "kl_monitor_steps": (
-        lambda c: (
-            ("dynamic" in c.kl_methods or c.kl_controller != "fixed")
-            and c.beta_min == 0
-            and c.skip_zero_beta_reference
-        ),
+        lambda c: _beta_adapts(c) and c.beta_min == 0 and c.skip_zero_beta_reference,
         "a β that can reach 0 and stay there (dynamic or a target-KL controller, beta_min=0) with "
         "skip_zero_beta_reference=True",
     ),
-    "resume_without_kl_state": (
-        lambda c: "dynamic" in c.kl_methods or c.kl_controller != "fixed",
-        "a β that adapts (dynamic or a target-KL controller)",
-    ),
+    "resume_without_kl_state": (_beta_adapts, "a β that adapts (dynamic or a target-KL controller)"),
     "kl_log_ratio_clip": (
         # The GRPO config's bias correction exponentiates the importance log-ratio; RLOO's config has no such field.
         lambda c: c.kl_estimator in EXPONENTIAL_ESTIMATORS or getattr(c, "use_bias_correction_kl", False),
