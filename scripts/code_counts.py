@@ -6,6 +6,7 @@
 - host names: the entries of `HOST_INTERNALS` (what TRL, Transformers and Accelerate do not document as public),
   and of them the private ones (a leading underscore), by library;
 - overridden private methods: the host's private methods a class of the package defines again;
+- lines: of the package, and of `trainers/` and `kl/`;
 - small functions: functions and methods whose body (after its docstring) is at most 5 lines, and those whose body
   is a single `return`;
 - with `--trace`: the package's files that run code during one GRPO optimizer step at the defaults and with an
@@ -117,10 +118,22 @@ def main(argv: list[str] | None = None) -> int:
     entries, private = host_names()
     overridden = overridden_private_methods()
     total, small, single_return = small_functions()
+    lines = {}
+    for path in package_files():
+        part = os.path.relpath(path, PACKAGE).split(os.sep)[0]
+        with open(path) as f:
+            count = f.read().count("\n")
+        lines["adaptive_kl/"] = lines.get("adaptive_kl/", 0) + count
+        if part in ("trainers", "kl"):
+            lines[f"{part}/"] = lines.get(f"{part}/", 0) + count
     by_library = ", ".join(f"{n} {library}" for library, n in private.most_common())
     print(f"host names: {entries}; private: {sum(private.values())} ({by_library})")
     print(f"overridden private methods: {len(overridden)} ({', '.join(overridden)})")
-    print(f"functions: {total}; bodies of at most 5 lines: {small}; a single return: {single_return}")
+    print("lines: " + "; ".join(f"{part} {count:,}" for part, count in lines.items()))
+    print(
+        f"functions: {total}; bodies of at most 5 lines: {small} ({100 * small / total:.0f}%); a single return: "
+        f"{single_return}"
+    )
     if args.trace:
         for label, fields in (("defaults", {}), ("adapting (kl_scaling=log)", {"kl_scaling": "log"})):
             files = files_one_step_runs(**fields)

@@ -480,33 +480,24 @@ class AdaptiveKLRun:
         resumed = None
         if resume_from_checkpoint:
             resumed = check_resumed_kl_state(self.args, self.beta_controller, resume_from_checkpoint)
-        if resumed is not None and resumed.saved is not None:  # its state is loaded by the state callback
-            self._load_saved_reference(resumed.checkpoint, resumed.saved["reference_reset_state"])
+        if resumed is not None and resumed[1] is not None:  # its state is loaded by the state callback
+            checkpoint, reset_state = resumed[0], resumed[1]["reference_reset_state"]
+            num_resets = int(reset_state["num_resets"]) if reset_state is not None else 0
+            if num_resets > 0 and not self.reference_resets.enabled:
+                raise ValueError(
+                    f"{checkpoint} was saved after {num_resets} reference reset(s), but this run sets no resets "
+                    "(ref_reset_steps=0, ref_reset_kl=0): its reference would silently go back to the loaded model. "
+                    "Resume with the run's ref_reset_steps / ref_reset_kl."
+                )
+            if num_resets > 0:  # the reference's weights, as the checkpoint's run had reset them
+                models = host_models(self)
+                load_reference(checkpoint, models.policy, models.reference)
         else:
             if resumed is not None and self.beta_controller.has_training_state:
                 self._warn_once(
                     "fresh_beta",
-                    f"Resuming from {resumed.checkpoint}, which has no adaptive-KL controller state: β starts afresh "
+                    f"Resuming from {resumed[0]}, which has no adaptive-KL controller state: β starts afresh "
                     f"at beta={self.args.beta} (resume_without_kl_state=True).",
                 )
             self.beta_controller.reset()  # a fixed β_base is a function of the step: nothing is lost
         return super().train(resume_from_checkpoint, *args, **kwargs)
-
-    def _load_saved_reference(self, checkpoint: str, reset_state: dict | None) -> None:
-        """On resume: the reference's weights saved in `checkpoint`, when its run (`reset_state`) had reset the
-        reference.
-
-        Raises:
-            ValueError: the checkpoint's run reset the reference, but this run sets no resets.
-        """
-        num_resets = int(reset_state["num_resets"]) if reset_state is not None else 0
-        if num_resets == 0:
-            return
-        if not self.reference_resets.enabled:
-            raise ValueError(
-                f"{checkpoint} was saved after {num_resets} reference reset(s), but this run sets no resets "
-                "(ref_reset_steps=0, ref_reset_kl=0): its reference would silently go back to the loaded model. "
-                "Resume with the run's ref_reset_steps / ref_reset_kl."
-            )
-        models = host_models(self)
-        load_reference(checkpoint, models.policy, models.reference)

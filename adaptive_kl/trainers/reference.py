@@ -27,8 +27,8 @@ import os
 import warnings
 from dataclasses import dataclass, field
 
+import peft
 import torch
-from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers.utils import logging
 
@@ -122,7 +122,6 @@ def prepare_reference_resets(policy, sharding_engine: str | None, zero_stage: in
         ValueError: FSDP or DeepSpeed ZeRO-3 (sharded parameters), `ref_reset_optimizer` under DeepSpeed (its
             optimizer state lives in its engine), or a LoRA adapter with `target_parameters` on peft < 0.20.
     """
-    import peft  # only here: this module is imported before TRL and Transformers are checked
     from packaging.version import Version
 
     if sharding_engine == "fsdp" or (sharding_engine == "deepspeed" and zero_stage == 3):
@@ -175,9 +174,7 @@ def restore_trained_adapter(model, checkpoint: str) -> None:
     loads only those and never the trained adapter at the root: the policy would silently restart from its initial
     adapter (Transformers 5.23 loads both; loading it again there is harmless).
     """
-    from peft import PeftModel  # only here: this module is imported before TRL and Transformers are checked
-
-    if not isinstance(model, PeftModel) or REFERENCE_ADAPTER not in model.peft_config:
+    if not isinstance(model, peft.PeftModel) or REFERENCE_ADAPTER not in model.peft_config:
         return
     if not any(os.path.isfile(os.path.join(checkpoint, name)) for name in ADAPTER_FILES):
         return
@@ -263,9 +260,7 @@ def reference_is_base_despite_trained_adapter(model) -> bool:
     LoRA with `target_parameters` on peft < 0.20, where it falls back to the base model. A LoRA adapter changes the
     model once any `lora_B` is non-zero (PEFT initializes them to zero).
     """
-    from peft import PeftModel  # only here: this module is imported before TRL and Transformers are checked
-
-    if not isinstance(model, PeftModel) or REFERENCE_ADAPTER in model.peft_config:
+    if not isinstance(model, peft.PeftModel) or REFERENCE_ADAPTER in model.peft_config:
         return False
     return any(
         param.detach().abs().max().item() > 0
@@ -324,7 +319,7 @@ def reference_never_scored(args, model, peft_config, on_unsloth: bool) -> bool:
         and args.skip_zero_beta_reference
         and reference_unread_at_zero_beta(args)
         and peft_config is None
-        and not isinstance(model, PeftModel)
+        and not isinstance(model, peft.PeftModel)
         and not on_unsloth
         and resumes_past_the_switch(args, args.resume_from_checkpoint)
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -83,29 +82,13 @@ def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
     return {"controller_state": controller_state, "reference_reset_state": reset_state, "global_step": global_step}
 
 
-def missing_kl_state_message(checkpoint: str, beta: float) -> str:
-    """Why a resume from `checkpoint` without a saved β controller state is refused, and the opt-in."""
-    path = os.path.join(checkpoint, TRAINER_STATE_FILE)
-    where = (
-        f"{path} has no adaptive-KL controller state (stateful_callbacks['{STATE_CALLBACK}'])"
-        if os.path.isfile(path)
-        else f"{path} does not exist"
-    )
-    return (
-        f"{where}: the checkpoint was saved by stock TRL's GRPOTrainer, or is damaged, so resuming would restart the "
-        f"adapted β at beta={beta} instead of its saved value. To start β afresh from this checkpoint, set "
-        "resume_without_kl_state=True."
-    )
-
-
-def check_resumed_kl_state(args, controller: BetaController, resume_from_checkpoint) -> ResumedKLState | None:
-    """Before a run resumes from `resume_from_checkpoint`, before anything is loaded: what the checkpoint saved of
-    ours, checked. A damaged saved β state is refused, and a missing one (a stock TRL checkpoint) when β's trajectory
-    depends on it (`controller.has_training_state`), unless `args.resume_without_kl_state=True`. A sound state is
-    loaded later, by `AdaptiveKLStateCallback.on_train_begin`.
-
-    Returns:
-        `ResumedKLState`, or `None` when there is no checkpoint to resume from (Transformers says so).
+def check_resumed_kl_state(args, controller: BetaController, resume_from_checkpoint) -> tuple[str, dict | None] | None:
+    """Before a run resumes from `resume_from_checkpoint`, before anything is loaded: the checkpoint, and what it saved
+    of ours, checked (`read_checkpoint_kl_state`; `None`: it saved nothing, and β starts afresh). A damaged saved β
+    state is refused, and a missing one (a stock TRL checkpoint) when β's trajectory depends on it
+    (`controller.has_training_state`), unless `args.resume_without_kl_state=True`. A sound state is loaded later, by
+    `lifecycle.AdaptiveKLStateCallback.on_train_begin`. `None` when there is no checkpoint to resume from
+    (Transformers says so).
 
     Raises:
         ValueError: the state is damaged, or missing without the opt-in.
@@ -115,14 +98,13 @@ def check_resumed_kl_state(args, controller: BetaController, resume_from_checkpo
         return None
     saved = read_checkpoint_kl_state(checkpoint)
     if saved is None and controller.has_training_state and not args.resume_without_kl_state:
-        raise ValueError(missing_kl_state_message(checkpoint, args.beta))
-    return ResumedKLState(checkpoint, saved)
-
-
-@dataclass(frozen=True)
-class ResumedKLState:
-    """What a resume starts from: the checkpoint, and what it saved of ours (`read_checkpoint_kl_state`; `None`: it
-    saved nothing, and β starts afresh)."""
-
-    checkpoint: str
-    saved: dict | None
+        path = os.path.join(checkpoint, TRAINER_STATE_FILE)
+        where = f"{path} does not exist"
+        if os.path.isfile(path):
+            where = f"{path} has no adaptive-KL controller state (stateful_callbacks['{STATE_CALLBACK}'])"
+        raise ValueError(
+            f"{where}: the checkpoint was saved by stock TRL's GRPOTrainer, or is damaged, so resuming would restart "
+            f"the adapted β at beta={args.beta} instead of its saved value. To start β afresh from this checkpoint, "
+            "set resume_without_kl_state=True."
+        )
+    return checkpoint, saved
