@@ -1,24 +1,20 @@
 """The reference model through a run: reset to the policy every so often, skipped and released while β is 0 for
 good, and what a checkpoint keeps of it.
 
-Resets. ProRL (Liu et al., 2025, "ProRL: Prolonged Reinforcement Learning Expands Reasoning Boundaries in Large
-Language Models", arXiv:2505.24864 §2.3.1, which also resets the optimizer's state: `ref_reset_optimizer`) pairs the
-KL penalty with a periodic hard reset of the reference, so that a long run is regularized towards where it is now
-rather than towards where it started; slime calls it `--ref-update-interval`. TRL's `sync_ref_model` is the soft
-version and refuses PEFT models; here a reset works for both: a full model's reference parameters are overwritten by
-the policy's; a PEFT model's adapter is copied into the frozen `"ref"` adapter, which TRL scores the reference with
-whenever it exists (`add_reference_adapter` creates it, as a copy of the adapter, when TRL uses the adapter-disabled
-base instead). `ReferenceResets` decides when (`ref_reset_steps`, `ref_reset_kl`) and carries the state a checkpoint
-saves. A reset that falls due at the end of optimizer step t is applied before the next generation batch is scored,
-so the reference log-probabilities of every buffered batch come from one reference; with one generation per
-optimizer step (TRL's default) step t + 1 measures a KL of 0. After a reset the reference's weights differ from the
-model that was loaded, so every checkpoint also holds them (`REFERENCE_FILE`).
+Resets. ProRL (Liu et al., 2025, arXiv:2505.24864 §2.3.1, which also resets the optimizer: `ref_reset_optimizer`)
+resets the reference periodically, so that a long run is regularized towards where it is now rather than where it
+started (slime's `--ref-update-interval`). TRL's `sync_ref_model` is the soft version and refuses PEFT models; a reset
+works for both: a full model's reference parameters are overwritten by the policy's, a PEFT model's adapter is copied
+into the frozen `"ref"` adapter TRL scores the reference with (`add_reference_adapter` creates it where TRL would use
+the adapter-disabled base). A reset due at the end of optimizer step t is applied before the next generation batch is
+scored, so no buffered batch mixes two references; with one generation per optimizer step (TRL's default) step t + 1
+measures a KL of 0. The reset reference's weights are saved in every checkpoint (`REFERENCE_FILE`).
 
-The zero-β skip. With `skip_zero_beta_reference=True`, a generation batch whose first optimizer step has β_t = 0 for
-good (`BetaController.is_zero_from`: a `dynamic` schedule that reached `beta_min=0`) is scored without the reference:
-its KL term is exactly 0, so the reference forward would be wasted (`ZeroBetaReference`). Some batches are measured
-anyway (`kl_monitor_steps`), and when nothing else ever reads the reference (no monitoring, resets or
-`sync_ref_model`), a full-model reference is freed, or not loaded at all on a resume past the switch.
+The zero-β skip (`skip_zero_beta_reference`). A generation batch whose first optimizer step has β_t = 0 for good
+(`BetaController.is_zero_from`: `dynamic` past its schedule with `beta_min=0`) is scored without the reference: its
+KL term is exactly 0 (`ZeroBetaReference`). Some batches are measured anyway (`kl_monitor_steps`); when nothing else
+reads the reference (no monitoring, resets or `sync_ref_model`), a full-model reference is freed, or not loaded at all
+on a resume past the switch.
 """
 
 from __future__ import annotations
@@ -47,22 +43,9 @@ logger = logging.get_logger("adaptive_kl.trainers.grpo")
 
 @dataclass
 class ReferenceResets:
-    """When the reference is reset, and how often it was.
-
-    Args:
-        every_steps (`int`): `ref_reset_steps`; a reset falls due after every optimizer step that is a multiple of it
-            (0: never).
-        kl_threshold (`float`): `ref_reset_kl`; a reset falls due after an optimizer step whose mean raw KL exceeds
-            it (0: never).
-        num_resets (`int`): resets applied so far.
-        last_reset_step (`int`): the optimizer step after which the last reset was applied (0: the reference is the
-            initial model).
-        pending (`bool`): a reset fell due and is applied before the next generation batch is scored.
-
-    Attributes:
-        enabled (`bool`): whether any reset is set.
-        reads_kl (`bool`): whether `end_of_step` reads each step's mean KL (`ref_reset_kl`).
-    """
+    """When the reference is reset (`every_steps`: `ref_reset_steps`, `kl_threshold`: `ref_reset_kl`; 0: never), and
+    how often it was. `last_reset_step`: the optimizer step after which the last reset was applied (0: none);
+    `pending`: a reset fell due, to apply before the next generation batch is scored."""
 
     every_steps: int = 0
     kl_threshold: float = 0.0
@@ -93,12 +76,7 @@ class ReferenceResets:
         return {"num_resets": self.num_resets, "last_reset_step": self.last_reset_step, "pending": self.pending}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores `state_dict()`'s output.
-
-        Raises:
-            ValueError: naming the entry, for counters that are not whole numbers >= 0 or a `pending` that is not a
-                bool. The state is left unchanged.
-        """
+        """Restores `state_dict()`'s output; a damaged one raises `ValueError` naming the entry, changing nothing."""
         if not isinstance(state, dict):
             raise ValueError(f"Invalid saved reference-reset state: expected a mapping, got {state!r}.")
         counters = {name: state.get(name) for name in ("num_resets", "last_reset_step")}
@@ -111,7 +89,7 @@ class ReferenceResets:
         self.pending = state["pending"]
 
 
-# --- a reset, applied to a trainer's models --------------------------------------------------------------------------
+# --- a reset: the reference's parameters -----------------------------------------------------------------------------
 
 
 def prepare_reference_resets(policy, sharding_engine: str | None, zero_stage: int | None, clears_optimizer: bool):
@@ -144,9 +122,6 @@ def prepare_reference_resets(policy, sharding_engine: str | None, zero_stage: in
         add_reference_adapter(policy)
 
 
-# --- the reference's parameters -----------------------------------------------------------------------------------
-
-
 def add_reference_adapter(model) -> None:
     """Gives a PEFT `model` a frozen `"ref"` adapter equal to its active adapter, as TRL does for a model that
     arrives with a trained adapter. For a new LoRA adapter (B = 0) the reference is unchanged: the base model, to the
@@ -167,12 +142,10 @@ def freeze_reference_adapter(model) -> None:
 
 
 def restore_trained_adapter(model, checkpoint: str) -> None:
-    """Loads the trained (active) adapter of a PEFT `model` with a `"ref"` adapter from `checkpoint`'s root (any other
-    model: nothing to do).
+    """Loads the trained (active) adapter of a PEFT `model` with a `"ref"` adapter from `checkpoint`'s root.
 
-    PEFT saves every adapter but the default one in a sub-folder. Transformers 5.17's resume, seeing sub-folders,
-    loads only those and never the trained adapter at the root: the policy would silently restart from its initial
-    adapter (Transformers 5.23 loads both; loading it again there is harmless).
+    PEFT saves every adapter but the default one in a sub-folder, and Transformers 5.17's resume then loads only those:
+    the policy would silently restart from its initial adapter (5.23 loads both; loading it again is harmless).
     """
     if not isinstance(model, peft.PeftModel) or REFERENCE_ADAPTER not in model.peft_config:
         return
@@ -185,11 +158,8 @@ def restore_trained_adapter(model, checkpoint: str) -> None:
 
 
 def reference_parameter_pairs(policy, ref_model) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """`(name, reference parameter, policy parameter)` for every parameter a reset overwrites.
-
-    Args:
-        policy: the unwrapped policy; a `PeftModel` with a `"ref"` adapter when `ref_model` is `None`.
-        ref_model: TRL's reference model (a full copy), or `None` for a PEFT policy.
+    """`(name, reference parameter, policy parameter)` for every parameter a reset overwrites: of TRL's full-model
+    `ref_model`, or, when it is `None`, of the `"ref"` adapter of the (unwrapped) PEFT `policy`.
 
     Raises:
         ValueError: the two models' parameters do not correspond name for name.
@@ -227,11 +197,8 @@ def save_reference(directory: str, policy, ref_model) -> None:
 
 @torch.no_grad()
 def load_reference(directory: str, policy, ref_model) -> None:
-    """Restores the reference's parameters saved by `save_reference` in checkpoint `directory`.
-
-    Raises:
-        ValueError: naming the file, when it is missing or does not hold exactly the reference's parameters.
-    """
+    """Restores what `save_reference` wrote in checkpoint `directory`; `ValueError` naming the file when it is missing
+    or does not hold exactly the reference's parameters."""
     path = os.path.join(directory, REFERENCE_FILE)
     if not os.path.isfile(path):
         raise ValueError(
@@ -254,12 +221,8 @@ def load_reference(directory: str, policy, ref_model) -> None:
 
 
 def reference_is_base_despite_trained_adapter(model) -> bool:
-    """Whether the reference is scored with the adapter disabled although the adapter already changes the model.
-
-    TRL copies a PEFT model's adapter into a frozen `"ref"` adapter and scores the reference with it, except for
-    LoRA with `target_parameters` on peft < 0.20, where it falls back to the base model. A LoRA adapter changes the
-    model once any `lora_B` is non-zero (PEFT initializes them to zero).
-    """
+    """Whether the reference is scored with the adapter disabled (TRL's fallback for LoRA with `target_parameters` on
+    peft < 0.20, where it cannot add a `"ref"` adapter) although the adapter changes the model (a `lora_B` != 0)."""
     if not isinstance(model, peft.PeftModel) or REFERENCE_ADAPTER in model.peft_config:
         return False
     return any(
@@ -270,8 +233,8 @@ def reference_is_base_despite_trained_adapter(model) -> bool:
 
 
 def warn_if_reference_is_base(model) -> None:
-    """Warns (to the trainer's caller) when the KL term of `model` would pull it back towards the base model rather
-    than towards the trained adapter it starts from (`reference_is_base_despite_trained_adapter`)."""
+    """Warns the trainer's caller when the KL term would pull `model` back towards the base model rather than
+    towards the trained adapter it starts from."""
     if reference_is_base_despite_trained_adapter(model):
         warnings.warn(
             "The PEFT model carries a trained adapter, and the reference policy is the base model with the "
@@ -310,10 +273,9 @@ def resumes_past_the_switch(args, resume_from_checkpoint) -> bool:
 
 
 def reference_never_scored(args, model, peft_config, on_unsloth: bool) -> bool:
-    """Before the host's `__init__`: whether a full-model reference would never be scored in this trainer's runs, so
-    the host need not load it: `args.resume_from_checkpoint` starts past the switch (β is 0 for good) and nothing
-    reads the reference there (no monitoring, resets or `sync_ref_model`). `train` then refuses to start anywhere
-    else. A PEFT reference is the base model itself (nothing to save); Unsloth builds its own."""
+    """Before the host's `__init__`: whether a full-model reference would never be scored, so the host need not load
+    it: `args.resume_from_checkpoint` is past the switch and nothing else reads the reference (`train` then refuses to
+    start anywhere else). A PEFT reference is the base model itself (nothing to save); Unsloth builds its own."""
     return (
         args.beta > 0
         and args.skip_zero_beta_reference
@@ -329,13 +291,9 @@ def reference_never_scored(args, model, peft_config, on_unsloth: bool) -> bool:
 class ZeroBetaReference:
     """Decides, batch by batch, whether the reference is scored, and when a full-model reference may be freed.
 
-    Args:
-        args: the trainer's config (`skip_zero_beta_reference`, `kl_monitor_steps`, the resets, `beta`, ...).
-        controller (`BetaController`): the trainer's β, which says from which step it is 0 for good.
-        is_main_process (`bool`): whether this process tells what it did (once, for every process).
-        released (`bool`): the reference model is gone: freed, or never loaded (`reference_never_scored`).
-        monitored_window (`int` or `None`): the last window of `kl_monitor_steps` optimizer steps measured anyway.
-        eval_monitored (`bool`): whether the evaluation in progress measured its first batch.
+    `released`: the reference model is gone (freed, or never loaded: `reference_never_scored`); `monitored_window`: the
+    last window of `kl_monitor_steps` optimizer steps measured anyway; `eval_monitored`: whether the evaluation in
+    progress measured its first batch. Only the main process logs what it did.
     """
 
     args: object = field(repr=False)
@@ -356,13 +314,9 @@ class ZeroBetaReference:
 
     def scores_reference(self, mode: str, step: int, logging_steps: int | None) -> bool:
         """Whether the generation batch about to be scored, whose first optimizer step is `step`, needs the reference
-        log-probabilities: not when β_t is 0 for every optimizer step it serves (the first one decides: see
-        `BetaController.is_zero_from`), unless the KL is monitored on this batch (`logging_steps`: the default
-        monitoring interval) or a KL-triggered reference reset reads every step's KL.
-
-        Raises:
-            ValueError: the batch needs the reference, but it was released.
-        """
+        log-probabilities: not when β_t is 0 for every step it serves (`BetaController.is_zero_from`), unless the KL is
+        monitored on this batch (`logging_steps`: the default interval) or a KL-triggered reset reads every step's KL.
+        `ValueError` when it needs a released reference."""
         if (
             self.args.ref_reset_kl > 0
             or not self.controller.is_zero_from(step)
@@ -402,9 +356,8 @@ class ZeroBetaReference:
         )
 
     def may_release(self, reference, sharding_engine: str | None) -> bool:
-        """Whether a skipped batch's trainer may free its full-model `reference` now: it has one, and nothing else
-        reads it (no monitoring, no reference resets, no `sync_ref_model`, no sharded engine that owns it). A PEFT
-        reference is the base model itself."""
+        """Whether a skipped batch's trainer may free its full-model `reference` now: nothing else reads it, and no
+        sharded engine owns it. A PEFT reference is the base model itself."""
         return (
             not self.released
             and reference is not None
@@ -423,11 +376,7 @@ class ZeroBetaReference:
             )
 
     def start_run(self, resume_from_checkpoint) -> None:
-        """Before `train()`: refuses a start the released reference cannot serve, and measures afresh.
-
-        Raises:
-            ValueError: the reference is gone and the run does not resume past the switch.
-        """
+        """Before `train()`: refuses (`ValueError`) a start the released reference cannot serve; measures afresh."""
         if self.released and not resumes_past_the_switch(self.args, resume_from_checkpoint):
             raise ValueError(f"Cannot train from resume_from_checkpoint={resume_from_checkpoint!r}: {self.why_none}")
         self.monitored_window, self.eval_monitored = None, False

@@ -3,9 +3,6 @@
 Every checkpoint's `trainer_state.json` carries the `BetaController` state, and the `ReferenceResets` state when
 resets are on, under `stateful_callbacks["AdaptiveKLStateCallback"]` (`lifecycle.AdaptiveKLStateCallback` writes it
 and loads it back), so a resumed run follows the β trajectory (and resets at the steps) of an uninterrupted run.
-`read_checkpoint_kl_state` checks a checkpoint before training resumes: a damaged state is refused naming the file,
-and a missing one (a stock TRL checkpoint, or a damaged one) is reported to the trainer, which refuses it unless
-`resume_without_kl_state=True`.
 """
 
 from __future__ import annotations
@@ -42,12 +39,8 @@ def resolve_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
 
 def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
     """What `checkpoint` saved of ours, checked: `{"controller_state": ..., "reference_reset_state": ... or None,
-    "global_step": the optimizer step it was saved at}`; `None` if the checkpoint carries none.
-
-    Raises:
-        ValueError: naming the file, when `trainer_state.json` is not valid JSON, or when our entry is there but its
-            state is damaged (missing, non-finite or negative β_base, counters that are not whole numbers >= 0, a
-            reset `pending` that is not a bool), or when its `global_step` is not a whole number >= 0.
+    "global_step": the optimizer step it was saved at}`; `None` if the checkpoint carries none. `ValueError`, naming
+    the file, when it is not valid JSON, our entry is damaged, or its `global_step` is not a whole number >= 0.
     """
     path = os.path.join(checkpoint, TRAINER_STATE_FILE)
     if not os.path.isfile(path):
@@ -83,15 +76,13 @@ def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
 
 
 def check_resumed_kl_state(args, controller: BetaController, resume_from_checkpoint) -> tuple[str, dict | None] | None:
-    """Before a run resumes from `resume_from_checkpoint`, before anything is loaded: the checkpoint, and what it saved
-    of ours, checked (`read_checkpoint_kl_state`; `None`: it saved nothing, and β starts afresh). A damaged saved β
-    state is refused, and a missing one (a stock TRL checkpoint) when β's trajectory depends on it
-    (`controller.has_training_state`), unless `args.resume_without_kl_state=True`. A sound state is loaded later, by
-    `lifecycle.AdaptiveKLStateCallback.on_train_begin`. `None` when there is no checkpoint to resume from
-    (Transformers says so).
+    """Before a run resumes, before anything is loaded: the checkpoint, and what it saved of ours, checked
+    (`read_checkpoint_kl_state`; `None`: nothing, and β starts afresh); `None` when there is no checkpoint
+    (Transformers says so). A sound state is loaded later, by `lifecycle.AdaptiveKLStateCallback.on_train_begin`.
 
     Raises:
-        ValueError: the state is damaged, or missing without the opt-in.
+        ValueError: the state is damaged, or missing (a stock TRL checkpoint) where β's trajectory depends on it
+            (`controller.has_training_state`) and `args.resume_without_kl_state` is not set.
     """
     checkpoint = resolve_checkpoint(resume_from_checkpoint, args.output_dir)
     if checkpoint is None:
