@@ -2,13 +2,12 @@
 
 Where the KL fields choose β_t only (every field at its default, a schedule, `dynamic`, a target-KL controller), the
 host computes its own loss, KL term included, at β_t, bit for bit as stock TRL does at that β (`host_kl_term`), and
-this class only measures the term for `adaptive_kl/*` and the controllers. Otherwise the host computes its loss with
-β = 0 (the policy term, untouched), and this class adds `β_t · Agg(f(k))` computed from the log-probabilities the
-host already computed for that loss (`kl.term.kl_term_and_sequence_sums`): no copy of the host's loss, no extra
-forward pass; TRL's `kl` and `policy_loss` of that micro-batch are then logged as TRL would have logged them. With
-`kl_placement="reward"` the KL is instead a penalty on each completion's reward (`_score_kl`), and the loss only
-measures it. A micro-batch reads top to bottom in `_loss_and_kl_sums`; what both trainers do around it is
-`lifecycle.AdaptiveKLRun`'s.
+this class only measures the term. Otherwise the host computes its loss with β = 0 (the policy term, untouched), and
+this class adds `β_t · Agg(f(k))` computed from the log-probabilities the host already computed for that loss
+(`kl.term.kl_term_and_sequence_sums`): no copy of the host's loss, no extra forward pass; TRL's `kl` and
+`policy_loss` are logged as TRL would have. With `kl_placement="reward"` the KL is instead a penalty on each
+completion's reward (`_score_kl`), and the loss only measures it. A micro-batch reads top to bottom in
+`_loss_and_kl_sums`; what both trainers do around it is `lifecycle.AdaptiveKLRun`'s.
 
 The host is whatever `trl.GRPOTrainer` is when this module is first imported: TRL's own, or, after `import unsloth`,
 Unsloth's generated trainer, whose loss is reached through `adaptive_kl.trainers.unsloth`.
@@ -94,10 +93,9 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             self.host_log_ratio_clip = UNSLOTH_LOG_RATIO_CLAMP
         self.kl_in_reward = args.kl_placement == "reward"
         self.kl_mask_zero_std_groups = args.kl_mask_zero_std_groups
-        # Nothing of the config changes the form of the host's KL term (k3 in the loss, no transform, no mask, no
-        # clamp), only its β_t: the host keeps it, at β_t, so the loss, its gradients and every value TRL logs are
-        # stock TRL's at that β, bit for bit. Not on Unsloth, whose fused loss computes its KL where this class cannot
-        # measure it, and compiles its β as a constant (`trainers.unsloth`).
+        # The config changes only the host KL term's β_t, not its form: the host keeps it, so the loss, its gradients
+        # and every value TRL logs are stock TRL's at that β, bit for bit. Not on Unsloth, whose fused loss computes
+        # its KL where this class cannot measure it, and compiles its β as a constant (`trainers.unsloth`).
         self.host_kl_term = args.kl_term_is_trls and self._unsloth_module is None
         self.logs_host_kl = not self.host_kl_term
 

@@ -13,8 +13,8 @@ generation batch:
 4. The optimizer step's last micro-batch (`_end_of_step`): β's update, and the KL-triggered reset's decision.
 5. Each log line (`log`): the `adaptive_kl/*` metrics of the micro-batches since the last, in one reduction.
 
-β, the reference resets and the zero-β skip hold their own state (`kl.controller`, `reference`); a
-feature that is off is `None` or never called. `AdaptiveKLStateCallback` keeps β's state in every checkpoint.
+β, the reference resets and the zero-β skip hold their own state (`kl.controller`, `reference`); a feature that is
+off is `None` or never called. `AdaptiveKLStateCallback` keeps β's state in every checkpoint.
 """
 
 from __future__ import annotations
@@ -61,12 +61,11 @@ class ScoredBatch:
     """One generation batch as the trainer scored it: what every optimizer step it serves reads.
 
     Attributes:
-        beta (`float`): β_t of the first optimizer step it serves (the next one, in evaluation); a penalty in the
-            reward is computed with it, for every step the batch serves.
-        scale (`float`): β_t's schedule factor at that step.
-        rewards (`torch.Tensor` of shape `(N,)`): the total task rewards of every process's completions, as TRL logs
-            `reward` (NaN where no reward function scored one).
-        mean_reward (`float`): their mean, NaN when none was scored: what a reward-triggered β (`dynamic`) reads.
+        beta (`float`), scale (`float`): β_t and its schedule factor at the first optimizer step it serves (the next
+            one, in evaluation); a penalty in the reward is computed with it, for every step the batch serves.
+        rewards (`torch.Tensor` of shape `(N,)`): every process's total task rewards, as TRL logs `reward` (NaN where
+            none was scored).
+        mean_reward (`float`): their mean (NaN if none was scored): what a reward-triggered β (`dynamic`) reads.
         zero_std_fraction (`float`): the fraction of groups whose rewards all agree, NaN when no group has two scored:
             what a saturation-triggered β reads, and a target-KL controller's hold.
     """
@@ -83,13 +82,10 @@ class KLMonitor:
     """The KL statistics of one trainer's loss, between optimizer steps and between log lines.
 
     Each micro-batch's `(5, B)` per-sequence sums (`kl.metrics.kl_sequence_sums`, this process's) are kept as they
-    are, or counted without when it was scored without the reference (β_t = 0). They become statistics
+    are, or only counted when it was scored without the reference (β_t = 0). They become statistics
     (`kl.metrics.STAT_NAMES`), summed over processes in one reduction, only when read: at the end of an optimizer step
-    where the controller or the KL-triggered resets read the KL (`end_step`), and at each log line (`write_metrics`,
-    a collective: every process logs at the same steps). A micro-batch costs its sums, a few tensor operations.
-
-    Args:
-        reads_steps (`bool`): whether anything reads an optimizer step's statistics; without, the steps keep none.
+    if anything reads its KL (`reads_steps`; `end_step`), and at each log line (`write_metrics`, a collective: every
+    process logs at the same steps).
     """
 
     reads_steps: bool = True
@@ -148,11 +144,9 @@ class KLMonitor:
 
 class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
     """Saves the `BetaController` state (and the `ReferenceResets` state when resets are on) in every checkpoint's
-    `trainer_state.json`, under `stateful_callbacks["AdaptiveKLStateCallback"]`, and restores it on resume.
-
-    Transformers writes `state()` there at each save. When training resumes, `on_train_begin` loads what the
-    checkpoint's `TrainerState` carries (`state.check_resumed_kl_state` has checked it), whatever
-    `restore_callback_states_from_checkpoint` says. `on_save` hands each saved checkpoint directory to `on_saved`.
+    `trainer_state.json`, under `stateful_callbacks["AdaptiveKLStateCallback"]`, and restores it in `on_train_begin`
+    of a resumed run (`state.check_resumed_kl_state` checked it), whatever `restore_callback_states_from_checkpoint`
+    says. `on_save` hands each saved checkpoint directory to `on_saved`.
     """
 
     def __init__(self, controller=None, controller_state=None, resets=None, reference_reset_state=None, on_saved=None):
@@ -204,22 +198,16 @@ class AdaptiveKLRun:
     A trainer sets `host_class` (the TRL trainer it subclasses), `host_family` (`"grpo"` or `"rloo"`) and
     `config_class`, and implements:
 
-    - `_prepare_host(args, more, kwargs)`: before the host's `__init__`, its checks of its host and arguments
-      (`hooks.check_host` first) and what it decides of the config (`kl_in_reward`, ...);
-    - `_score_kl(scoring, batch)`: what its KL does to a scored batch (a penalty in the reward, the advantages it
-      changes, in `scoring.output`);
+    - `_prepare_host(args, more, kwargs)`: before the host's `__init__`, its checks (`hooks.check_host` first) and
+      what it decides of the config (`kl_in_reward`, ...);
+    - `_score_kl(scoring, batch)`: what its KL does to a scored batch (a penalty in the reward, new advantages);
     - `_loss_and_kl_sums(model, inputs, return_outputs, num_items_in_batch, mode, beta) -> (loss, sums)`: the
-      micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and the `(5, B)` per-sequence sums
-      of the KL's statistics (`kl.metrics.kl_sequence_sums`, this process's sequences); None when the batch was
-      scored without the reference.
+      micro-batch's loss, with the KL term at `beta` where the KL is in the loss, and this process's `(5, B)`
+      `kl.metrics.kl_sequence_sums` (None when the batch was scored without the reference).
 
-    Attributes (set at construction):
-        beta_controller (`BetaController`): owns β_t; saved in every checkpoint and restored on resume.
-        reference_resets (`ReferenceResets`): when the reference is reset; saved in every checkpoint too.
-        zero_beta (`ZeroBetaReference` or `None`): the reference skipped while β_t is 0 for good; `None` where β
-            cannot reach 0 for good, or nothing would be skipped (`skip_zero_beta_reference=False`).
-        kl_monitor (`KLMonitor`): the KL statistics per optimizer step and per log line.
-        scored_batches (`dict[str, ScoredBatch]`): per mode, the generation batch in use, where something reads it.
+    Besides the trainers' `beta_controller` and `reference_resets`, it sets `zero_beta` (a `ZeroBetaReference`, or
+    `None` where β cannot reach 0 for good or `skip_zero_beta_reference=False`), `kl_monitor` (`KLMonitor`) and
+    `scored_batches` (per mode, the `ScoredBatch` in use, where something reads it).
     """
 
     host_class: type
@@ -244,9 +232,7 @@ class AdaptiveKLRun:
         if args.beta > 0:
             warn_if_reference_is_base(self.model)
         controller = self.beta_controller = BetaController.from_args(args)
-        resets = self.reference_resets = ReferenceResets(
-            every_steps=args.ref_reset_steps, kl_threshold=args.ref_reset_kl
-        )
+        resets = self.reference_resets = ReferenceResets(args.ref_reset_steps, args.ref_reset_kl)
         if resets.enabled:
             models = host_models(self)
             prepare_reference_resets(
@@ -254,13 +240,11 @@ class AdaptiveKLRun:
             )
         self.zero_beta = None
         if args.beta > 0 and args.skip_zero_beta_reference and args.beta_min == 0 and controller.has_training_state:
-            main = self.accelerator.is_main_process
-            self.zero_beta = ZeroBetaReference(args, controller, main, released=loads_no_reference)
+            self.zero_beta = ZeroBetaReference(args, controller, self.accelerator.is_main_process, loads_no_reference)
         # What reads the KL of each optimizer step (else it is only logged), and the rewards of each generation batch
         self.reads_step_kl = controller.reads_kl or resets.reads_kl
         self.reads_rewards = self.kl_in_reward or self.kl_mask_zero_std_groups or controller.has_training_state
-        # The per-token estimate k and transform f (the keyword arguments of `kl.term` and `kl.placement`), read
-        # once, as TRL reads its own settings
+        # The per-token estimate k and transform f (keyword arguments of `kl.term` and `kl.placement`), read once
         clip = args.kl_log_ratio_clip if args.kl_log_ratio_clip is not None else self.host_log_ratio_clip
         self.kl_transform_options = dict(
             estimator=args.kl_estimator,
@@ -327,20 +311,17 @@ class AdaptiveKLRun:
         self._score_kl(scoring, batch)
 
     def _kl_penalty(self, policy_logps, ref_logps, mask, beta: float, logps_dtype: torch.dtype) -> torch.Tensor:
-        """The `(B,)` detached penalties β_t·Σ_t f(k) of this process's sequences (`kl.placement.sequence_kl_penalty`);
-        for a batch scored without the reference (`ref_logps` is `None`: β_t = 0 for every step it serves), the zero
-        penalty in the dtype the full path would have from log-probabilities of `logps_dtype` (`zero_penalty`), so
-        that the run is bitwise the one without the skip, on every dtype."""
+        """The `(B,)` detached penalties β_t·Σ_t f(k) of this process's sequences; for a batch scored without the
+        reference (`ref_logps` is `None`: β_t = 0), the zero penalty in the dtype the full path would have from
+        log-probabilities of `logps_dtype`, so that the run is bitwise the one without the skip, on every dtype."""
         if ref_logps is None:
             return zero_penalty(len(mask), logps_dtype, mask.device)
         return sequence_kl_penalty(policy_logps, ref_logps, mask, beta=beta, **self.kl_options)
 
     def _penalize(self, output: dict, rewards, penalty: torch.Tensor, mode: str, advantages_of=None):
-        """Gathers this process's `(B,)` `penalty` over the processes, in the global order of the `(N,)` `rewards`
-        (their mean is logged as `adaptive_kl/reward_penalty`, whether the host or we subtract them), and with
-        `advantages_of`, which maps `(N,)` penalized rewards to advantages (GRPO's group advantages, RLOO's
-        leave-one-out ones), replaces the advantages of `output` by those of the rewards minus the penalties.
-        Returns the `(N,)` penalized rewards (None without `advantages_of`)."""
+        """Gathers this process's `(B,)` `penalty` in the global order of the `(N,)` `rewards` and logs its mean
+        (`adaptive_kl/reward_penalty`, whoever subtracts it). With `advantages_of` ((N,) rewards → advantages), the
+        advantages of `output` become those of the penalized rewards, which it returns (else None)."""
         penalties = self.accelerator.gather(penalty)
         self._metrics[mode]["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
         if advantages_of is None:
@@ -354,8 +335,8 @@ class AdaptiveKLRun:
         return penalized
 
     def _warn_once(self, key: str, message: str) -> None:
-        """A `UserWarning` given at most once per `train()` call (a condition that can recur at every step is worth
-        telling once), by the main process only (every process sees the same reduced statistics)."""
+        """A `UserWarning` given at most once per `train()` call, by the main process only (every process sees the
+        same reduced statistics)."""
         if key not in self.warned:
             self.warned.add(key)
             if self.accelerator.is_main_process:

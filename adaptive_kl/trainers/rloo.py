@@ -1,16 +1,12 @@
 """`AdaptiveKLRLOOTrainer`: `trl.RLOOTrainer` with an adaptive KL penalty in the reward.
 
 TRL's RLOO scores each generation batch with the sampling policy and the reference, subtracts β·Σ_t k1 from each
-completion's reward and takes the leave-one-out advantages. This trainer keeps all of that (the host's β stays on, so
-it computes the reference log-probabilities and logs `kl` as usual), and replaces the advantages afterwards
-(`_score_kl`): from the same rewards and the log-probabilities the host computed while scoring (no extra forward), it
-subtracts the adapted penalty β_t·Σ_t f(k) (`lifecycle.AdaptiveKLRun._kl_penalty`), recomputes the leave-one-out
-advantages (`kl.placement.leave_one_out_advantages`) and logs TRL's `frac_reward_zero_std` from the rewards they use.
-With method `"none"` and `kl_estimator="k1"` the penalty is the host's, so the advantages and logs are the host's bit
-for bit. The loss is the host's, untouched; the KL statistics of each micro-batch come from the penalty's tokens,
-which travel with the batch.
-
-What both trainers do is `lifecycle.AdaptiveKLRun`'s.
+completion's reward and takes the leave-one-out advantages. This trainer keeps all of that (the host's β stays on),
+and replaces the advantages afterwards (`_score_kl`): from the same rewards and the log-probabilities the host
+computed while scoring (no extra forward), it subtracts the adapted penalty β_t·Σ_t f(k), recomputes the leave-one-out
+advantages and logs TRL's `frac_reward_zero_std` from the rewards they use. Without an adaptation (`host_penalty`)
+the host's penalty stands, bit for bit. The loss is the host's, untouched; each micro-batch's KL statistics come from
+the penalty's tokens, which travel with the batch. What both trainers do is `lifecycle.AdaptiveKLRun`'s.
 """
 
 from __future__ import annotations
@@ -89,12 +85,8 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
         self._metrics[mode]["frac_reward_zero_std"][-1] = zero_std.item()
 
     def _named_logps(self, scoring: HostScoring) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`(policy, reference)` `(B, T)` log-probabilities of the batch: TRL's RLOO keeps only their sums in its
-        output, and scores the sampling policy, then the reference when it scores it (its β is not 0).
-
-        Raises:
-            UnsupportedTRLError: the host scored the batch another number of times.
-        """
+        """`(policy, reference)` `(B, T)` log-probabilities of the batch (TRL's RLOO keeps only their sums): it scores
+        the sampling policy, then the reference when its β is not 0; `UnsupportedTRLError` for another count."""
         expected = 2 if scoring.reference_scored else 1
         if len(scoring.logps) != expected:
             what = "the policy, then the reference" if scoring.reference_scored else "the policy only (β = 0)"
@@ -108,12 +100,8 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
 
     def _loss_and_kl_sums(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
         loss = super(AdaptiveKLRun, self).compute_loss(model, inputs, return_outputs, num_items_in_batch)  # host's
-        if REFERENCE_LOGPS not in inputs:  # `_scores_reference`: β_t = 0, the penalty was exactly 0
+        if REFERENCE_LOGPS not in inputs:  # scored without the reference: β_t = 0, the penalty was exactly 0
             return loss, None
-        sums = penalty_sequence_sums(
-            inputs[SAMPLING_LOGPS],
-            inputs[REFERENCE_LOGPS],
-            completion_loss_mask(inputs),
-            **self.kl_transform_options,
+        return loss, penalty_sequence_sums(
+            inputs[SAMPLING_LOGPS], inputs[REFERENCE_LOGPS], completion_loss_mask(inputs), **self.kl_transform_options
         )
-        return loss, sums
