@@ -6,8 +6,8 @@ of a compiled function that receives β as a Python float (each distinct β woul
 
 - `install_capture_shim` rebinds `UnslothEfficientGRPO` in the generated module's globals (where the loss looks it up)
   to a proxy that, only while `capturing_efficient_grpo()` is open, records the call's arguments and passes β = 0;
-- the trainer then adds β_t·Agg(f(k)) computed by `adaptive_kl.kl.term.kl_term_and_sequence_sums` from the captured
-  log-probabilities, with the aggregation Unsloth's loss uses (`unsloth_kl_term_inputs`). No extra forward pass, no
+- the trainer then adds β_t·Agg(f(k)) (`adaptive_kl.kl.term.kl_term_and_sequence_sums`) from the captured
+  log-probabilities, aggregated as Unsloth's loss does (`unsloth_kl_term_inputs`): no extra forward pass, no
   full-vocabulary logits.
 
 Unsloth's backward ignores the incoming gradient (it is computed in the forward), so the term is only ever *added* to
@@ -36,20 +36,9 @@ SUPPORTED_UNSLOTH = ">=2026.10.9,<2026.11"
 
 # `UnslothEfficientGRPO.forward`'s parameters after `ctx`: the shim reads the positional call by these names.
 APPLY_PARAMETERS = (
-    "_new_logps",
-    "_old_logps",
-    "_ref_logps",
-    "_sampling_per_token_logps",
-    "lm_head",
-    "_input_ids",
-    "_mask",
-    "_advantages",
-    "beta",
-    "scaler",
-    "n_chunks",
-    "extra_kwargs",
-    "upstream_scale",
-)
+    "_new_logps", "_old_logps", "_ref_logps", "_sampling_per_token_logps", "lm_head", "_input_ids", "_mask",
+    "_advantages", "beta", "scaler", "n_chunks", "extra_kwargs", "upstream_scale",
+)  # fmt: skip
 BETA_POSITION = APPLY_PARAMETERS.index("beta")
 
 # Unsloth's loss bounds its per-token KL estimate (after the bias correction) to [-10, 10], and clamps k3's log-ratio
@@ -63,30 +52,18 @@ REQUIRED_SOURCE = (
     ("grpo_accumulated_loss", "UnslothEfficientGRPO.apply(", "the loss goes through UnslothEfficientGRPO.apply"),
     ("grpo_compute_loss", "loss_i = loss_i + beta * kl_i", "β enters only as beta * kl_i in the per-token loss"),
     ("grpo_compute_loss", "kl_i = torch.clamp(kl_i, min = -10.0, max = 10.0)", "the KL estimate is bounded to ±10"),
-    (
-        "grpo_compute_loss",
-        "kl_log_ratio = torch.clamp(ref - new, min = -20.0, max = 20.0)",
-        "k3's log-ratio is clamped to ±20",
-    ),  # fmt: skip
-    (
-        "grpo_compute_loss",
-        "log_ratio = torch.clamp(log_ratio, min = -20.0, max = 20.0)",
-        "the importance log-ratio is clamped to ±20 (for vLLM's rollout log-probabilities: rollout_logps_as_old)",
-    ),  # fmt: skip
+    ("grpo_compute_loss", "kl_log_ratio = torch.clamp(ref - new, min = -20.0, max = 20.0)",
+     "k3's log-ratio is clamped to ±20"),
+    ("grpo_compute_loss", "log_ratio = torch.clamp(log_ratio, min = -20.0, max = 20.0)",
+     "the importance log-ratio is clamped to ±20 (for vLLM's rollout log-probabilities: rollout_logps_as_old)"),
     ("grpo_compute_loss", "loss = ((loss_i * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()", "grpo/sapo"),
     ("grpo_compute_loss", "loss = (loss_i * mask).sum() / mask.sum().clamp(min=1.0)", "bnpo's local token count"),
     ("grpo_compute_loss", "loss = (loss_i * mask).sum() / (loss_i.size(0) * max_completion_length)", "dr_grpo"),
-    (
-        "grpo_compute_loss",
-        "normalizer = normalizer * current_gradient_accumulation_steps / steps_per_generation",
-        "the token-sum normalizer rescaled to one accumulation window",
-    ),  # fmt: skip
-    (
-        "grpo_compute_loss",
-        "loss = (loss_i * mask * sample_weight.to(loss_i.dtype).unsqueeze(-1)).sum() / normalizer",
-        "per-completion sample weights",
-    ),  # fmt: skip
-)
+    ("grpo_compute_loss", "normalizer = normalizer * current_gradient_accumulation_steps / steps_per_generation",
+     "the token-sum normalizer rescaled to one accumulation window"),
+    ("grpo_compute_loss", "loss = (loss_i * mask * sample_weight.to(loss_i.dtype).unsqueeze(-1)).sum() / normalizer",
+     "per-completion sample weights"),
+)  # fmt: skip
 
 
 class UnsupportedUnslothError(RuntimeError):
@@ -116,12 +93,11 @@ def unsloth_host_module(trainer_cls: type) -> ModuleType | None:
 def prepare_unsloth_host(
     trainer_cls: type, kl_placement: str, kl_mask_zero_std_groups: bool = False
 ) -> ModuleType | None:
-    """For a trainer built on Unsloth's GRPO trainer: its generated module, with the capture shim installed; `None` on
-    plain TRL.
+    """The generated module of the Unsloth GRPO trainer that `trainer_cls` is built on, with the capture shim
+    installed (`None` on plain TRL).
 
     Raises:
-        ValueError: `kl_placement="reward"`, whose rollout scoring is Unsloth's own code, which is not hooked; or
-            `kl_mask_zero_std_groups=True`, not implemented on this backend (not tested against Unsloth's own loss).
+        ValueError: `kl_placement="reward"` or `kl_mask_zero_std_groups=True`, which this backend does not implement.
         UnsupportedUnslothError: the generated module does not have the code the shim relies on.
     """
     module = unsloth_host_module(trainer_cls)
@@ -154,12 +130,11 @@ def with_keyword_only(signature: inspect.Signature, parameters: list[inspect.Par
 
 
 def keep_host_init(config_cls: type, host: type | None = None) -> None:
-    """Makes the dataclass `config_cls` run its host config's own `__init__` (Unsloth's) instead of a generated one.
+    """Makes the dataclass `config_cls` run its `host` config's own `__init__` (Unsloth's; default: its first base).
 
     `@dataclass` gives a subclass an `__init__` over every field, which would skip `UnslothGRPOConfig.__init__` and its
-    defaults (optimizer, learning rate, loss type, chunking). The replacement sets the fields the host lacks (those
-    `config_cls` declares or takes from a mixin), then calls the host's `__init__` with everything else; that ends in
-    `__post_init__`, which validates both. `host`: the host config among `config_cls`'s bases (default: its first).
+    defaults (optimizer, learning rate, loss type, chunking). The replacement sets the fields the host lacks, then
+    calls the host's `__init__` with everything else, which ends in `__post_init__`, validating both.
     """
     host = config_cls.__mro__[1] if host is None else host
     host_init = host.__init__
@@ -194,12 +169,11 @@ _LOGP_GRADIENTS: contextvars.ContextVar[list | None] = contextvars.ContextVar("a
 
 
 class CapturingEfficientGRPO:
-    """Stands in for `UnslothEfficientGRPO` in the generated module.
+    """Stands in for `UnslothEfficientGRPO` in the generated module; every attribute but `apply` is the original's.
 
-    `apply` is Unsloth's own, except while `capturing_efficient_grpo()` is open: then it records its arguments
-    (by `APPLY_PARAMETERS` name) in the open capture and passes β = 0, so Unsloth computes the policy loss alone and
-    compiles one graph whatever β does. While `recording_logp_gradients()` is open, it also hooks the call's per-token
-    log-probabilities (stock's calls and ours alike). Every other attribute is the original's.
+    While `capturing_efficient_grpo()` is open, `apply` records its arguments (by `APPLY_PARAMETERS` name) and passes
+    β = 0, so Unsloth computes the policy loss alone and compiles one graph whatever β does. While
+    `recording_logp_gradients()` is open, it also hooks the call's per-token log-probabilities (stock's and ours).
     """
 
     def __init__(self, original):
@@ -249,8 +223,7 @@ def check_unsloth_source(module: ModuleType) -> None:
 
 
 def install_capture_shim(module: ModuleType) -> CapturingEfficientGRPO:
-    """Rebinds the generated module's `UnslothEfficientGRPO` to the capturing proxy, once, after checking the module
-    (a module that already has the proxy passed that check)."""
+    """Rebinds the generated module's `UnslothEfficientGRPO` to the capturing proxy, once, after checking its code."""
     if not isinstance(module.UnslothEfficientGRPO, CapturingEfficientGRPO):
         check_unsloth_source(module)
         module.UnslothEfficientGRPO = CapturingEfficientGRPO(module.UnslothEfficientGRPO)
@@ -296,10 +269,7 @@ def unsloth_kl_term_inputs(call: dict) -> dict:
     with m the mask Unsloth rebuilt from the token ids, P the processes, G the current accumulation steps (1 in
     evaluation), S `steps_per_generation` (absent in evaluation) and N `num_items_in_batch`. Masked columns of the
     log-probabilities are set to 0 first, as Unsloth does, so that whatever they hold never reaches the term.
-
-    Raises:
-        ValueError: Unsloth's rollout rejection (`UNSLOTH_GRPO_ROLLOUT_RS`) is on: it drops tokens from the KL term by
-            a rule this backend does not reproduce.
+    `ValueError` with Unsloth's rollout rejection on: it drops tokens from the KL term by a rule not reproduced here.
     """
     options = call.get("extra_kwargs") or {}
     if options.get("rollout_rs") is not None:

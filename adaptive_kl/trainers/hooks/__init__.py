@@ -4,9 +4,9 @@ that TRL, Transformers and Accelerate do not document as public.
 - `internals`: the table `HOST_INTERNALS` of every such name the package uses, each with the host families that use
   it, and the checks that refuse a host lacking one (`check_host` before any model is loaded, `check_host_attributes`
   after the host's `__init__`); the supported TRL (`check_trl_version`) and the trainers' config (`resolve_args`).
-  `tests/trainers/test_seam.py` checks the package's source: every undocumented host name it uses is in the table,
-  and none is read with a default (`getattr(trainer, name, None)`), so a host that lacks one fails at construction,
-  naming it, rather than falling back silently. Unsloth's own internals have their table in `trainers.unsloth`.
+  `tests/trainers/test_seam.py` checks that every undocumented host name the package uses is in the table, and none
+  is read with a default (`getattr(trainer, name, None)`), so a host that lacks one fails at construction, naming
+  it. Unsloth's own internals have their table in `trainers.unsloth`.
 - `mixin`: `HostHooks`, which overrides the host's private methods of a generation batch and of its loss, and the few
   functions that do something with the table's names (`completion_loss_mask`, `accumulation_steps`, `host_models`).
 

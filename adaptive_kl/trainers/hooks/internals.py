@@ -1,8 +1,6 @@
-"""The seam's table and checks: the supported TRL, every name of the host that the package uses and that TRL,
-Transformers and Accelerate do not document as public (`HOST_INTERNALS`, each entry naming the trainers that use it),
-and the checks that refuse a host lacking one, before any model is loaded (`check_host`) and right after the host's
-`__init__` (`check_host_attributes`), each for the host family a trainer names (`HOST_FAMILIES`); whether Unsloth
-generated the host (`is_unsloth_class`, `check_import_order`), and the trainers' config (`resolve_args`).
+"""The seam's table and checks: the supported TRL, the host's undocumented names the package uses (`HOST_INTERNALS`)
+and the checks that refuse a host lacking one (`check_host`, `check_host_attributes`); whether Unsloth generated the
+host (`is_unsloth_class`, `check_import_order`), and the trainers' config (`resolve_args`).
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ ALLOW_UNSUPPORTED_ENV = "ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL"
 
 
 class UnsupportedTRLError(RuntimeError):
-    """The installed TRL's `GRPOTrainer` or `RLOOTrainer` does not call the methods this package hooks as it
-    expects."""
+    """The installed TRL's `GRPOTrainer` or `RLOOTrainer` does not call the methods this package hooks as expected."""
 
 
 def installed_trl_version() -> str:
@@ -39,11 +36,8 @@ def installed_trl_version() -> str:
 
 
 def check_trl_version(version: str | None = None) -> None:
-    """Raises `ImportError` if the installed TRL (or `version`) is outside `SUPPORTED_TRL`.
-
-    Reads the version from the package metadata, so TRL itself is not imported (Unsloth must be imported first).
-    `ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL=1` turns the error into a warning.
-    """
+    """Raises `ImportError` if the installed TRL (or `version`) is outside `SUPPORTED_TRL`, without importing TRL
+    (Unsloth must be imported first). `ADAPTIVE_KL_ALLOW_UNSUPPORTED_TRL=1` turns the error into a warning."""
     if version is None:
         version = installed_trl_version()
         if version == "not installed":
@@ -103,14 +97,12 @@ INTERNAL_KINDS = {
 HOST_INTERNALS_CHECKED_ON = ("trl 1.15.0, transformers 5.17.0", "trl 1.16.0, transformers 5.23.0 and 5.24.0")
 HOST_INTERNALS = (
     HostInternal("_generate_and_score_completions", BOTH_HOSTS, ("grpo", "rloo"), "method",
-                 "wrapped (`HostHooks`): a streamed batch's prompts are checked and a pending reference reset applied "
-                 "before it is scored; run with β = 0 when the trainer needs no reference log-probabilities, which "
-                 "TRL then skips; its rewards go to the trainer after (`_before_scoring`, `_on_scored`)"),
+                 "wrapped (`HostHooks`): prompts checked, a pending reset applied; run at β = 0, skipping the "
+                 "reference forward, when `_before_scoring` says it is not needed; rewards handed to `_on_scored`"),
     HostInternal("_calculate_rewards", BOTH_HOSTS, ("grpo", "rloo"), "method",
                  "wrapped: each reward function's output is checked and the gathered (N, K) rewards are kept"),
     HostInternal("_get_per_token_logps_and_entropies", BOTH_HOSTS, ("grpo", "rloo"), "method",
-                 "wrapped inside the host's loss to capture the policy log-probabilities; called to score the "
-                 "sampling policy for KL in the reward"),
+                 "wrapped to capture the policy log-probabilities; scores the sampling policy for KL in the reward"),
     HostInternal("_compute_loss", BOTH_HOSTS, ("grpo", "rloo"), "method",
                  "the micro-batch loss: run with β = 0 inside ours; the binomial trainer replaces it"),
     HostInternal("_prepare_inputs", "trl.GRPOTrainer", ("grpo",), "method",
@@ -128,13 +120,10 @@ HOST_INTERNALS = (
     HostInternal("_buffered_inputs", "trl.GRPOTrainer", ("grpo",), "attribute",
                  "the generation buffer: a list of micro-batches, None before the first (the binomial trainer)"),
     HostInternal("beta", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "TRL's β: set to 0 while the host's loss runs inside ours, and while it scores a generation batch "
-                 "without the reference (`HostHooks`); read to know whether the KL is on. The host's "
-                 "`__init__` reads it from `args.beta` and builds no reference model when it is 0 "
-                 "(`host_built_without_reference`)"),
+                 "TRL's β: 0 while the host's loss runs inside ours or scores a batch without the reference; tells if "
+                 "the KL is on; at `args.beta=0` the host builds no reference (`host_built_without_reference`)"),
     HostInternal("ref_model", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "the full-model reference (None for PEFT): reset (`host_models`), dropped once β is 0 for good "
-                 "(`AdaptiveKLRun`)"),
+                 "the full-model reference (None for PEFT): reset (`host_models`), dropped once β is 0 for good"),
     HostInternal("_models", "accelerate.Accelerator", ("grpo", "rloo"), "accelerator attribute",
                  "the models `prepare_model` keeps, the reference among them: it is removed there too when released"),
     HostInternal("loss_type", "trl.GRPOTrainer", ("grpo",), "attribute",
@@ -144,8 +133,7 @@ HOST_INTERNALS = (
     HostInternal("max_completion_length", "trl.GRPOTrainer", ("grpo",), "attribute",
                  "dr_grpo's constant normalizer, which the KL term shares"),
     HostInternal("current_gradient_accumulation_steps", "transformers.Trainer", ("grpo",), "training attribute",
-                 "the micro-batches of the optimizer step in progress (fewer for a last partial step): the KL term's "
-                 "normalizer and the binomial trainer's step (`accumulation_steps`)"),
+                 "the step's micro-batches: the KL normalizer and the binomial trainer's step (`accumulation_steps`)"),
     HostInternal("scale_rewards", "trl.GRPOTrainer", ("grpo",), "attribute",
                  "how KL-in-the-reward's group advantages are scaled, as the host's"),
     HostInternal("num_generations", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
@@ -167,15 +155,13 @@ HOST_INTERNALS = (
     HostInternal("optimizer", "transformers.Trainer", ("grpo", "rloo"), "attribute",
                  "its moments are cleared by a reset with `ref_reset_optimizer` (`host_models`)"),
     HostInternal("model_wrapped", "transformers.Trainer", ("grpo",), "attribute",
-                 "documented for reading only; the command sets it back to the model to drop the DDP wrapper before "
+                 "documented for reading only; the command sets it back to the model, dropping the DDP wrapper before "
                  "the process group ends"),
     HostInternal("training_bar", "transformers.ProgressCallback", ("grpo",), "callback attribute",
-                 "the progress bar a run interrupted by a bad reward output leaves open: closed before the message "
-                 "(`close_progress_bars`)"),
+                 "left open by a run a bad reward interrupted: closed before the message (`close_progress_bars`)"),
     HostInternal("_ChunkedLogProbFunction", "trl.trainer.utils", ("grpo",), "module attribute",
                  "TRL's fused LM-head scorer (1.15: Triton only, None without it; 1.16: a torch fallback off a GPU): "
-                 "replaced by a plain-torch stand-in where it fails for "
-                 "training on a CPU (`trainers.scorer`)"),
+                 "replaced by a plain-torch stand-in where it fails on a CPU (`trainers.scorer`)"),
     HostInternal("normalize_advantages", "trl.RLOOTrainer", ("rloo",), "attribute",
                  "whether RLOO standardizes its leave-one-out advantages over the batch, as the penalized ones are"),
     HostInternal("reward_clip_range", "trl.RLOOTrainer", ("rloo",), "attribute",
@@ -195,21 +181,15 @@ def host_internals(family: str) -> tuple[HostInternal, ...]:
 
 
 def check_host(host: type, family: str, args, trainer_name: str, own_loss: bool) -> None:
-    """Refuses a host whose loss would not go through the trainer `trainer_name`, before any model is loaded.
-
-    Args:
-        host (`type`): the TRL trainer the trainer subclasses (bound when its module was first imported).
-        family (`str`): the host's family (`HOST_FAMILIES`), whose entries of the table it must have.
-        args: the trainer's config.
-        trainer_name (`str`): for the messages.
-        own_loss (`bool`): whether the trainer's loss is in use (`AdaptiveKLGRPOTrainer`: only with β > 0).
+    """Refuses a `host` (of `family`) whose loss would not go through the trainer `trainer_name`, before any model is
+    loaded. `own_loss`: whether the trainer's loss is in use (`AdaptiveKLGRPOTrainer`: only with β > 0).
 
     Raises:
         UnsupportedTRLError: the host lacks a method or class attribute of `HOST_INTERNALS`, or no class of its MRO
             sets one of its training attributes.
         ValueError: `use_liger_kernel=True` on a host that computes its loss with Liger's fused GRPO loss
             (`_compute_liger_loss`), which never calls ours. TRL 1.15 and 1.16 have no such path: there Liger only
-            swaps layer kernels, and the loss is TRL's own.
+            swaps layer kernels.
     """
     missing = [
         internal.name
@@ -247,12 +227,8 @@ def assigned_in_host_source(host: type, name: str) -> bool:
 
 
 def check_host_attributes(trainer, family: str) -> None:
-    """Refuses, right after the host's `__init__`, a host of `family` that did not set an attribute of
-    `HOST_INTERNALS`: on the trainer, on its `Accelerator`, and on each of its `ProgressCallback`s.
-
-    Raises:
-        UnsupportedTRLError: naming the missing attributes.
-    """
+    """Refuses (`UnsupportedTRLError`), right after the host's `__init__`, a host of `family` that did not set an
+    attribute of `HOST_INTERNALS`: on the trainer, on its `Accelerator`, and on each of its `ProgressCallback`s."""
     from transformers.trainer_callback import ProgressCallback  # not at import: see `check_trl_version`
 
     bars = [callback for callback in trainer.callback_handler.callbacks if isinstance(callback, ProgressCallback)]
@@ -267,9 +243,8 @@ def check_host_attributes(trainer, family: str) -> None:
 
 
 def resolve_args(host: type, family: str, config_cls: type, model, args, trainer_name: str, run_suffix: str):
-    """The trainer's config: `args`, or for `None` a default `config_cls` named after the model
-    (`<model>-<run_suffix>`), as TRL does. The first check of every trainer's `__init__`; `family`: the host's
-    (`HOST_FAMILIES`).
+    """The trainer's config: `args`, or for `None` a default `config_cls` named `<model>-<run_suffix>`, as TRL does.
+    The first check of every trainer's `__init__`.
 
     Raises:
         ImportError: Unsloth replaced `trl.GRPOTrainer` after the trainer was built on TRL's own `host` (import order).
@@ -301,16 +276,8 @@ def is_unsloth_class(cls: type) -> bool:
 
 
 def check_import_order(ours: type, current: type, name: str) -> None:
-    """Refuses a class of ours built on TRL's `name` when Unsloth has since replaced `trl.<name>`.
-
-    Args:
-        ours (`type`): the TRL class our class derives from (bound when our module was first imported).
-        current (`type`): `trl.<name>` now.
-        name (`str`): `"GRPOTrainer"` or `"GRPOConfig"`, for the message.
-
-    Raises:
-        ImportError: saying to import Unsloth first.
-    """
+    """Raises `ImportError` (import Unsloth first) when Unsloth has replaced `trl.<name>` (now `current`) since our
+    class was built on TRL's own (`ours`)."""
     if current is not ours and is_unsloth_class(current) and not is_unsloth_class(ours):
         raise ImportError(
             f"adaptive_kl's classes were built on TRL's own {name}, but Unsloth has since replaced trl.{name}: "

@@ -1,10 +1,5 @@
-"""The seam's mixin, `HostHooks`, and the few functions that do something with the host's undocumented names that a
-reader would otherwise piece together (the table of those names, and its checks, are `internals`').
-
-`HostHooks` overrides the host's private methods of one generation batch and of its loss, and hands the trainers two
-points to extend: `_before_scoring(mode)` (before the host generates; whether the batch needs the reference) and
-`_on_scored(scoring)` (after it scored the batch, with what it computed: `HostScoring`). Inside `host_loss_scoring()`
-every policy scoring of the host's loss is recorded.
+"""The seam's mixin, `HostHooks`, and the few functions that do something with the host's undocumented names (the
+table of those names, and its checks, are `internals`').
 """
 
 from __future__ import annotations
@@ -20,17 +15,9 @@ from .internals import unsupported_trl
 
 # Multimodal inputs of a batch from `GRPOTrainer._generate_and_score_completions` that a policy forward needs.
 MULTIMODAL_INPUTS = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
-)
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -39,12 +26,10 @@ class HostScoring:
 
     Attributes:
         output (`dict`): the host's output for this process's B completions; editable (its advantages, added keys).
-        mode (`str`): `"train"` or `"eval"`.
-        rewards_per_func (`torch.Tensor` of shape `(N, K)`): every process's rewards per reward function, gathered,
-            NaN where a function returned None (what `_calculate_rewards` computed, after its outputs were checked).
+        rewards_per_func (`torch.Tensor` of shape `(N, K)`): every process's rewards per reward function, as
+            `_calculate_rewards` gathered them (NaN where a function returned None).
         logps (`tuple[torch.Tensor, ...]`): each `(B, T)` log-probability tensor the host computed while it scored the
-            batch (`_get_per_token_logps_and_entropies`), in order; which is which is the host's own layout, named by
-            the trainer of that host (GRPO keeps them in its output, RLOO only scores them).
+            batch, in order; which is which is the host's own layout (GRPO keeps them in its output, RLOO does not).
         reference_scored (`bool`): whether the host scored the reference (its β is not 0 and `_before_scoring` asked
             for it).
     """
@@ -61,11 +46,10 @@ class HostHooks:
 
     Extension points, internal because their signatures follow what TRL's private methods offer:
 
-    - `_before_scoring(mode)`: before the host generates and scores a batch of `mode`; returns whether the batch
-      needs the reference log-probabilities (default: whenever the host computes them). When not, the host scores it
-      with β = 0, which skips the reference forward, and its output has no `ref_per_token_logps`;
-    - `_on_scored(scoring)`: after it, with the batch as the host scored it (`HostScoring`). A host that scored a batch
-      without calling `_calculate_rewards` is refused.
+    - `_before_scoring(mode)`: before the host generates and scores a batch of `mode`; whether the batch needs the
+      reference log-probabilities (default: yes). When not, the host scores it with β = 0, which skips the reference
+      forward, and its output has no `ref_per_token_logps`;
+    - `_on_scored(scoring)`: after it, with the batch as the host scored it (`HostScoring`).
 
     A subclass names its model-card tag in its bases: `class MyTrainer(HostHooks, GRPOTrainer, hub_tag="my-tag")`.
     """
@@ -143,10 +127,9 @@ class HostHooks:
 
     @contextmanager
     def host_loss_scoring(self, backend_capture=None, *, beta: float = 0.0):
-        """Runs the host's loss and yields what it computed: `{"policy_logps": [...]}`, every policy scoring of the
-        loss. The host's β is `beta` inside: 0 (its loss without its KL term, which the trainer adds) or the package's
-        β_t (the host's own KL term, at that β). `backend_capture`, a context manager taking that dict (Unsloth's
-        records its efficient loss's arguments under `"efficient_grpo"`), is entered around the loss too."""
+        """Runs the host's loss at β = `beta` (0: without its KL term) and yields `{"policy_logps": [...]}`, every
+        policy scoring of the loss. `backend_capture`, a context manager taking that dict (Unsloth's records its
+        efficient loss's arguments under `"efficient_grpo"`), is entered around the loss too."""
         capture = {"policy_logps": []}
         self._policy_scorings = capture["policy_logps"]
         try:
@@ -156,13 +139,8 @@ class HostHooks:
             self._policy_scorings = None
 
     def captured_policy_logps(self, capture: dict, training: bool) -> torch.Tensor:
-        """The `(B, T)` policy log-probabilities of the host's loss, checked.
-
-        Raises:
-            UnsupportedTRLError: the loss scored the policy zero or several times (the KL term would not share the
-                policy term's log-probabilities), or, in training, the captured log-probabilities carry no gradient
-                (the KL term would not regularize).
-        """
+        """The `(B, T)` policy log-probabilities of the host's loss; `UnsupportedTRLError` when the loss scored the
+        policy other than once (the KL term would not share them), or in training they carry no gradient."""
         scorings = capture["policy_logps"]
         if len(scorings) != 1:
             raise unsupported_trl(
@@ -193,10 +171,9 @@ def completion_loss_mask(batch: dict):
 
 
 def accumulation_steps(trainer) -> int:
-    """The micro-batches of the optimizer step in progress, as Transformers' training loop set them on `trainer` (fewer
-    for a last partial step). A trainer that never ran a training step (a loss computed by hand) has none yet: then
-    the configured `gradient_accumulation_steps`, what the loop sets for a full step. `check_host` has checked that the
-    loop sets it, so its absence means "not yet", never "renamed"."""
+    """The micro-batches of the optimizer step in progress, as Transformers' training loop set them (fewer for a last
+    partial step); before any training step (a loss computed by hand), `gradient_accumulation_steps`, as for a full
+    step. `check_host` checked that the loop sets it, so its absence means "not yet", never "renamed"."""
     if "current_gradient_accumulation_steps" in vars(trainer):
         return trainer.current_gradient_accumulation_steps
     return trainer.args.gradient_accumulation_steps
@@ -219,16 +196,9 @@ def replace_logged_advantages(trainer, advantages: torch.Tensor) -> None:
 
 @dataclass(frozen=True)
 class HostModels:
-    """The models and optimizer of a trainer that a reference reset or release touches.
-
-    Attributes:
-        policy: the unwrapped policy model.
-        reference: TRL's full-model reference; `None` for a PEFT policy (its reference is an adapter) and once
-            released (while β is 0 for good: `reference.ZeroBetaReference`).
-        optimizer: `None` until `train` builds it (unless one was passed in).
-        sharding_engine (`str` or `None`): `"deepspeed"` or `"fsdp"` when that engine owns the models (a reset or a
-            release must not touch them).
-        zero_stage (`int` or `None`): DeepSpeed's ZeRO stage under DeepSpeed.
+    """The models and optimizer of a trainer that a reference reset or release touches: the unwrapped `policy`; TRL's
+    full-model `reference` (`None` for a PEFT policy, and once released); the `optimizer` (`None` until `train` builds
+    it); `sharding_engine`, `"deepspeed"` or `"fsdp"` when that engine owns the models, and DeepSpeed's `zero_stage`.
     """
 
     policy: torch.nn.Module
@@ -253,10 +223,9 @@ def host_models(trainer) -> HostModels:
 
 @contextmanager
 def host_built_without_reference(trainer, args):
-    """The host's `__init__`, run inside, builds no reference model: it reads `args.beta` into `trainer.beta` and
-    loads a reference only when that is not 0, so `args.beta` is 0 inside; after, both hold the configured β again.
-    Only for a policy that is not a PEFT model (TRL also reads `args.beta` to copy a PEFT adapter as the reference),
-    and only when the reference will never be scored: the trainer must then refuse to score it."""
+    """The host's `__init__`, run inside, builds no reference model: it loads one only when `args.beta` is not 0, so
+    `args.beta` is 0 inside; after, it and `trainer.beta` hold the configured β. Not for a PEFT policy (TRL also reads
+    `args.beta` to copy its adapter as the reference), and only when the trainer will refuse to score the reference."""
     beta, args.beta = args.beta, 0.0
     try:
         yield
