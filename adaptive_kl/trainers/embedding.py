@@ -24,12 +24,8 @@ INSTALL_HINT = 'pip install "adaptive-kl[diversity]"'
 
 
 def check_embedder(name: str) -> None:
-    """Fails early if the embedder `name` cannot be built here; checks only what is known without loading a model.
-
-    Raises:
-        ImportError: sentence-transformers (or, for `"minilm"`, the packaged model) is not installed.
-        ValueError: `name` is meant as a local path (see `looks_like_local_path`) and is no directory.
-    """
+    """Fails early (`ImportError`, or `ValueError` for a local path that is no directory) if the embedder `name`
+    cannot be built here; checks only what is known without loading a model."""
     if name == HASHED:
         return
     if importlib.util.find_spec("sentence_transformers") is None:

@@ -7,12 +7,9 @@ import torch
 
 
 def prompt_texts(tokenizer, prompts: list) -> tuple[list[str], bool]:
-    """`(texts, add_special_tokens)` to tokenize `prompts` as `GRPOTrainer` does for generation.
-
-    Plain-text prompts are tokenized with the tokenizer's defaults. Conversational ones (lists of `{"role",
-    "content"}` messages) are rendered with the tokenizer's chat template and the assistant's generation prompt, which
-    already holds every special token the template wants, so nothing more is added.
-    """
+    """`(texts, add_special_tokens)` to tokenize `prompts` as `GRPOTrainer` does for generation: plain text with the
+    tokenizer's defaults; conversations rendered with the chat template and the generation prompt, which already hold
+    every special token the template wants."""
     if prompts and not isinstance(prompts[0], str):
         texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
         return texts, False
@@ -36,17 +33,8 @@ def generate_sampled(
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        return _generate(
-            model,
-            tokenizer,
-            prompts,
-            max_new_tokens,
-            batch_size,
-            do_sample=True,
-            temperature=temperature,
-            top_p=1.0,
-            top_k=0,
-        )
+        sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+        return _generate(model, tokenizer, prompts, max_new_tokens, batch_size, **sampling)
 
 
 def _generate(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, **sampling) -> list[str]:

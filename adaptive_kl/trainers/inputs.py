@@ -2,14 +2,9 @@
 
 TRL trusts both, so a bad value surfaces deep inside training as a message about something else: an empty prompt
 as an `IndexError` from `generate`, a reward function returning strings as `too many dimensions 'str'` from
-`torch.tensor`. These checks name the culprit instead:
-
-- `check_train_dataset`: before any model is loaded, every prompt of a map-style dataset; `check_drawn_prompts`: the
-  rows of a streaming dataset as training draws them (it is never read ahead of training);
-- `checked_reward_func`: a reward function wrapped so that what it returns is checked on every call, before TRL
-  converts it (one float, `None` or a number-like scalar per completion); a bad output raises `RewardOutputError` (a
-  `TypeError`) naming the function, the value and the completion. `hooks.HostHooks` hands them to the host while a
-  batch is scored.
+`torch.tensor`. These checks name the culprit instead: `check_train_dataset` (every prompt of a map-style dataset,
+before any model is loaded), `check_drawn_prompts` (a streaming dataset's rows as training draws them) and
+`checked_reward_func` (a reward function's output, on every call, before TRL converts it).
 """
 
 from __future__ import annotations
@@ -54,14 +49,10 @@ def _empty_prompts_error(name: str, empty: list[int], where: str = "rows") -> Va
 def check_train_dataset(dataset, name: str = "train_dataset", environment: bool = False) -> None:
     """Raises `ValueError` for a map-style dataset without a `"prompt"` column or with an empty prompt.
 
-    Args:
-        dataset: a `datasets.Dataset` or a list of dicts (checked here, row by row), or anything else: nothing is
-            checked ahead. An `IterableDataset` is a stream that only training reads (its rows are checked as they
-            are drawn: `check_drawn_prompts`), and a custom dataset may compute its prompts.
-        name (`str`): the argument name for the message.
-        environment (`bool`): the trainer has an `environment_factory`. Its environment may own the data, supplying
-            each prompt from `reset()`, so TRL accepts a dataset without a `"prompt"` column (e.g. only an
-            `environment` column routing each row); only the prompts a dataset has are checked.
+    Only a `datasets.Dataset` or a list of dicts is checked ahead: an `IterableDataset` is read only by training
+    (`check_drawn_prompts`), and a custom dataset may compute its prompts. With an `environment_factory`
+    (`environment=True`), whose environment may supply each prompt from `reset()`, TRL accepts a dataset without a
+    `"prompt"` column: only the prompts a dataset has are checked.
     """
     from datasets import Dataset
 
@@ -84,9 +75,8 @@ def check_train_dataset(dataset, name: str = "train_dataset", environment: bool 
 
 
 def check_drawn_prompts(rows: list, name: str = "train_dataset") -> None:
-    """The same check on the rows of a batch as training draws them (a streaming dataset, which is not read ahead):
-    `ValueError` for a row without a prompt or with an empty one. Rows without a `"prompt"` key are left to the
-    host (an environment supplies their prompts, or TRL reports the missing key)."""
+    """The same check on the rows of a batch as training draws them: `ValueError` for an empty prompt. Rows without a
+    `"prompt"` key are left to the host (an environment supplies their prompts, or TRL reports the missing key)."""
     empty = [
         i
         for i, row in enumerate(rows)
@@ -130,8 +120,8 @@ def _check_rewards(rewards, name: str, completions):
 
 
 def checked_reward_func(func: Callable, name: str) -> Callable:
-    """`func`, wrapped so that each call's output is checked by `_check_rewards` (sync or async alike); keeps the
-    name TRL logs under."""
+    """`func`, wrapped so that each call's output is checked (sync or async alike): a bad output raises
+    `RewardOutputError` naming the function, the value and the completion. Keeps the name TRL logs under."""
     # TRL's own test (imported here: `hooks` imports this module before TRL is version-checked), so that the wrapper is
     # dispatched as the function itself would be.
     from trl.trainer.utils import is_async_callable

@@ -1,14 +1,11 @@
 """`AdaptiveKLFields`: the adaptive-KL fields, checks and properties that `AdaptiveKLGRPOConfig` and
-`AdaptiveKLRLOOConfig` share, defined once.
+`AdaptiveKLRLOOConfig` share.
 
 A dataclass mixin listed before the host's config (`class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig)`), so
-that its fields follow the host's: the host's positional arguments (`output_dir` first) keep their places. A config
-adds the fields only its host takes, overrides a field whose default differs (RLOO's `kl_estimator`), names the fields
-that select an adaptation (`ADAPTATION_SELECTORS`), and checks its own fields in `_check_own_fields` and against its
-host in `_check_with_host`. The fields' meanings are in `AdaptiveKLGRPOConfig`'s docstring and their `help`.
-
-Nothing here imports TRL: the checks read the host's fields (`beta`, `learning_rate`, `sync_ref_model`, ...) off the
-config they are called on.
+that its fields follow the host's, whose positional arguments (`output_dir` first) keep their places. A config adds
+the fields only its host takes, overrides a field whose default differs (RLOO's `kl_estimator`), and checks its own
+fields in `_check_own_fields` and against its host in `_check_with_host`. Nothing here imports TRL: the checks read
+the host's fields (`beta`, `learning_rate`, `sync_ref_model`, ...) off the config they are called on.
 """
 
 from __future__ import annotations
@@ -85,12 +82,8 @@ ALLOWED_METHODS = f"one of {KL_METHODS}, or several of them joined by '+' with a
 
 
 def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
-    """Splits `"dynamic+length_normalized"` into its methods; `()` for `"none"`.
-
-    Raises:
-        ValueError: naming `kl_adaptation_method` and the allowed values, for an unknown or repeated name, `"none"`
-            combined with another method, or both `clip` and `sigmoid`.
-    """
+    """Splits `"dynamic+length_normalized"` into its methods; `()` for `"none"`. `ValueError`, naming the allowed
+    values, for an unknown or repeated name, `"none"` combined with another method, or both `clip` and `sigmoid`."""
     allowed = ALLOWED_METHODS
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"kl_adaptation_method must be {allowed}; got {value!r}.")
@@ -111,11 +104,10 @@ def parse_kl_adaptation_method(value: str) -> tuple[str, ...]:
 
 @dataclass
 class AdaptiveKLFields:
-    """The fields of the KL adaptation that every host takes, with their checks and properties (see the module's
-    docstring; `AdaptiveKLGRPOConfig` documents each field).
+    """The KL fields every host takes (`AdaptiveKLGRPOConfig` documents each), with their checks and properties.
 
-    A config built on it names in `ADAPTATION_SELECTORS` the fields that select an adaptation (a value other than their
-    default is one, as is any method of `kl_adaptation_method`): all of them need `beta > 0`.
+    A config names in `ADAPTATION_SELECTORS` the fields that select an adaptation (a value other than their default is
+    one, as is any method of `kl_adaptation_method`): all of them need `beta > 0`.
     """
 
     kl_estimator: str = field(
@@ -355,8 +347,7 @@ def unread_field_values(values: dict, config_cls: type) -> list[str]:
 
 
 def check_reference_resets(config) -> None:
-    """Checks of the reference resets' fields (`ref_reset_steps`, `ref_reset_kl`, `ref_reset_optimizer`) against
-    `beta` and `sync_ref_model`"""
+    """Checks of the reference resets' fields, and of them against `beta` and `sync_ref_model`."""
     require(
         isinstance(config.ref_reset_optimizer, bool),
         f"ref_reset_optimizer must be True or False, got {config.ref_reset_optimizer!r}.",
@@ -390,8 +381,7 @@ def check_reference_resets(config) -> None:
 
 
 def check_zero_beta_reference(config) -> None:
-    """Checks of the zero-β reference skip's fields (`skip_zero_beta_reference`, `kl_monitor_steps`): shared by the
-    GRPO and RLOO configs."""
+    """Checks of the zero-β reference skip's fields (`skip_zero_beta_reference`, `kl_monitor_steps`)."""
     require(
         isinstance(config.skip_zero_beta_reference, bool),
         f"skip_zero_beta_reference must be True or False, got {config.skip_zero_beta_reference!r}.",
@@ -421,8 +411,7 @@ def check_kl_scaling(config) -> None:
 
 
 def check_kl_coefficient(config) -> None:
-    """Checks of the fields of β_t (`beta`, the controllers, `dynamic`) and of the estimate's and the transforms'
-    parameters."""
+    """Checks of β_t's fields (`beta`, the controllers, `dynamic`) and of the estimate's and transforms' parameters."""
     clip = config.kl_log_ratio_clip
     require(
         clip is None or (is_finite_number(clip) and 0 < clip <= MAX_LOG_RATIO_CLIP),

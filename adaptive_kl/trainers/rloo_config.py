@@ -1,14 +1,9 @@
 """`AdaptiveKLRLOOConfig`: `trl.RLOOConfig` plus the fields that adapt RLOO's KL penalty in the reward.
 
 RLOO puts the KL in the reward (Ahmadian et al. 2024, arXiv:2402.14740; TRL's `RLOOTrainer`): P_i = β·Σ_t k1 is
-subtracted from each completion's reward before the leave-one-out advantages. This config offers the adaptation that
-makes sense for such a penalty: the estimator and transform of each token's KL (`kl_estimator`, `clip`, `sigmoid`), the
-per-sequence mean (`length_normalized`), every rule of β_t (`kl_scaling`, `dynamic`, the target-KL controllers),
-reference resets (`ref_reset_*`) and the reference skipped while β_t = 0 (`skip_zero_beta_reference`,
-`kl_monitor_steps`). The fields, their checks and properties are those every host takes
-(`kl_fields.AdaptiveKLFields`, shared with `AdaptiveKLGRPOConfig`); `kl_estimator` alone differs, defaulting to RLOO's
-k1. Not offered: `kl_placement` (always the reward here), the straight-through estimators (a penalty in the reward has
-no gradient), the zero-std KL mask and the diversity metrics (GRPO-only machinery).
+subtracted from each completion's reward before the leave-one-out advantages. This config takes the fields every host
+takes (`kl_fields.AdaptiveKLFields`), `kl_estimator` defaulting to RLOO's k1; not the straight-through estimators (a
+penalty in the reward has no gradient) nor GRPO's own fields (`GRPO_ONLY_FIELDS`).
 """
 
 from __future__ import annotations
@@ -60,8 +55,7 @@ class AdaptiveKLRLOOConfig(AdaptiveKLFields, RLOOConfig):
         kl_adaptation_method, kl_log_ratio_clip, kl_clip_threshold, kl_target, kl_scaling, kl_scaling_rate,
         dynamic_beta_decay, dynamic_trigger, reward_threshold, saturation_threshold, beta_schedule_steps,
         kl_controller, target_kl, kl_horizon, beta_min, beta_max, ref_reset_steps, ref_reset_kl, ref_reset_optimizer,
-        skip_zero_beta_reference,
-        kl_monitor_steps, resume_without_kl_state:
+        skip_zero_beta_reference, kl_monitor_steps, resume_without_kl_state:
             As in [`AdaptiveKLGRPOConfig`].
     """
 
@@ -88,12 +82,8 @@ class AdaptiveKLRLOOConfig(AdaptiveKLFields, RLOOConfig):
 
 
 def check_no_unsloth(name: str) -> None:
-    """Refuses to build `name` once Unsloth is imported: it patches TRL's trainers, and this package's RLOO classes
-    are not wired into Unsloth's RLOO trainer.
-
-    Raises:
-        ImportError: saying to run without `import unsloth`, or to use the GRPO trainer with Unsloth.
-    """
+    """Refuses (`ImportError`) to build `name` once Unsloth is imported: this package's RLOO classes are not wired
+    into Unsloth's RLOO trainer."""
     if "unsloth" in sys.modules:
         raise ImportError(
             f"{name} does not support Unsloth, which is imported in this process (it patches TRL's RLOOTrainer, "

@@ -1,12 +1,10 @@
 """A plain-torch stand-in for TRL 1.15's fused LM-head scorer, so that TRL 1.15 runs GRPO on a CPU.
 
 TRL 1.15 computes per-token log-probabilities with a Triton kernel (`trl.kernels.ChunkedLogProbFunction`), which
-needs a GPU: stock TRL 1.15 cannot train GRPO on a CPU. The `adaptive-kl` command, the demo, the tests and the
-benchmarks substitute this function for it when training runs on a CPU and the kernel fails there (for stock TRL and
-for our trainer alike, so comparisons between them stay exact), never when training runs on a GPU. It computes the
-same quantities from full logits, which is fine for small vocabularies (the embedded policy has ~100 tokens) and
-costs a [B, T, V] float32 tensor on large ones. TRL 1.16's kernel falls back to torch off a GPU: it runs, and nothing
-is replaced.
+needs a GPU. The `adaptive-kl` command, the demo, the tests and the benchmarks substitute this function for it where
+training runs on a CPU and the kernel fails there (for stock TRL and our trainer alike, so comparisons stay exact).
+It computes the same quantities from full logits: fine for small vocabularies (the embedded policy has ~100 tokens),
+a [B, T, V] float32 tensor on large ones. TRL 1.16's kernel falls back to torch off a GPU: nothing is replaced.
 """
 
 from __future__ import annotations
@@ -53,14 +51,11 @@ class Float64LogProbFunction(TorchLogProbFunction):
 
 
 def install_cpu_scorer_if_needed(device: str | torch.device | None = None) -> str | None:
-    """Substitutes the stand-in when TRL's fused scorer cannot run on the device training will use; returns why, or
-    None when nothing was replaced.
+    """Substitutes the stand-in when TRL's fused scorer fails a probe on `device`, where training will compute
+    (default: `"cuda"` if available, else `"cpu"`; pass `"cpu"` with `use_cpu=True`); returns why, or None.
 
-    Args:
-        device: where the trainer computes (default: `"cuda"` when CUDA is available, else `"cpu"`; pass `"cpu"`
-            for a run with `use_cpu=True`). The kernel is probed with tensors on it. On a GPU the stand-in is never
-            installed, whatever the probe says: its full logits would cost gigabytes per micro-batch there, and a
-            kernel that fails on a GPU is a broken install to fix, so a warning says so.
+    Never on a GPU: its full logits would cost gigabytes per micro-batch there, and a kernel that fails on a GPU is a
+    broken install to fix, which a warning says.
     """
     import trl.trainer.utils as trl_utils  # TRL's fused LM-head scorer lives there (`hooks.HOST_INTERNALS`)
 
