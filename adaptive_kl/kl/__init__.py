@@ -3,7 +3,7 @@ peft or accelerate; `docs/design.md` gives the semantics).
 
 | module | what |
 |---|---|
-| `estimators` | estimates k1, k2, k3, k1+, k3+ of r, transforms f(k), both at once; importance ratio |
+| `estimators` | the estimates k1, k2, k3, k1+, k3+ of r, the transforms f(k), both at once; the importance ratio |
 | `aggregation` | Agg(·): the host's loss-type aggregation and the length-normalized mean |
 | `term` | the whole KL term of one micro-batch, estimate → transform → aggregate, and its statistics |
 | `metrics` | the additive statistics behind the `adaptive_kl/*` metrics |
@@ -26,11 +26,6 @@ from .estimators import (
     STRAIGHT_THROUGH_ESTIMATORS,
     estimate_and_transform,
     importance_ratio,
-    k1,
-    k1_plus,
-    k2,
-    k3,
-    k3_plus,
     kl_estimate,
     transform_kl,
 )
@@ -62,11 +57,6 @@ __all__ = [
     "estimate_and_transform",
     "group_advantages",
     "importance_ratio",
-    "k1",
-    "k1_plus",
-    "k2",
-    "k3",
-    "k3_plus",
     "group_reward_std",
     "kl_estimate",
     "kl_metrics",

@@ -61,86 +61,52 @@ def masked_log_ratio(
     return torch.where(mask > 0, per_token_logps - ref_per_token_logps, 0.0)
 
 
-# k1, k2, k3: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html (there with
-# samples from q = π_θ, p = π_ref and ratio p/q = exp(−r)).
-def k1(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k1 = r. Unbiased for KL(π_θ‖π_ref), but its expected gradient as a loss is zero (it belongs in the reward)."""
-    return log_ratio
-
-
-def k2(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k2 = r²/2. As a loss its gradient equals the on-policy reverse-KL gradient."""
-    return 0.5 * log_ratio.square()
-
-
-def k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(−r) + r − 1 ≥ 0 (Schulman's estimator; TRL's default, and GRPO's: DeepSeekMath, arXiv:2402.03300,
-    Eq. 4).
-
-    Evaluated as expm1(−r) + r, which is accurate near r = 0 and never rounds below zero (exp(−r) − 1 + r does, by
-    half an ulp, for small negative r).
-    """
-    return torch.expm1(-log_ratio) + log_ratio
-
-
-def straight_through(value: torch.Tensor, log_ratio: torch.Tensor) -> torch.Tensor:
-    """`value` in the forward pass, the gradient of k2 = r²/2 in the backward pass: sg(value) + k2 − sg(k2).
-
-    The forward value is `value` to the last bit (k2 − sg(k2) is exactly zero), and the gradient is r·∇r, the
-    on-policy reverse-KL gradient of k2 in the loss, whatever the value reports.
-    """
-    surrogate = k2(log_ratio)
-    return value.detach() + (surrogate - surrogate.detach())
-
-
-def k1_plus(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k1+: the value of k1 (r, unbiased, may be negative) with the gradient of k2."""
-    return straight_through(k1(log_ratio), log_ratio)
-
-
-def k3_plus(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k3+: the value of k3 (≥ 0, TRL's `kl`) with the gradient of k2."""
-    return straight_through(k3(log_ratio), log_ratio)
-
-
-_ESTIMATOR_FNS = {"k1": k1, "k2": k2, "k3": k3, "k1+": k1_plus, "k3+": k3_plus}
-
-
 def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3", log_ratio_clip: float | None = None) -> torch.Tensor:
     """Per-token KL estimate ``k = est(r)``.
 
+    | estimator | k | as a loss |
+    |---|---|---|
+    | `"k1"` | r | unbiased for KL(π_θ‖π_ref), but zero expected gradient (it belongs in the reward) |
+    | `"k2"` | r²/2 | its gradient is the on-policy reverse-KL gradient |
+    | `"k3"` | exp(−r) + r − 1 ≥ 0 | TRL's default, and GRPO's (DeepSeekMath, arXiv:2402.03300, Eq. 4) |
+    | `"k1+"`, `"k3+"` | the value of k1 / k3 | straight-through: the gradient of k2 |
+
     Args:
         log_ratio (`torch.Tensor` of shape `(B, T)`): `log π_θ − log π_ref` at the sampled tokens.
-        estimator (`str`): one of `"k1"`, `"k2"`, `"k3"`, or the straight-through `"k1+"`, `"k3+"` (the value of
-            k1/k3, the gradient of k2).
+        estimator (`str`): one of `ESTIMATORS`.
         log_ratio_clip (`float`, *optional*): for k3 and k3+ (`EXPONENTIAL_ESTIMATORS`), clamp ``r`` to ±this value
             first (`clamp_log_ratio`, which also upcasts half precision); `None` (TRL's arithmetic): no clamp.
 
     Returns:
         `torch.Tensor` of shape `(B, T)`.
     """
-    try:
-        fn = _ESTIMATOR_FNS[estimator]
-    except KeyError:
-        raise ValueError(f"kl_estimator must be one of {ESTIMATORS}, got {estimator!r}.") from None
-    return fn(clamp_log_ratio(log_ratio, log_ratio_clip if estimator in EXPONENTIAL_ESTIMATORS else None))
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {ESTIMATORS}, got {estimator!r}.")
+    r = clamp_log_ratio(log_ratio, log_ratio_clip if estimator in EXPONENTIAL_ESTIMATORS else None)
+    # k1, k2, k3: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html (there with
+    # samples from q = π_θ, p = π_ref and ratio p/q = exp(−r)).
+    if estimator == "k1":
+        return r
+    k2 = 0.5 * r.square()
+    if estimator == "k2":
+        return k2
+    # k3 as expm1(−r) + r: accurate near r = 0, and never below zero (exp(−r) − 1 + r is, by half an ulp, for small
+    # negative r)
+    value = r if estimator == "k1+" else torch.expm1(-r) + r
+    if estimator == "k3":
+        return value
+    # Straight-through, sg(value) + k2 − sg(k2): the forward value is `value` to the last bit (k2 − sg(k2) is exactly
+    # zero) and the gradient is k2's, r·∇r, whatever the value reports
+    return value.detach() + (k2 - k2.detach())
 
 
 # The transforms `clip` and `sigmoid` are the seed "Adaptive KL Divergence for GRPO Training"'s (no published source).
-def clip_kl(kl: torch.Tensor, threshold: float) -> torch.Tensor:
-    """f(k) = min(k, c): constant (zero gradient) above the threshold ``c``."""
-    return kl.clamp(max=threshold)
-
-
-def sigmoid_kl(kl: torch.Tensor, target: float) -> torch.Tensor:
-    """f(k) = σ(k − τ)·k: a smooth gate that damps KL below the target τ; differentiable through both factors."""
-    return torch.sigmoid(kl - target) * kl
-
-
 def transform_kl(
     kl: torch.Tensor, transform: str | None, *, clip_threshold: float = 1.0, target: float = 0.1
 ) -> torch.Tensor:
-    """Applies the per-token transform of ``kl_adaptation_method``.
+    """Applies the per-token transform of ``kl_adaptation_method``: `None`, the identity; `"clip"`, f(k) = min(k, c),
+    constant (zero gradient) above the threshold c; `"sigmoid"`, f(k) = σ(k − τ)·k, a smooth gate that damps KL below
+    the target τ, differentiable through both factors.
 
     Args:
         kl (`torch.Tensor` of shape `(B, T)`): per-token KL estimate k.
@@ -154,9 +120,9 @@ def transform_kl(
     if transform is None:
         return kl
     if transform == "clip":
-        return clip_kl(kl, clip_threshold)
+        return kl.clamp(max=clip_threshold)
     if transform == "sigmoid":
-        return sigmoid_kl(kl, target)
+        return torch.sigmoid(kl - target) * kl
     raise ValueError(f"Unknown KL transform {transform!r}; expected 'clip', 'sigmoid' or None.")
 
 

@@ -37,7 +37,6 @@ from adaptive_kl.kl.controller import (
 from adaptive_kl.kl.estimators import (
     EXPONENTIAL_ESTIMATORS,
     clamp_log_ratio,
-    clip_kl,
     importance_ratio,
     kl_estimate,
     transform_kl,
@@ -245,7 +244,7 @@ def test_clip_is_one_lipschitz_identity_below_and_bounded_by_threshold(values, c
     """f(k) = min(k, c): f ≤ c (c as the working dtype represents it; exactly c in float64), f = k at or below c,
     gradient 1 below and 0 above c, and |f(a) − f(b)| ≤ |a − b| for every pair (hence continuous at c)."""
     k = torch.tensor(values, dtype=dtype, requires_grad=True)
-    f = clip_kl(k, c)
+    f = transform_kl(k, "clip", clip_threshold=c)
     (grad,) = torch.autograd.grad(f.sum(), k)
     c_working = torch.tensor(c, dtype=dtype).item()
     k_, f_ = k.detach(), f.detach()
@@ -264,8 +263,8 @@ def test_clip_is_one_lipschitz_identity_below_and_bounded_by_threshold(values, c
 def test_clip_values_left_and_right_of_threshold_converge_to_it(c, dtype):
     """Continuity at k = c: f(c·(1 ± 2⁻ⁿ)) → c from both sides, with |f(c ± δ) − c| ≤ δ (plus the rounding of c)."""
     deltas = [c * 2.0**-n for n in range(1, 60)]
-    left = clip_kl(torch.tensor([c - d for d in deltas], dtype=dtype), c).tolist()
-    right = clip_kl(torch.tensor([c + d for d in deltas], dtype=dtype), c).tolist()
+    left = transform_kl(torch.tensor([c - d for d in deltas], dtype=dtype), "clip", clip_threshold=c).tolist()
+    right = transform_kl(torch.tensor([c + d for d in deltas], dtype=dtype), "clip", clip_threshold=c).tolist()
     slack = 2 * torch.finfo(dtype).eps * c
     for d, f_left, f_right in zip(deltas, left, right):
         assert abs(f_left - c) <= d + slack
