@@ -27,7 +27,7 @@ from transformers.trainer_callback import PrinterCallback
 
 from ..tasks import TASK_REWARDS, load_gsm8k, score_completions, working_similarity_reward
 from ..tasks.chat import chat_datasets
-from ..tasks.general import general_retention_dataset, own_answers_dataset
+from ..tasks.general import general_chat_prompts, own_answers_dataset
 from ..tasks.policies import resolve_policy
 from ..tasks.recipe import held_out_reward, resolve_reward_func, train_and_held_out
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
@@ -437,7 +437,8 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         held_out = retention_dataset(validation, tokenizer)
     general = None
     if settings.task == "chat":
-        general = general_retention_dataset(start_policy, tokenizer, max_new_tokens, n=settings.n_validation)
+        prompts = general_chat_prompts(settings.n_validation)
+        general = own_answers_dataset(start_policy, tokenizer, prompts, max_new_tokens)
     retentions = [
         RetentionCallback(
             trainer, dataset, eval_steps=settings.eval_every, batch_size=batch_size, prefix=prefix, kl_to_start=True
