@@ -71,10 +71,6 @@ def unique_fraction(completion_ids: Sequence[Sequence[int]], num_generations: in
     return _mean(fractions)
 
 
-def _ngrams(ids: Sequence[int], n: int):
-    return zip(*(ids[i:] for i in range(n))) if n > 1 else ids
-
-
 def distinct_n(completion_ids: Sequence[Sequence[int]], num_generations: int, n: int) -> float:
     """Mean over groups of (distinct token n-grams) / (total token n-grams) over the group's completions.
 
@@ -100,7 +96,8 @@ def distinct_n(completion_ids: Sequence[Sequence[int]], num_generations: int, n:
         if total:
             distinct = set()
             for ids in group:
-                distinct.update(_ngrams(_as_list(ids), n))
+                ids = _as_list(ids)  # its n-grams: tuples of n consecutive ids (for n = 1, the ids themselves)
+                distinct.update(zip(*(ids[i:] for i in range(n))) if n > 1 else ids)
             ratios.append(len(distinct) / total)
     return _mean(ratios)
 
