@@ -386,7 +386,9 @@ def build(argv: list[str] | None = None):
     _check_output(settings.out)
     try:
         check_variants(variants, settings)
-        if settings.resume:  # a checkpoint a variant would resume from holds this command's record of the run
+        # Every checkpoint a variant would resume from holds this command's record of the run (`saved_record` raises
+        # naming the file otherwise): a bad one is refused before any run starts.
+        if settings.resume:
             for variant in variants:
                 checkpoint = latest_checkpoint(variant_output_dir(variant, settings))
                 if checkpoint is not None:
