@@ -377,7 +377,7 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     peft_config = LoraConfig(task_type="CAUSAL_LM", **demo["lora"]) if demo is not None else None
     prompts_needed = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
     train, validation = task_datasets(settings, prompts_needed // args.num_generations + 1, args.seed)
-    if settings.model is None:
+    if settings.model is None:  # the embedded policy
         max_new_tokens = EMBEDDED_TASK["max_new_tokens"]
     else:
         max_new_tokens = demo["max_new_tokens"] if demo is not None else args.max_completion_length
