@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.metrics import METRIC_NAMES
-from adaptive_kl.testing.tiny_model import save_tiny_model
+from adaptive_kl.testing.tiny_model import save_random_model
 
 
 def brevity_reward(completions, **kwargs):
@@ -43,7 +43,7 @@ def main(argv=None):
     opts = parser.parse_args(argv)
 
     out = opts.out or tempfile.mkdtemp(prefix="adaptive-kl-quickstart-")
-    model = opts.model or save_tiny_model(os.path.join(out, "tiny-model"))
+    model = opts.model or save_random_model(os.path.join(out, "tiny-model"))
     on_cpu = opts.model is None
     args = AdaptiveKLGRPOConfig(
         output_dir=os.path.join(out, "run"),

@@ -84,9 +84,9 @@ def files_one_step_runs(**fields) -> list[str]:
     from datasets import Dataset
 
     from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
-    from adaptive_kl.testing.tiny_model import save_tiny_model
+    from adaptive_kl.testing.tiny_model import save_random_model
 
-    model = save_tiny_model(tempfile.mkdtemp())
+    model = save_random_model(tempfile.mkdtemp())
     args = AdaptiveKLGRPOConfig(
         output_dir=tempfile.mkdtemp(), beta=0.04, max_steps=1, per_device_train_batch_size=4, num_generations=4,
         max_completion_length=8, report_to="none", save_strategy="no", use_cpu=True, bf16=False, **fields,

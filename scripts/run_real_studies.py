@@ -35,16 +35,14 @@ from typing import TYPE_CHECKING
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPOSITORY)  # this checkout's package (a study's worktree), whatever is installed
 
+from adaptive_kl.demo.run_files import has_runs  # noqa: E402
 from adaptive_kl.demo.sweep import (  # noqa: E402
     CLAIM_FILE,  # noqa: F401 (the tests')
     SweepRun,
     provenance_lines,
-    run_argv,
     run_devices,
     run_sweep,
 )
-from adaptive_kl.demo.sweep import finished as finished_directory  # noqa: E402
-from adaptive_kl.demo.sweep import recorded_command as sweep_command  # noqa: E402
 
 
 if TYPE_CHECKING:
@@ -378,17 +376,18 @@ def variant_key(variant: str) -> str:
 
 
 def finished(run: Run, out: str) -> bool:
-    return finished_directory(os.path.join(REPOSITORY, run.directory(out)))
+    return has_runs(os.path.join(REPOSITORY, run.directory(out)))
 
 
 def execute_argv(run: Run, out: str, studies: dict) -> list[str]:
-    """The command line the runner executes (`sweep.run_argv`): the run's command with checkpointing."""
-    return run_argv(run.sweep_run, studies[run.study]["args"], os.path.join(out, run.study), CHECKPOINT_EVERY)
+    """The command line the runner executes (`sweep.SweepRun.command`): the run's command with checkpointing."""
+    return run.sweep_run.command(studies[run.study]["args"], os.path.join(out, run.study), CHECKPOINT_EVERY)
 
 
 def recorded_command(run: Run, out: str, studies: dict) -> str:
-    """The command `runs.json`'s provenance records for `run` (`sweep.recorded_command`)."""
-    return sweep_command(execute_argv(run, out, studies))
+    """The command `runs.json`'s provenance records for `run` (`command.provenance`): `adaptive-kl compare ...`, the
+    arguments of the command line the runner executes after `python -m adaptive_kl`, as the shell would read them."""
+    return "adaptive-kl " + shlex.join(execute_argv(run, out, studies)[3:])
 
 
 def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None) -> str | None:
@@ -511,7 +510,7 @@ def provenance_problems(out: str, studies: dict) -> list[str]:
     directory no study's run has; a recorded command that is not the one `execute` gives the run
     (`recorded_command`), or a recorded seed that is not the run's; a run of `RECORDED_STUDIES` made by that study
     with no provenance. A run without provenance is otherwise accepted: it was made before provenance existed."""
-    from adaptive_kl.demo.run_files import has_runs, load_runs
+    from adaptive_kl.demo.run_files import load_runs
 
     own = {}  # directory → the run that makes it
     for name in studies:

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-from adaptive_kl.testing.tiny_model import save_tiny_model  # noqa: E402
+from adaptive_kl.testing.tiny_model import save_random_model  # noqa: E402
 from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def pytest_report_header(config):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 model and character tokenizer saved to disk (TRL builds the reference model from the path)."""
-    return save_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")))
+    return save_random_model(str(tmp_path_factory.mktemp("tiny-qwen2")))
 
 
 @pytest.fixture(scope="session")

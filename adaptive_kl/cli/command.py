@@ -56,29 +56,22 @@ def grpo_asks_for_unsloth(argv: list[str]) -> bool:
     return False
 
 
-def run_grpo(argv: list[str]) -> int:
-    """`adaptive-kl grpo ...`: Unsloth first when asked for, then TRL's script with our config."""
-    if grpo_asks_for_unsloth(argv):
-        import_unsloth()
-    quiet_host_libraries()
-    from .grpo import main as grpo_main
-
-    return grpo_main(argv)
-
-
-def run_rloo(argv: list[str]) -> int:
-    """`adaptive-kl rloo ...`: TRL's RLOO script with our config (no Unsloth)."""
-    quiet_host_libraries()
-    from .rloo import main as rloo_main
-
-    return rloo_main(argv)
-
-
 def main(argv: list[str], command: str = "grpo") -> int:
-    """Runs `adaptive-kl grpo` or `adaptive-kl rloo` (`command`; the `argv` after it): a bad input is
+    """Runs `adaptive-kl grpo` or `adaptive-kl rloo` (`command`; the `argv` after it): Unsloth first when `grpo`'s
+    arguments ask for it (RLOO offers none), then TRL's script with our config. A bad input is
     `adaptive-kl: error: ...`, exit status 2."""
     try:
-        return run_rloo(argv) if command == "rloo" else run_grpo(argv)
+        if command != "rloo" and grpo_asks_for_unsloth(argv):
+            import_unsloth()
+        quiet_host_libraries()
+        # Imported only now: these import TRL, which must come after Unsloth.
+        if command == "rloo":
+            from .rloo import RLOO_SCRIPT as script
+        else:
+            from .grpo import GRPO_SCRIPT as script
+        from .grpo import main as run_script
+
+        return run_script(argv, script)
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2

@@ -78,10 +78,6 @@ class TrainingScript:
 GRPO_SCRIPT = TrainingScript(PROG, DATACLASSES, AdaptiveKLGRPOTrainer)
 
 
-def make_parser(script: TrainingScript = GRPO_SCRIPT) -> TrlParser:
-    return TrlParser(script.dataclass_types, prog=script.prog)
-
-
 # --- reward functions and data --------------------------------------------------------------------------------------
 
 
@@ -128,7 +124,7 @@ def split_of(dataset_dict, split: str, option: str, name: str):
 
 def parse(argv: list[str], script: TrainingScript = GRPO_SCRIPT):
     """`(script_args, training_args, model_args, dataset_args)`; every bad input raises `UsageError`."""
-    parser = make_parser(script)
+    parser = TrlParser(script.dataclass_types, prog=script.prog)
     known = {f.name for cls in script.dataclass_types for f in dataclasses.fields(cls)}
     try:
         *parsed, from_recipe, from_flags = parser.parse_args_and_config(

@@ -17,15 +17,9 @@ from trl.scripts.rloo import RLOOScriptArguments
 from ..trainers.rloo import AdaptiveKLRLOOTrainer
 from ..trainers.rloo_config import AdaptiveKLRLOOConfig
 from .grpo import TrainingScript
-from .grpo import main as run_script
 
 
 PROG = "adaptive-kl rloo"
 RLOO_SCRIPT = TrainingScript(
     PROG, (RLOOScriptArguments, AdaptiveKLRLOOConfig, ModelConfig, DatasetMixtureConfig), AdaptiveKLRLOOTrainer
 )
-
-
-def main(argv: list[str]) -> int:
-    """Runs `adaptive-kl rloo` (the `argv` after `rloo`); a bad input raises `UsageError` before any training."""
-    return run_script(argv, RLOO_SCRIPT)

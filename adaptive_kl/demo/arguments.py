@@ -12,6 +12,7 @@ Importing this module imports no TRL (`build` does), so that `--unsloth` can imp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from ..usage import UsageError, check_local_path, check_model
@@ -139,23 +140,6 @@ def add_compare_parser(commands: argparse._SubParsersAction) -> None:
         help="one variant, written out (repeat for each; instead of --<field> lists): e.g. --variant beta=0 "
         "--variant 'kl_placement=reward kl_estimator=k1'",
     )
-
-
-def make_parser() -> argparse.ArgumentParser:
-    """`adaptive-kl` with these two subcommands alone: what `build` reads (the command's own parser,
-    `adaptive_kl.console`, lists `grpo` too and hands `demo` and `compare` here)."""
-    parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_demo_parser(commands)
-    add_compare_parser(commands)
-    return parser
-
-
-def _split_assignment(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise UsageError(f"--set expects FIELD=VALUE, got {text!r}")
-    return name.strip().replace("-", "_"), value.strip()
 
 
 def _varied_fields(extra: list[str]) -> dict[str, list[str]]:
@@ -288,10 +272,10 @@ def _check_output(out: str) -> None:
         raise UsageError(f"--out {out}: cannot write there ({error.strerror or error})") from None
 
 
-def build(argv: list[str] | None = None):
-    """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
-    run."""
-    from .runner import DemoSettings, check_resumable, check_variants, for_model, quick, variant_trainer
+def _variants(opts: argparse.Namespace, extra: list[str], seeds: list[str]) -> tuple[dict, list, str]:
+    """`(fixed, variants, title)` of the parsed command line: the config fields set for every variant (`--set`,
+    `--trainer`), the variants (demo's five methods; compare's product of `--<field>` lists, or its `--variant`s) and
+    the report's title; bad input raises `UsageError`."""
     from .seeds import group_name
     from .variants import (
         DEMO_METHODS,
@@ -302,17 +286,16 @@ def build(argv: list[str] | None = None):
         variant_grid,
     )
 
-    parser = make_parser()
-    opts, extra = parser.parse_known_args(argv)
-    if opts.command == "demo" and extra:
-        raise UsageError(f"unrecognized arguments: {' '.join(extra)} (varying fields is what `compare` does)")
-    seeds = [v.strip() for v in opts.seed.split(",") if v.strip()]
-    if not seeds or not all(v.lstrip("-").isdigit() for v in seeds):
-        raise UsageError(f"--seed expects an integer (compare: a comma-separated list), got {opts.seed!r}")
     # The trainer: one runs every variant (as `--set trainer=...` does); compare's several are a varied field.
     trainers = [] if opts.trainer is None else [opts.trainer] if opts.command == "demo" else opts.trainer
     try:
-        fixed = {name: parse_field_value(name, value) for name, value in map(_split_assignment, opts.set)}
+        fixed = {}
+        for assignment in opts.set:
+            name, sep, value = assignment.partition("=")
+            if not sep or not name:
+                raise UsageError(f"--set expects FIELD=VALUE, got {assignment!r}")
+            name = name.strip().replace("-", "_")
+            fixed[name] = parse_field_value(name, value.strip())
         _refuse_runner_fields(fixed)
         if trainers and "trainer" in fixed:
             raise UsageError("--trainer and --set trainer=... both pick the trainer; keep --trainer")
@@ -351,6 +334,28 @@ def build(argv: list[str] | None = None):
         raise UsageError(str(error)) from None
     if fixed.get("trainer", "grpo") != "grpo":
         title += f" on {TRAINER_LABELS[fixed['trainer']]}"
+    return fixed, variants, title
+
+
+def build(argv: list[str] | None = None):
+    """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
+    run."""
+    from .resume import latest_checkpoint, saved_record
+    from .runner import DemoSettings, check_variants, for_model, variant_output_dir, variant_trainer
+
+    # `adaptive-kl` with these two subcommands alone (the command's own parser, `adaptive_kl.console`, lists `grpo`
+    # too and hands `demo` and `compare` here).
+    parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_demo_parser(commands)
+    add_compare_parser(commands)
+    opts, extra = parser.parse_known_args(argv)
+    if opts.command == "demo" and extra:
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)} (varying fields is what `compare` does)")
+    seeds = [v.strip() for v in opts.seed.split(",") if v.strip()]
+    if not seeds or not all(v.lstrip("-").isdigit() for v in seeds):
+        raise UsageError(f"--seed expects an integer (compare: a comma-separated list), got {opts.seed!r}")
+    fixed, variants, title = _variants(opts, extra, seeds)
     settings = for_model(DemoSettings(
         out=opts.out, model=opts.model, unsloth=opts.unsloth, gsm8k_path=opts.gsm8k_path, seed=int(seeds[0]),
         fixed=fixed,
@@ -358,8 +363,15 @@ def build(argv: list[str] | None = None):
     if opts.task is not None:
         settings.task = opts.task
     _read_dataset_options(opts, settings)
+    # The `--quick` budget: a few steps and a small validation set, for smoke tests (< 90 s for five variants on the
+    # embedded policy). On a real one, 2 steps and 8 problems with the graded `working_similarity_reward` beside the
+    # task's rewards: in 2 steps a fresh policy rarely writes the answer marker, every completion of a group would earn
+    # the same task reward, and a run whose groups all tie trains nothing.
     if opts.quick:
-        settings = quick(settings)
+        if settings.policy_demo is not None:
+            settings = dataclasses.replace(settings, steps=2, eval_every=2, n_validation=8, graded_reward=True)
+        else:
+            settings = dataclasses.replace(settings, steps=6, eval_every=3, n_validation=48)
     for name in ("steps", "eval_every", "n_validation", "save_every"):
         value = getattr(opts, name)
         if value is not None:
@@ -374,7 +386,13 @@ def build(argv: list[str] | None = None):
     _check_output(settings.out)
     try:
         check_variants(variants, settings)
-        check_resumable(variants, settings)
+        # Every checkpoint a variant would resume from holds this command's record of the run (`saved_record` raises
+        # naming the file otherwise): a bad one is refused before any run starts.
+        if settings.resume:
+            for variant in variants:
+                checkpoint = latest_checkpoint(variant_output_dir(variant, settings))
+                if checkpoint is not None:
+                    saved_record(checkpoint[0])
     except ValueError as error:
         raise UsageError(str(error)) from None
     return settings, variants, title, not opts.no_progress

@@ -8,7 +8,6 @@ validation accuracy: 0.385), which leaves RL room to improve it.
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..tasks.problems import task_splits, to_dataset
@@ -28,12 +27,6 @@ def embedded_policy_path() -> str:
             "reinstall adaptive-kl or rebuild it with scripts/build_reference_policy.py"
         )
     return EMBEDDED_POLICY_DIR
-
-
-def embedded_policy_card() -> dict:
-    """What `scripts/build_reference_policy.py` recorded about the shipped policy (accuracy, settings, versions)."""
-    with open(os.path.join(embedded_policy_path(), "reference_policy.json")) as f:
-        return json.load(f)
 
 
 def embedded_datasets(n_train: int, n_validation: int | None = None, seed: int = EMBEDDED_TASK["seed"]):

@@ -16,7 +16,7 @@ metric at the method's x.
 
 Over the seeds (a seed counts only where the method and every line point have a finished run): mean ± the 95% t
 half-width, the two-sided one-sample t-test of D, Holm-adjusted across the methods (`seeds.holm`), and the smallest
-D the design detects with 80% power. `frontier_sections` writes the summary's sections, `write_frontier_plot` the
+D the design detects with 80% power. `frontier_sections` writes the summary's sections, `write_frontiers_plot` the
 picture of it.
 """
 
@@ -28,7 +28,7 @@ import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .report import early_mean, late_mean, markdown_table, metric_column, summarize, write_report
+from .report import early_mean, interval_cell, late_mean, markdown_table, metric_column, summarize, write_report
 from .runner import VariantRun
 from .seeds import (
     binomial_interval,
@@ -68,21 +68,18 @@ class Frontier:
 
 # Family-wise error rate of the primary endpoint across the methods (Holm).
 ALPHA = 0.05
-# Each metric of a frontier at the start of every run, (run, start_steps) → value: the start's point of the line.
+# Each metric of a frontier at the start of every run, the start's point of the line (`start_point`): None for 0 (the
+# start's KL to itself; no change yet), "reward" for the mean reward of the first `start_steps` steps, else the key of
+# the run's first evaluation (step 0).
 START_VALUES = {
-    "final_kl_to_start": lambda run, steps: 0.0,  # the start's KL to itself
-    "late_reward": lambda run, steps: early_mean(run, "reward", steps),
-    "delta_retention": lambda run, steps: 0.0,  # changes from the start
-    "length_drift": lambda run, steps: 0.0,
-    "final_accuracy": lambda run, steps: _first_evaluation(run, "val_accuracy"),
-    "final_answer_accuracy": lambda run, steps: _first_evaluation(run, "val_answer_accuracy"),
-    "final_val_reward": lambda run, steps: _first_evaluation(run, "val_reward"),
+    "final_kl_to_start": None,
+    "late_reward": "reward",
+    "delta_retention": None,
+    "length_drift": None,
+    "final_accuracy": "val_accuracy",
+    "final_answer_accuracy": "val_answer_accuracy",
+    "final_val_reward": "val_reward",
 }
-
-
-def _first_evaluation(run: VariantRun, key: str) -> float:
-    """`key` of the run's first evaluation (step 0: the start), NaN without it."""
-    return run.evaluations[0].get(key, math.nan) if run.evaluations else math.nan
 
 
 # Columns of constant β's table after x and y: what a user choosing a β weighs besides drift and reward (each shown
@@ -201,8 +198,14 @@ def start_point(line_runs: list[VariantRun], steps: int) -> dict[str, float]:
     """The start's point of one seed's line: each `START_VALUES` metric, the mean over the seed's constant-β runs
     (NaN where none has it)."""
     point = {}
-    for key, value in START_VALUES.items():
-        mean, _, count = mean_interval([value(run, steps) for run in line_runs])
+    for key, source in START_VALUES.items():
+        if source is None:
+            values = [0.0] * len(line_runs)
+        elif source == "reward":
+            values = [early_mean(run, "reward", steps) for run in line_runs]
+        else:  # NaN for a run without an evaluation or without this score
+            values = [run.evaluations[0].get(source, math.nan) if run.evaluations else math.nan for run in line_runs]
+        mean, _, count = mean_interval(values)
         point[key] = mean if count else math.nan
     return point
 
@@ -334,26 +337,12 @@ def _reading(gain: PerSeed, p: float, holm_p: float, detectable: float, family: 
     return reading
 
 
-def _cell(values: list[float], spec: str) -> str:
-    """`mean ± half-width` of the finite `values`, with `(n=k)` when only k of them are finite."""
-    mean, half_width, count = mean_interval(values)
-    cell = format_interval(mean, half_width, spec)
-    return cell if count in (0, len(values)) else f"{cell} (n={count})"
-
-
 def beta_of(variant: str) -> str:
     """The β a line variant is named with (`"beta=0.02, loss_type=grpo"` → `"0.02"`); the name itself without one."""
     for part in variant.split(", "):
         if part.startswith("beta="):
             return part[len("beta=") :]
     return variant
-
-
-def _beta_order(variant: str) -> float:
-    try:
-        return float(beta_of(variant))
-    except ValueError:
-        return math.inf
 
 
 def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = None) -> str:
@@ -369,7 +358,7 @@ def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = 
     columns = [metric_column(key) for key in keys]
     rows = [
         [beta_of(variant), str(len(summaries[variant]))]
-        + [_cell([row[key] for row in summaries[variant]], spec) for key, (_, spec) in zip(keys, columns)]
+        + [interval_cell([row[key] for row in summaries[variant]], spec) for key, (_, spec) in zip(keys, columns)]
         for variant in frontier.line
     ]
     start_note = []
@@ -378,7 +367,7 @@ def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = 
         rows.insert(
             0,
             ["start", str(len(starts))]
-            + [_cell([start[key] for start in starts], spec) if key in START_VALUES else "—"
+            + [interval_cell([start[key] for start in starts], spec) if key in START_VALUES else "—"
                for key, (_, spec) in zip(keys, columns)],
         )  # fmt: skip
         start_note = [
@@ -428,7 +417,13 @@ def line_section(runs: list[VariantRun], frontier: Frontier, plot: str | None = 
 
 def _bound_sentences(frontier: Frontier, summaries: dict, x_header: str, x_spec: str) -> list[str]:
     """`line_section`'s bullets: for each β, "for a <x> under X here, β ≥ Y" (or why there is no bound yet)."""
-    ordered = sorted(frontier.line, key=_beta_order)
+    numeric = {}  # each β as a number, to order them by (a name without one last)
+    for variant in frontier.line:
+        try:
+            numeric[variant] = float(beta_of(variant))
+        except ValueError:
+            numeric[variant] = math.inf
+    ordered = sorted(frontier.line, key=numeric.get)
     upper = {}
     for variant in ordered:
         mean, half_width, _ = mean_interval([row[frontier.x] for row in summaries[variant]])
@@ -573,7 +568,9 @@ def write_frontier_report(
     summary) and its sections at the end of the summary: what `adaptive-kl frontier` and the studies' runner write.
     Returns `write_report`'s paths and `"frontier_plot"` (None without matplotlib)."""
     paths = write_report(runs, directory, title, notes, list(endpoints), with_activity=True)
-    drawn = write_frontier_plot(runs, frontier, os.path.join(directory, plot))
+    drawn = write_frontiers_plot(
+        [(runs, frontier, "Constant β's frontier and the methods")], os.path.join(directory, plot)
+    )
     with open(paths["summary"], "a") as f:
         f.write(frontier_sections(runs, frontier, plot if drawn else None))
     return {**paths, "frontier_plot": drawn}
@@ -597,11 +594,6 @@ def frontier_sections(runs: list[VariantRun], frontier: Frontier, plot: str | No
     )
 
 
-def _setting(variant: str, name: str) -> str | None:
-    """The value a variant's name gives `name` (`"…, target_kl=0.147, …"` → `"0.147"`), None without it."""
-    return next((part.split("=", 1)[1] for part in variant.split(", ") if part.startswith(f"{name}=")), None)
-
-
 def held_and_acting_kl(run: VariantRun) -> tuple[float, float]:
     """`(mean training KL of the logged steps after which the controller held β, of the others)`: a step was held when
     `adaptive_kl/held_updates` (a running count) rose at it. NaN for a run that logged no such count, or no such
@@ -622,7 +614,12 @@ def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
     logged, its last quarter's reward, that reward over its seed's line at its drift (with the start's point when the
     frontier states it) at its least over the seeds, the steps it held β (every group agreed), and the KL over the
     target on those steps and on the others (`held_and_acting_kl`)."""
-    controllers = [method for method in methods(runs, frontier) if _setting(method, "target_kl") is not None]
+    # Each method's `target_kl`, as its name gives it ("…, target_kl=0.147, …" → "0.147"): the controllers have one.
+    targets = {
+        method: next((part.split("=", 1)[1] for part in method.split(", ") if part.startswith("target_kl=")), None)
+        for method in methods(runs, frontier)
+    }
+    controllers = [method for method, target in targets.items() if target is not None]
     if not controllers:
         return ""
     lines = line_by_seed(runs, frontier, with_start=bool(frontier.start_steps))
@@ -630,7 +627,7 @@ def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
     _, y_spec = metric_column(frontier.y)
     rows = []
     for method in controllers:
-        target = float(_setting(method, "target_kl"))
+        target = float(targets[method])
         group = sorted(groups[method], key=run_seed)
         ratios = [(run_seed(run), late_mean(run, "adaptive_kl/raw_kl") / target) for run in group]
         largest = [max((h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h),
@@ -651,12 +648,13 @@ def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
                 str(len(group)),
                 ", ".join(f"{ratio:.2f} ({seed})" for seed, ratio in ratios),
                 format_interval(mean, half_width, ".2f"),
-                _cell(largest, ".4g") + f" (largest {max(largest):.4g})" if largest else "—",
-                _cell([summarize(run)[frontier.y] for run in group], y_spec),
+                interval_cell(largest, ".4g") + f" (largest {max(largest):.4g})" if largest else "—",
+                interval_cell([summarize(run)[frontier.y] for run in group], y_spec),
                 f"{min(shares):.2f}" if shares else "—",
-                _cell(held, ".1f"),
-                f"{_cell([kl / target for kl in held_kl], '.2f')}; {_cell([kl / target for kl in acting_kl], '.2f')} "
-                f"(paired: {_cell([(h - a) / target for h, a in zip(held_kl, acting_kl)], '+.2f')})",
+                interval_cell(held, ".1f"),
+                f"{interval_cell([kl / target for kl in held_kl], '.2f')}; "
+                f"{interval_cell([kl / target for kl in acting_kl], '.2f')} "
+                f"(paired: {interval_cell([(h - a) / target for h, a in zip(held_kl, acting_kl)], '+.2f')})",
             ]
         )
     header = (
@@ -721,21 +719,9 @@ def bar(value: float, half_width: float, low: float = -math.inf, high: float = m
     return value - max(value - half_width, low), min(value + half_width, high) - value
 
 
-def _point(group: list[VariantRun], key: str) -> tuple[float, float]:
-    """`(mean, half-width)` of `key` over the runs (half-width 0 for one run)."""
-    mean, half_width, _ = mean_interval([summarize(run)[key] for run in group])
-    return mean, 0.0 if math.isnan(half_width) else half_width
-
-
-def write_frontier_plot(runs: list[VariantRun], frontier: Frontier, path: str) -> str | None:
-    """Writes the frontier's picture to `path` (`draw_frontier`, titled as the frontier and its methods). Returns
-    `path`, or None without matplotlib or without a point to draw."""
-    return write_frontiers_plot([(runs, frontier, "Constant β's frontier and the methods")], path)
-
-
 def write_frontiers_plot(panels: list[tuple[list[VariantRun], Frontier, str]], path: str) -> str | None:
     """Writes several frontiers side by side to `path`, one panel each `(runs, frontier, title)` (`draw_frontier`),
-    each with its legend below it: the same picture as `write_frontier_plot` for each setting. Returns `path`, or None
+    each with its legend below it: `write_frontier_report`'s picture for each setting. Returns `path`, or None
     without matplotlib or without a point to draw in some panel."""
     try:
         import matplotlib
@@ -748,8 +734,9 @@ def write_frontiers_plot(panels: list[tuple[list[VariantRun], Frontier, str]], p
     # One method, one look, in every panel: its marker and colour follow its label in the first panel that has it.
     looks: dict[str, int] = {}
     for runs, frontier, _ in panels:
-        for label in legend_labels(methods(runs, frontier))[1].values():
-            looks.setdefault(look_of(label), len(looks))
+        _, _, look_of = legend_labels(methods(runs, frontier))
+        for look in look_of.values():
+            looks.setdefault(look, len(looks))
     fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 5.5), squeeze=False)
     legends = [draw_frontier(ax, runs, frontier, title, looks) for ax, (runs, frontier, title) in zip(axes[0], panels)]
     if None in legends:
@@ -761,45 +748,49 @@ def write_frontiers_plot(panels: list[tuple[list[VariantRun], Frontier, str]], p
     return path
 
 
-def legend_labels(names: list[str]) -> tuple[list[str], dict[str, str]]:
-    """`(shared, labels)` of methods' names: the settings every one of them has (the legend's title says those), and
-    each name's label, what it adds to them (the whole name when nothing is shared or nothing is added)."""
+def legend_labels(names: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """`(shared, labels, look_of)` of methods' names: the settings every one of them has (the legend's title says
+    those); each name's label, what it adds to them (the whole name when nothing is shared or nothing is added); and
+    each name's look, what decides its marker and colour: its label less `target_kl`, which each study fixes by its
+    own rule, so that one controller looks the same on every frontier drawn beside another."""
     split = {name: name.split(", ") for name in names}
     shared = []
     if len(names) > 1:
         shared = [part for part in split[names[0]] if all(part in parts for parts in split.values())]
     labels = {name: ", ".join(part for part in parts if part not in shared) or name for name, parts in split.items()}
-    return shared, labels
-
-
-def look_of(label: str) -> str:
-    """What decides a method's marker and colour: its label less `target_kl`, which each study fixes by its own rule,
-    so that one controller looks the same on every frontier drawn beside another."""
-    return ", ".join(part for part in label.split(", ") if not part.startswith("target_kl="))
+    look_of = {
+        name: ", ".join(part for part in label.split(", ") if not part.startswith("target_kl="))
+        for name, label in labels.items()
+    }
+    return shared, labels, look_of
 
 
 def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str, looks: dict[str, int] | None = None):
     """Draws the frontier on the matplotlib axes `ax`: x against y, constant β as a line through its points' seed
     means (each with 95% bars on both axes and labelled with its β), each method a marker of its own with its bars
-    (the `looks[look_of(label)]`-th marker and colour where `looks` is given, so that panels drawn side by side
-    agree; else in order), and a legend below. x is on a log scale when every drawn value is positive (the drifts
-    span decades); a bar reaching 0 or below stops at the axis' left edge, and a y bar at the ends of
-    `frontier.y_range`. Returns the legend, or None without a point to draw."""
+    (where `looks` is given, the `looks[look]`-th marker and colour, its look as `legend_labels` gives it, so that
+    panels drawn side by side agree; else in order), and a legend below. x is on a log scale when every drawn value
+    is positive (the drifts span decades); a bar reaching 0 or below stops at the axis' left edge, and a y bar at the
+    ends of `frontier.y_range`. Returns the legend, or None without a point to draw."""
     groups = seed_groups(runs)
-    line = [
-        (beta_of(variant), _point(groups[variant], frontier.x), _point(groups[variant], frontier.y))
-        for variant in frontier.line
-        if groups.get(variant)
-    ]
-    line = [point for point in line if math.isfinite(point[1][0]) and math.isfinite(point[2][0])]
-    marks = [
-        (name, _point(groups[name], frontier.x), _point(groups[name], frontier.y)) for name in methods(runs, frontier)
-    ]
-    marks = [point for point in marks if math.isfinite(point[1][0]) and math.isfinite(point[2][0])]
+    # Each variant's `((x, half-width), (y, half-width))` over its runs (half-width 0 for one run), where both are
+    # finite: constant β's points, labelled with their β, and the methods' marks.
+    points = {}
+    for name in [*frontier.line, *methods(runs, frontier)]:
+        if not groups.get(name):
+            continue
+        point = []
+        for key in (frontier.x, frontier.y):
+            mean, half_width, _ = mean_interval([summarize(run)[key] for run in groups[name]])
+            point.append((mean, 0.0 if math.isnan(half_width) else half_width))
+        if math.isfinite(point[0][0]) and math.isfinite(point[1][0]):
+            points[name] = point
+    line = [(beta_of(variant), *points[variant]) for variant in frontier.line if variant in points]
+    marks = [(name, *points[name]) for name in methods(runs, frontier) if name in points]
     if not line and not marks:
         return None
     # The legend names each method by what it adds to the settings all methods share (its title says those).
-    shared, labels = legend_labels(methods(runs, frontier))
+    shared, labels, look_of = legend_labels(methods(runs, frontier))
     x_header, _ = metric_column(frontier.x)
     y_header, _ = metric_column(frontier.y)
     means = [x for _, (x, _), _ in line + marks]
@@ -833,7 +824,7 @@ def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str, lo
                         bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.8),
                         zorder=5)  # fmt: skip
     for i, (name, (x, x_half), (y, y_half)) in enumerate(marks):
-        look = i if looks is None else looks[look_of(labels[name])]
+        look = i if looks is None else looks[look_of[name]]
         ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=yerr(y, y_half), fmt=MARKERS[look % len(MARKERS)],
                     color=COLOURS[look % len(COLOURS)], elinewidth=1, capsize=3, markersize=8, alpha=0.9, zorder=4,
                     label=labels[name])  # fmt: skip

@@ -161,7 +161,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
     add_frontier_parser(parser.add_subparsers(dest="command", required=True))
     opts = parser.parse_args(argv)
-    from .sweep import SweepRun, run_argv
+    from .sweep import SweepRun
 
     try:
         if opts.unsloth:  # the runs' commands are checked here, which builds their configs: Unsloth first
@@ -186,12 +186,13 @@ def main(argv: list[str]) -> int:
     frontier = frontier_of(line, settings)
     codes = []
     if not opts.summarize:
-        from .sweep import finished, run_sweep
+        from .run_files import has_runs
+        from .sweep import run_sweep
 
-        todo = [run for run in runs if not finished(run.directory(opts.out))]
+        todo = [run for run in runs if not has_runs(run.directory(opts.out))]
         print(f"{len(runs)} runs, {len(runs) - len(todo)} finished; {len(todo)} to do in {opts.out}", flush=True)
         codes = run_sweep(
-            [(f"{run.variant}, seed {run.seed}", run_argv(run, args, opts.out, opts.save_every),
+            [(f"{run.variant}, seed {run.seed}", run.command(args, opts.out, opts.save_every),
               run.directory(opts.out)) for run in todo],
             jobs=opts.jobs,
             threads=opts.threads,
@@ -212,10 +213,10 @@ def write_summary(out: str, runs, frontier, command: str) -> str | None:
     path (None before any run has finished)."""
     from ..metrics.environment import environment_lines
     from .frontier import write_frontier_report
-    from .run_files import load_runs
-    from .sweep import finished, provenance_lines, run_devices
+    from .run_files import has_runs, load_runs
+    from .sweep import provenance_lines, run_devices
 
-    done = [run for run in runs if finished(run.directory(out))]
+    done = [run for run in runs if has_runs(run.directory(out))]
     if not done:
         return None
     trained = []

@@ -118,14 +118,6 @@ def early_mean(run: VariantRun, metric: str, steps: int) -> float:
     return _mean([h[metric] for h in run.history if metric in h][:steps])
 
 
-def _length_drift(run: VariantRun) -> float:
-    """Mean completion length over the last quarter of steps minus that over the first quarter (the same number of
-    steps): how far the policy lengthened (> 0) or shortened its completions."""
-    lengths = [h["completions/mean_length"] for h in run.history if "completions/mean_length" in h]
-    quarter = max(1, len(lengths) // 4)
-    return _mean(lengths[-quarter:]) - _mean(lengths[:quarter]) if lengths else math.nan
-
-
 def summarize(run: VariantRun) -> dict[str, float]:
     """The summary row of one run: final validation accuracy, its change from step 0 and from the best evaluation
     (≤ 0: how much was lost since the best point), mean raw/adapted KL and completion length over steps, final β,
@@ -147,6 +139,8 @@ def summarize(run: VariantRun) -> dict[str, float]:
     drift = [e["retention/kl_to_start"] for e in run.retention if "retention/kl_to_start" in e]
     general = [e["general/loglik"] for e in run.retention if "general/loglik" in e]
     general_drift = [e["general/kl_to_start"] for e in run.retention if "general/kl_to_start" in e]
+    lengths = [h["completions/mean_length"] for h in run.history if "completions/mean_length" in h]
+    quarter = max(1, len(lengths) // 4)
     final = accuracies[-1] if accuracies else math.nan
     return {
         "final_accuracy": final,
@@ -162,7 +156,9 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "delta_retention": retention[-1] - retention[0] if retention else math.nan,
         "kl_warnings": float(len(run.kl_warnings)),
         "final_kl_to_start": drift[-1] if drift else math.nan,
-        "length_drift": _length_drift(run),
+        # How far the policy lengthened (> 0) or shortened its completions: the last quarter's mean length minus the
+        # first quarter's (the same number of steps).
+        "length_drift": _mean(lengths[-quarter:]) - _mean(lengths[:quarter]) if lengths else math.nan,
         "kl_length_corr": late_mean(run, "adaptive_kl/kl_length_corr"),
         "late_truncated": late_mean(run, "completions/clipped_ratio"),
         "delta_general_loglik": general[-1] - general[0] if general else math.nan,
@@ -180,11 +176,23 @@ SUMMARY_FORMATS = (
 )  # fmt: skip
 
 
+# Every `(summary key, header, number format)` of the table: `SUMMARY_HEADER`'s columns, in `summarize`'s order (that
+# of any run's row, an empty one's here), then all `OPTIONAL_SUMMARY_COLUMNS`.
+SUMMARY_COLUMNS = (
+    *zip(
+        [key for key in summarize(VariantRun("", {}, [], [], 0.0)) if key not in OPTIONAL_SUMMARY_KEYS],
+        SUMMARY_HEADER[1:],
+        SUMMARY_FORMATS,
+        strict=True,
+    ),
+    *OPTIONAL_SUMMARY_COLUMNS,
+)
+
+
 def metric_column(metric: str) -> tuple[str, str]:
     """`(header, number format)` of a `summarize` key as the summary table writes it (e.g. `late_reward` →
     `("reward (last quarter)", ".3f")`)."""
-    keys = summarize(VariantRun("", {}, [], [], 0.0))  # the keys, in `summarize`'s order
-    return next((header, spec) for key, header, spec in _columns(keys) if key == metric)
+    return next((header, spec) for key, header, spec in SUMMARY_COLUMNS if key == metric)
 
 
 def markdown_table(header, rows) -> str:
@@ -193,19 +201,12 @@ def markdown_table(header, rows) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
-def _columns(summary: dict) -> list[tuple[str, str, str]]:
-    """Every `(summary key, header, number format)`, given one run's `summarize` (whose order the headers of
-    `SUMMARY_HEADER` follow): `SUMMARY_HEADER`'s columns, then all `OPTIONAL_SUMMARY_COLUMNS`."""
-    base = [key for key in summary if key not in OPTIONAL_SUMMARY_KEYS]
-    return [*zip(base, SUMMARY_HEADER[1:], SUMMARY_FORMATS, strict=True), *OPTIONAL_SUMMARY_COLUMNS]
-
-
 def _summary_columns(summaries: list[dict], only: tuple[str, ...] | None = None) -> tuple[list, list, list]:
     """`(keys, headers, formats)` of the table: `SUMMARY_HEADER`'s columns, then each optional column that some
     run has a value for; or, given `only` (summary keys), those columns alone, in its order."""
     columns = [
         (key, header, spec)
-        for key, header, spec in _columns(summaries[0])
+        for key, header, spec in SUMMARY_COLUMNS
         if key not in OPTIONAL_SUMMARY_KEYS or any(not math.isnan(summary[key]) for summary in summaries)
     ]
     if only is not None:
@@ -237,13 +238,13 @@ def summary_table(runs: list[VariantRun], columns: tuple[str, ...] | None = None
     (first_name, first), *others = groups.items()
     for name, group in groups.items():
         cells = [
-            _interval_cell([summaries[id(run)][key] for run in group], spec)
+            interval_cell([summaries[id(run)][key] for run in group], spec)
             for key, spec in zip(keys, formats, strict=True)
         ]
         rows.append([name, str(len(group)), *cells])
     for name, group in others:
         deltas = {key: paired_differences(group, first, lambda run, key=key: summaries[id(run)][key]) for key in keys}
-        cells = [_interval_cell(deltas[key], "+" + spec.lstrip("+")) for key, spec in zip(keys, formats, strict=True)]
+        cells = [interval_cell(deltas[key], "+" + spec.lstrip("+")) for key, spec in zip(keys, formats, strict=True)]
         differences.append([name, str(len(deltas[keys[0]])), *cells])
     paired = (
         f"\nPaired differences from {first_name} (the mean over the seeds both ran of variant − {first_name}, "
@@ -255,7 +256,7 @@ def summary_table(runs: list[VariantRun], columns: tuple[str, ...] | None = None
     return intro + markdown_table(header, rows) + paired
 
 
-def _interval_cell(values: list[float], spec: str) -> str:
+def interval_cell(values: list[float], spec: str) -> str:
     """`mean ± half-width` of the finite `values`, followed by `(n=k)` when only k of them are finite (a metric some
     runs did not measure, e.g. one added after they ran): the row's `seeds` column is then not this cell's n."""
     mean, half_width, count = mean_interval(values)
@@ -453,7 +454,7 @@ def activity_section(runs: list[VariantRun]) -> str:
     for name, group in seed_groups(runs).items():
         values = [activity(run) for run in group]
         cells = [
-            _interval_cell([value[key] for value in values], spec)
+            interval_cell([value[key] for value in values], spec)
             for key, spec in zip(values[0], ACTIVITY_FORMATS, strict=True)
         ]
         rows.append([name, str(len(group)), *cells])
@@ -522,11 +523,6 @@ PANELS = (
 )
 
 
-def _smooth(values: list[float], window: int) -> list[float]:
-    """Trailing moving average (noisy per-step metrics are easier to compare smoothed)."""
-    return [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
-
-
 # Panels evaluated every eval_every steps → the run's attribute holding them.
 EVALUATED_PANELS = {
     "validation_accuracy": "evaluations",
@@ -542,8 +538,12 @@ def _series(run: VariantRun, panel: str, metric: str) -> dict[int, float]:
     if not points:
         return {}
     steps, values = zip(*points)
+    # A trailing moving average: noisy per-step metrics are easier to compare smoothed.
     window = max(1, len(values) // 20) if panel != "beta" else 1
-    return dict(zip(steps, _smooth(list(values), window)))
+    smoothed = [
+        sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))
+    ]
+    return dict(zip(steps, smoothed))
 
 
 # Panels whose metric cannot leave a range → that range. A t-interval over 3 seeds of a fraction can reach past 0 or
@@ -581,10 +581,6 @@ def _seed_curve(series: list[dict[int, float]], bounds: tuple[float, float] = (-
     low = [max(floor, m - h) for m, h in zip(mean, half)]
     high = [min(ceiling, m + h) for m, h in zip(mean, half)]
     return steps, mean, low, high
-
-
-def _wrapped(labels: list[str], width: int) -> list[str]:
-    return [textwrap.fill(label, width, subsequent_indent="  ") for label in labels]
 
 
 def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
@@ -630,7 +626,8 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     # Long variant names wrap, so that the legend's cell does not squeeze the panels' columns.
-    axes.flat[len(panels)].legend(handles, _wrapped(labels, 40), loc="center", title="variant", fontsize=9)
+    labels = [textwrap.fill(label, 40, subsequent_indent="  ") for label in labels]
+    axes.flat[len(panels)].legend(handles, labels, loc="center", title="variant", fontsize=9)
     fig.tight_layout()
     paths.append(os.path.join(directory, "metrics.png"))
     fig.savefig(paths[-1], dpi=110)
@@ -640,9 +637,8 @@ def write_plots(runs: list[VariantRun], directory: str) -> list[str]:
         draw(ax, panel, metric, title)
         handles, labels = ax.get_legend_handles_labels()
         # Below the axes, wrapped: long variant names (a study's overrides) would otherwise cover the curves or be cut.
-        legend = ax.legend(
-            handles, _wrapped(labels, 70), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False
-        )
+        labels = [textwrap.fill(label, 70, subsequent_indent="  ") for label in labels]
+        legend = ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
         paths.append(os.path.join(directory, f"{panel}.png"))
         fig.savefig(paths[-1], dpi=110, bbox_inches="tight", bbox_extra_artists=[legend])
         plt.close(fig)

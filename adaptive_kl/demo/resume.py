@@ -20,14 +20,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ..trainers.state import TRAINER_STATE_FILE, saved_attribute
 
 
-def checkpointing(settings) -> dict:
-    """The config fields of `settings.save_every` (`DemoSettings`): a checkpoint every so many steps, only the latest
-    kept."""
-    if settings.save_every is None:
-        return dict(save_strategy="no")
-    return dict(save_strategy="steps", save_steps=settings.save_every, save_total_limit=1)
-
-
 class RunRecord(TrainerCallback, ExportableState):
     """What a variant recorded beside the trainer's own state, saved in each checkpoint (`trainer_state.json`, under
     `stateful_callbacks["RunRecord"]`) so that a resumed run reports what an uninterrupted one does: the validation

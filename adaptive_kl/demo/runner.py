@@ -27,7 +27,7 @@ from transformers.trainer_callback import PrinterCallback
 
 from ..tasks import TASK_REWARDS, load_gsm8k, score_completions, working_similarity_reward
 from ..tasks.chat import chat_datasets
-from ..tasks.general import general_retention_dataset, own_answers_dataset
+from ..tasks.general import general_chat_prompts, own_answers_dataset
 from ..tasks.policies import resolve_policy
 from ..tasks.recipe import held_out_reward, resolve_reward_func, train_and_held_out
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
@@ -35,7 +35,7 @@ from ..trainers.generation import generate_greedy, generate_sampled, prompt_text
 from ..trainers.scorer import install_cpu_scorer_if_needed
 from .budgets import POLICY_DEMOS
 from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
-from .resume import RunRecord, checkpointing, latest_checkpoint, saved_record
+from .resume import RunRecord, latest_checkpoint
 from .variants import TRAINER_CLASSES, Variant
 
 
@@ -64,11 +64,7 @@ class DemoSettings:
     fixed: dict = field(default_factory=dict)  # config fields set for every variant
     save_every: int | None = None  # checkpoint every this many optimizer steps (the latest kept); None: no checkpoints
     resume: bool = False  # continue each variant from the latest complete checkpoint in its output directory
-    graded_reward: bool = False  # add `working_similarity_reward` to the task's (a real model's `--quick`: `quick`)
-
-    @property
-    def embedded(self) -> bool:
-        return self.model is None
+    graded_reward: bool = False  # add `working_similarity_reward` to the task's (`--quick` on a real model)
 
     @property
     def policy_demo(self) -> dict | None:
@@ -90,32 +86,26 @@ def for_model(settings: DemoSettings) -> DemoSettings:
     )
 
 
-def quick(settings: DemoSettings) -> DemoSettings:
-    """The `--quick` budget: a few steps and a small validation set, for smoke tests (< 90 s for five variants on the
-    embedded policy; 2 steps and 8 problems on a real one, with the graded `working_similarity_reward` beside the
-    task's rewards: in 2 steps a fresh policy rarely writes the answer marker, every completion of a group would earn
-    the same task reward, and a run whose groups all tie trains nothing)."""
-    if settings.policy_demo is not None:
-        return dataclasses.replace(settings, steps=2, eval_every=2, n_validation=8, graded_reward=True)
-    return dataclasses.replace(settings, steps=6, eval_every=3, n_validation=48)
-
-
 def base_config(settings: DemoSettings) -> dict:
     """Config fields of every run before the variant's overrides: tuned for the embedded policy on a CPU, or for a
     real model (LoRA with Unsloth, full fine-tuning otherwise) on a GPU."""
     on_gpu = torch.cuda.is_available()
+    # `--save-every`: a checkpoint every so many steps, only the latest kept.
+    saving = dict(save_strategy="no")
+    if settings.save_every is not None:
+        saving = dict(save_strategy="steps", save_steps=settings.save_every, save_total_limit=1)
     common = dict(
         max_steps=settings.steps,
         seed=settings.seed,
         data_seed=settings.seed,
         logging_steps=1,
-        **checkpointing(settings),
+        **saving,
         report_to="none",
         disable_tqdm=True,
         lr_scheduler_type="constant",
         warmup_steps=0,
     )
-    if settings.embedded:
+    if settings.model is None:  # the embedded policy
         return dict(
             common,
             # 1e-4: updates large enough for the KL to matter (β = 0 then drifts and forgets measurably more than
@@ -247,7 +237,7 @@ def task_datasets(settings: DemoSettings, n_train: int, seed: int):
         return chat_datasets(n_train, settings.n_validation, seed=seed)
     else:
         train, validation = embedded_datasets(n_train, settings.n_validation, seed=seed)
-    if not settings.embedded:
+    if settings.model is not None:
         # A real model is told the answer format; the embedded policy was trained on the bare "Q: ... A: " prompt.
         train, validation = (
             d.map(lambda row: {"prompt": f"{INSTRUCTION}\n{row['prompt']}"}) for d in (train, validation)
@@ -257,7 +247,7 @@ def task_datasets(settings: DemoSettings, n_train: int, seed: int):
 
 def load_policy(settings: DemoSettings):
     """`(model, tokenizer)`: a path for TRL to load (plain TRL), or an Unsloth LoRA model (`settings.unsloth`)."""
-    path = embedded_policy_path() if settings.embedded else resolve_policy(settings.model)
+    path = embedded_policy_path() if settings.model is None else resolve_policy(settings.model)
     if not settings.unsloth:
         return path, AutoTokenizer.from_pretrained(path)
     from unsloth import FastLanguageModel  # noqa: F401  (imported first, as Unsloth requires; checked by the CLI)
@@ -378,17 +368,6 @@ class VariantRun:
     provenance: dict = field(default_factory=dict)
 
 
-def retention_dataset(validation, tokenizer):
-    """The held-out reference solutions as `prompt`/`completion`, or `None` when the task has none (GSM8K).
-
-    Conversational prompts are rendered as the trainer renders them for generation (`prompt_texts`), so that the
-    retention metrics score the solution after the chat template's assistant prompt."""
-    if "solution" not in validation.column_names:
-        return None
-    texts, _ = prompt_texts(tokenizer, validation["prompt"])
-    return Dataset.from_dict({"prompt": texts, "completion": validation["solution"]})
-
-
 def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRun:
     """Trains one variant from the same starting policy, seed and data as every other variant."""
     args = make_config(variant, settings, variant_output_dir(variant, settings))
@@ -398,11 +377,15 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     peft_config = LoraConfig(task_type="CAUSAL_LM", **demo["lora"]) if demo is not None else None
     prompts_needed = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
     train, validation = task_datasets(settings, prompts_needed // args.num_generations + 1, args.seed)
-    if settings.embedded:
+    if settings.model is None:  # the embedded policy
         max_new_tokens = EMBEDDED_TASK["max_new_tokens"]
     else:
         max_new_tokens = demo["max_new_tokens"] if demo is not None else args.max_completion_length
-    rewards = task_rewards(settings, train)
+    if settings.task == "dataset":  # the reward functions `--reward-funcs` names
+        rewards = [resolve_reward_func(spec) for spec in settings.reward_funcs]
+    else:  # the task's, and the graded one when the settings ask for it where the task has reference workings
+        graded = settings.graded_reward and "solution" in train.column_names
+        rewards = [*TASK_REWARDS, *([working_similarity_reward] if graded else [])]
     validation_callback = ValidationCallback(
         tokenizer,
         validation,
@@ -433,11 +416,17 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     start_policy = trainer.accelerator.unwrap_model(trainer.model)
     if settings.task == "dataset":
         held_out = own_answers_dataset(start_policy, tokenizer, validation["prompt"], max_new_tokens)
+    elif "solution" in validation.column_names:
+        # The held-out reference solutions, after their prompts rendered as the trainer renders them for generation
+        # (`prompt_texts`: a conversation's chat template ends with the assistant's prompt).
+        texts, _ = prompt_texts(tokenizer, validation["prompt"])
+        held_out = Dataset.from_dict({"prompt": texts, "completion": validation["solution"]})
     else:
-        held_out = retention_dataset(validation, tokenizer)
+        held_out = None
     general = None
     if settings.task == "chat":
-        general = general_retention_dataset(start_policy, tokenizer, max_new_tokens, n=settings.n_validation)
+        prompts = general_chat_prompts(settings.n_validation)
+        general = own_answers_dataset(start_policy, tokenizer, prompts, max_new_tokens)
     retentions = [
         RetentionCallback(
             trainer, dataset, eval_steps=settings.eval_every, batch_size=batch_size, prefix=prefix, kl_to_start=True
@@ -471,16 +460,6 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     )
 
 
-def task_rewards(settings: DemoSettings, train) -> list:
-    """The reward functions of a run: the task's (`TASK_REWARDS`; the task `dataset`: those `reward_funcs` names), and
-    the graded `working_similarity_reward` when the settings ask for it and the task has reference workings (the chat
-    task's `solution`)."""
-    if settings.task == "dataset":
-        return [resolve_reward_func(spec) for spec in settings.reward_funcs]
-    graded = settings.graded_reward and "solution" in train.column_names
-    return [*TASK_REWARDS, *([working_similarity_reward] if graded else [])]
-
-
 def merged_by_step(*histories: list[dict]) -> list[dict]:
     """One entry per evaluated step with every history's metrics of that step (`retention/*` and `general/*`)."""
     merged: dict[int, dict] = {}
@@ -503,16 +482,6 @@ def check_variants(variants: list[Variant], settings: DemoSettings) -> None:
             make_config(variant, settings, variant_output_dir(variant, settings))
         except (ValueError, TypeError, NotImplementedError) as error:
             raise ValueError(f"variant {variant.name!r}: {error}") from None
-
-
-def check_resumable(variants: list[Variant], settings: DemoSettings) -> None:
-    """With `settings.resume`, every checkpoint a variant would resume from holds this command's record of the run
-    (ValueError naming the file otherwise), so that a bad one is refused before any run starts."""
-    if settings.resume:
-        for variant in variants:
-            checkpoint = latest_checkpoint(variant_output_dir(variant, settings))
-            if checkpoint is not None:
-                saved_record(checkpoint[0])
 
 
 def run_comparison(variants: list[Variant], settings: DemoSettings, progress: bool = True) -> list[VariantRun]:

@@ -3,7 +3,8 @@ and sessions. What `adaptive-kl frontier` runs, and what the real-model studies'
 runs for each study.
 
     runs = [SweepRun("beta=0.02", seed) for seed in (0, 1, 2)]
-    codes = run_sweep([(run, run_argv(run, args, out, save_every=25)) for run in runs], out, jobs=2)
+    todo = [(f"seed {run.seed}", run.command(args, out, save_every=25), run.directory(out)) for run in runs]
+    codes = run_sweep(todo, jobs=2)
 
 A run writes `<root>/runs/<variant>/seed-<s>/` (`SweepRun.directory`): its `runs.json` (the run in full, with the
 command that made it), `summary.md`, `metrics.csv`, `completions.md` and `run.log`. A run whose `runs.json` exists is
@@ -17,7 +18,6 @@ no longer lives is taken over.
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 import threading
@@ -44,28 +44,17 @@ class SweepRun:
         slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in self.variant.replace(" ", "__"))
         return os.path.join(root, "runs", slug, f"seed-{self.seed}")
 
-    def command(self, args: list[str], root: str) -> list[str]:
-        """The `compare` command line of the run: the sweep's shared `args`, the variant, the seed, the directory."""
-        return [
+    def command(self, args: list[str], root: str, save_every: int | None = None) -> list[str]:
+        """The `compare` command line of the run: the sweep's shared `args`, the variant, the seed, the directory; as a
+        sweep executes it with `save_every`, a checkpoint every `save_every` steps and `--resume`. Checkpointing is
+        how a run is executed, not what it computes (saving and resuming change no logged value)."""
+        command = [
             sys.executable, "-m", "adaptive_kl", "compare", *args, "--variant", self.variant, "--seed", str(self.seed),
             "--out", self.directory(root), "--no-progress",
         ]  # fmt: skip
-
-
-def run_argv(run: SweepRun, args: list[str], root: str, save_every: int) -> list[str]:
-    """The command line a sweep executes: the run's command with a checkpoint every `save_every` steps and `--resume`.
-    Checkpointing is how a run is executed, not what it computes (saving and resuming change no logged value)."""
-    return [*run.command(args, root), "--save-every", str(save_every), "--resume"]
-
-
-def recorded_command(argv: list[str]) -> str:
-    """What the run's `runs.json` records of `argv` (`command.provenance`): `adaptive-kl compare ...`, the arguments
-    after `python -m adaptive_kl` as the shell would read them."""
-    return "adaptive-kl " + shlex.join(argv[3:])
-
-
-def finished(directory: str) -> bool:
-    return has_runs(directory)
+        if save_every is not None:
+            command += ["--save-every", str(save_every), "--resume"]
+        return command
 
 
 def claim(directory: str) -> bool:
@@ -82,7 +71,7 @@ def claim(directory: str) -> bool:
             continue
         with os.fdopen(descriptor, "w") as f:
             f.write(str(os.getpid()))
-        if finished(directory):  # finished by another sweep between the listing and now
+        if has_runs(directory):  # finished by another sweep between the listing and now
             release(directory)
             return False
         return True

@@ -45,13 +45,13 @@ class Variant:
 TRAINER_CONFIGS = (AdaptiveKLGRPOConfig, AdaptiveKLRLOOConfig, BinomialKLConfig)
 
 
-def _config_field_types() -> dict[str, object]:
-    """Every field a variant can set: those of the trainers' configs, and `trainer` itself."""
-    types_ = {"trainer": typing.Literal[tuple(TRAINER_CLASSES)]}
-    for config_cls in TRAINER_CONFIGS:
-        hints = typing.get_type_hints(config_cls)
-        types_.update({f.name: hints.get(f.name, str) for f in dataclasses.fields(config_cls) if f.init})
-    return types_
+# Every field a variant can set → its type: those of the trainers' configs, and `trainer` itself.
+FIELD_TYPES = {"trainer": typing.Literal[tuple(TRAINER_CLASSES)]} | {
+    f.name: hints.get(f.name, str)
+    for config_cls, hints in ((config_cls, typing.get_type_hints(config_cls)) for config_cls in TRAINER_CONFIGS)
+    for f in dataclasses.fields(config_cls)
+    if f.init
+}
 
 
 def _convert(text: str, annotation) -> object:
@@ -96,7 +96,7 @@ def _convert(text: str, annotation) -> object:
 
 def _is_container_field(name: str) -> bool:
     """Whether every type config field `name` accepts (besides None) is a list or dict."""
-    annotation = _config_field_types().get(name)
+    annotation = FIELD_TYPES.get(name)
     members = (
         typing.get_args(annotation)
         if typing.get_origin(annotation) in (typing.Union, types.UnionType)
@@ -107,14 +107,13 @@ def _is_container_field(name: str) -> bool:
 
 def parse_field_value(name: str, text: str) -> object:
     """The value of config field `name` written as `text`; unknown fields and unreadable values raise ValueError."""
-    types_ = _config_field_types()
-    if name not in types_:
-        close = difflib.get_close_matches(name, types_, n=3)
+    if name not in FIELD_TYPES:
+        close = difflib.get_close_matches(name, FIELD_TYPES, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         configs = "/".join(config_cls.__name__ for config_cls in TRAINER_CONFIGS)
         raise ValueError(f"Unknown {configs} field {name!r}.{hint}")
     try:
-        return _convert(text, types_[name])
+        return _convert(text, FIELD_TYPES[name])
     except ValueError as error:
         raise ValueError(f"Invalid value for {name}: {error}") from None
 

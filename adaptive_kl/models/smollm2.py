@@ -51,10 +51,6 @@ def smollm2_gguf_file() -> str:
     )
 
 
-def cache_root() -> str:
-    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "adaptive_kl")
-
-
 def smollm2_path(cache_dir: str | None = None) -> str:
     """Local directory of SmolLM2-135M-Instruct as a float32 checkpoint, converting the packaged GGUF on first use.
 
@@ -79,9 +75,10 @@ def smollm2_path(cache_dir: str | None = None) -> str:
         "transformers": transformers.__version__,
         "format": 2,  # with the directory name: raised when the conversion changes, so that it is redone
     }
-    target = os.path.join(
-        cache_dir or cache_root(), f"SmolLM2-135M-Instruct-Q4_1-float32-v2-transformers-{transformers.__version__}"
+    cache_dir = (
+        cache_dir or os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "adaptive_kl")
     )
+    target = os.path.join(cache_dir, f"SmolLM2-135M-Instruct-Q4_1-float32-v2-transformers-{transformers.__version__}")
     if _converted(target, key):
         return target
     if importlib.util.find_spec("gguf") is None:

@@ -23,11 +23,6 @@ CHAT_INSTRUCTION = "Give the final answer after ####."
 CHAT_TASK = {"kinds": ("sum",), "max_operand": 20, "validation_seed": 0}
 
 
-def chat_prompt(question: str) -> list[dict]:
-    """The conversation a chat model is asked: one user message with the question and the answer format."""
-    return [{"role": "user", "content": f"{question} {CHAT_INSTRUCTION}"}]
-
-
 def chat_datasets(n_train: int, n_validation: int, seed: int = 0):
     """Train and validation `datasets.Dataset`s of the chat task: `prompt` (a conversation), `answer`, `solution`
     (the reference working, `"7+12=19 #### 19"`) and `kind`. `seed` draws the train problems only."""
@@ -42,12 +37,18 @@ def chat_datasets(n_train: int, n_validation: int, seed: int = 0):
         max_operand=CHAT_TASK["max_operand"],
     )
 
-    def dataset(problems):
-        return Dataset.from_list(
+    # The question as a chat model is asked it: one user message, with the answer format.
+    return tuple(
+        Dataset.from_list(
             [
-                {"prompt": chat_prompt(p.question), "answer": str(p.answer), "solution": p.solution, "kind": p.kind}
+                {
+                    "prompt": [{"role": "user", "content": f"{p.question} {CHAT_INSTRUCTION}"}],
+                    "answer": str(p.answer),
+                    "solution": p.solution,
+                    "kind": p.kind,
+                }
                 for p in problems
             ]
         )
-
-    return dataset(train), dataset(validation)
+        for problems in (train, validation)
+    )

@@ -51,11 +51,6 @@ def general_chat_prompts(n: int | None = None) -> list[list[dict]]:
     return [[{"role": "user", "content": question}] for question in GENERAL_CHAT_PROMPTS[:n]]
 
 
-def general_retention_dataset(model, tokenizer, max_new_tokens: int, n: int | None = None):
-    """`own_answers_dataset` of the first `n` general chat prompts (all by default), for `RetentionCallback`."""
-    return own_answers_dataset(model, tokenizer, general_chat_prompts(n), max_new_tokens)
-
-
 def own_answers_dataset(model, tokenizer, prompts: list, max_new_tokens: int):
     """`datasets.Dataset` with `prompt` (rendered as `GRPOTrainer` renders prompts for generation: a conversation by
     the tokenizer's chat template, with the assistant's generation prompt) and `completion` (`model`'s greedy answer,

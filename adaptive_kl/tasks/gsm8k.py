@@ -41,11 +41,6 @@ def gsm8k_final_answer(solution: str) -> str:
     return number
 
 
-def _looks_like_local_path(path: str) -> bool:
-    # A missing local file should fail as such rather than as a failed hub lookup.
-    return looks_like_local_path(path) or path.endswith((*_JSON_SUFFIXES, _PARQUET_SUFFIX))
-
-
 def _read_json(path: Path) -> list[dict[str, Any]]:
     """Rows of a JSON Lines file, or of a `.json` file holding one array of rows."""
     text = path.read_text(encoding="utf-8")
@@ -59,12 +54,6 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{line_number}: not a JSON object: {error}") from error
     return rows
-
-
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq  # a dependency of `datasets`
-
-    return pq.read_table(path).to_pylist()
 
 
 def _split_file(directory: Path, split: str, name: str) -> Path:
@@ -94,7 +83,9 @@ def _read_local(path: Path, split: str, name: str) -> tuple[list[dict[str, Any]]
     if file.suffix in _JSON_SUFFIXES:
         return _read_json(file), str(file)
     if file.suffix == _PARQUET_SUFFIX:
-        return _read_parquet(file), str(file)
+        import pyarrow.parquet as pq  # a dependency of `datasets`
+
+        return pq.read_table(file).to_pylist(), str(file)
     raise ValueError(f"Unsupported GSM8K file {file}: expected .jsonl, .json or .parquet")
 
 
@@ -136,7 +127,8 @@ def load_gsm8k(
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be non-negative or None, got {limit}")
     local = Path(path).expanduser()
-    if local.exists() or _looks_like_local_path(path):
+    # A missing local file should fail as such rather than as a failed hub lookup.
+    if local.exists() or looks_like_local_path(path) or path.endswith((*_JSON_SUFFIXES, _PARQUET_SUFFIX)):
         rows, source = _read_local(local, split, name)
         if limit is not None:
             rows = rows[:limit]

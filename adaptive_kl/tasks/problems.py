@@ -7,7 +7,6 @@ reference policy was fine-tuned to write.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ class Problem:
     question: str
     equation: str
     answer: int
-    kind: str = ""  # key of `KINDS`
+    kind: str = ""  # one of `KINDS`
 
     @property
     def prompt(self) -> str:
@@ -41,39 +40,9 @@ def format_prompt(question: str) -> str:
     return f"{PROMPT_PREFIX}{question}{PROMPT_SUFFIX}"
 
 
-def _add(rng: random.Random, name: str, item: str, max_operand: int) -> Problem:
-    a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
-    return Problem(f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have?", f"{a}+{b}", a + b)
-
-
-def _subtract(rng: random.Random, name: str, item: str, max_operand: int) -> Problem:
-    a = rng.randint(2, max_operand)
-    b = rng.randint(1, a - 1)
-    return Problem(f"{name} has {a} {item} and gives {b} away. How many {item} are left?", f"{a}-{b}", a - b)
-
-
-def _multiply(rng: random.Random, name: str, item: str, max_operand: int) -> Problem:
-    a, b = rng.randint(2, 9), rng.randint(2, max(2, max_operand // 5))
-    return Problem(f"{name} has {a} bags of {b} {item}. How many {item} is that?", f"{a}*{b}", a * b)
-
-
-def _two_step(rng: random.Random, name: str, item: str, max_operand: int) -> Problem:
-    a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
-    c = rng.randint(1, a + b - 1)
-    return Problem(
-        f"{name} has {a} {item}, gets {b} more and gives {c} away. How many {item} are left?",
-        f"{a}+{b}-{c}",
-        a + b - c,
-    )
-
-
-def _sum(rng: random.Random, name: str, item: str, max_operand: int) -> Problem:
-    a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
-    return Problem(f"What is {a} + {b}?", f"{a}+{b}", a + b)
-
-
-KINDS = {"add": _add, "subtract": _subtract, "multiply": _multiply, "two_step": _two_step, "sum": _sum}
-# The word problems of the embedded task (what the embedded policy was fine-tuned on); "sum" is the chat task's.
+# The kinds of problem, each drawn in `generate_problems`; "sum" is the chat task's.
+KINDS = ("add", "subtract", "multiply", "two_step", "sum")
+# The word problems of the embedded task (what the embedded policy was fine-tuned on).
 EMBEDDED_KINDS = ("add", "subtract", "multiply", "two_step")
 
 
@@ -84,7 +53,7 @@ def generate_problems(n: int, seed: int = 0, max_operand: int = 50, kinds=EMBEDD
         n: number of problems.
         seed: seed of the generator.
         max_operand: largest number in a question (multiplication uses a single digit times up to max_operand/5).
-        kinds: problem kinds to draw from, uniformly (keys of `KINDS`).
+        kinds: problem kinds to draw from, uniformly (of `KINDS`).
     """
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
@@ -96,9 +65,29 @@ def generate_problems(n: int, seed: int = 0, max_operand: int = 50, kinds=EMBEDD
     problems = []
     for _ in range(n):
         kind = rng.choice(kinds)
-        problems.append(
-            dataclasses.replace(KINDS[kind](rng, rng.choice(NAMES), rng.choice(ITEMS), max_operand), kind=kind)
-        )
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        if kind == "add":
+            a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+            question = f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have?"
+            equation, answer = f"{a}+{b}", a + b
+        elif kind == "subtract":
+            a = rng.randint(2, max_operand)
+            b = rng.randint(1, a - 1)
+            question = f"{name} has {a} {item} and gives {b} away. How many {item} are left?"
+            equation, answer = f"{a}-{b}", a - b
+        elif kind == "multiply":
+            a, b = rng.randint(2, 9), rng.randint(2, max(2, max_operand // 5))
+            question = f"{name} has {a} bags of {b} {item}. How many {item} is that?"
+            equation, answer = f"{a}*{b}", a * b
+        elif kind == "two_step":
+            a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+            c = rng.randint(1, a + b - 1)
+            question = f"{name} has {a} {item}, gets {b} more and gives {c} away. How many {item} are left?"
+            equation, answer = f"{a}+{b}-{c}", a + b - c
+        else:  # "sum" (the name and item, drawn for every kind, go unused)
+            a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+            question, equation, answer = f"What is {a} + {b}?", f"{a}+{b}", a + b
+        problems.append(Problem(question, equation, answer, kind))
     return problems
 
 

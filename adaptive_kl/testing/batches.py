@@ -105,12 +105,8 @@ def loss_and_grads(trainer, inputs, *, train: bool = True, accumulation_steps: i
     return loss.detach(), grads
 
 
-def relative_difference(ours, stock, policy_only) -> float:
-    """|ours − stock| / max(|stock|, |policy_only|): relative to the magnitude of the terms summed, since the host adds
-    β·k before aggregating and we after, and the two summation orders differ by rounding."""
-    return (ours - stock).norm().item() / max(stock.norm().item(), policy_only.norm().item(), 1e-30)
-
-
 def assert_close_to_stock(ours, stock, policy_only, what: str, rtol: float = 1e-6) -> None:
-    """`relative_difference(ours, stock, policy_only) <= rtol`."""
-    assert relative_difference(ours, stock, policy_only) <= rtol, f"{what}: {ours} vs {stock}"
+    """|ours − stock| / max(|stock|, |policy_only|) <= `rtol`: relative to the magnitude of the terms summed, since the
+    host adds β·k before aggregating and we after, and the two summation orders differ by rounding."""
+    difference = (ours - stock).norm().item() / max(stock.norm().item(), policy_only.norm().item(), 1e-30)
+    assert difference <= rtol, f"{what}: {ours} vs {stock}"

@@ -81,13 +81,9 @@ def build_model(tokenizer, shape: str = "tiny", seed: int = 0) -> Qwen2ForCausal
 
 
 def save_random_model(directory: str, shape: str = "tiny", dtype: torch.dtype = torch.float32) -> str:
-    """Saves a random model of `shape` and its tokenizer to `directory` (TRL builds the reference from the path)."""
+    """Saves a random model of `shape` (the tiny one by default) and its tokenizer to `directory` (TRL builds the
+    reference from the path)."""
     tokenizer = build_tokenizer(MODEL_SHAPES[shape].get("vocab_size"))
     build_model(tokenizer, shape).to(dtype).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
-
-
-def save_tiny_model(directory: str) -> str:
-    """Saves the tiny model and its tokenizer to `directory`."""
-    return save_random_model(directory, "tiny")

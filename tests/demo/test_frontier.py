@@ -23,11 +23,14 @@ from adaptive_kl.demo.frontier import (
     methods,
     reach,
     read_methods,
-    write_frontier_plot,
     write_frontiers_plot,
 )
 from adaptive_kl.demo.runner import VariantRun
 from adaptive_kl.demo.seeds import group_name
+
+
+# The title `write_frontier_report` gives a frontier's picture.
+PLOT_TITLE = "Constant β's frontier and the methods"
 
 
 # --- the interpolation and its mirror -------------------------------------------------------------------------------
@@ -289,13 +292,13 @@ def test_the_sections_state_the_endpoint_and_read_every_method():
 def test_the_frontier_plot_is_written_on_a_log_or_linear_axis(tmp_path):
     pytest.importorskip("matplotlib")
     runs = fabricated_runs()
-    path = write_frontier_plot(runs, FRONTIER, str(tmp_path / "frontier.png"))
+    path = write_frontiers_plot([(runs, FRONTIER, PLOT_TITLE)], str(tmp_path / "frontier.png"))
     assert path == str(tmp_path / "frontier.png")
     check_png(path)
     # A drift of 0 (a method that never moved) cannot go on a log axis: the axis is linear.
     still = [*runs, fake("beta=0.2, loss_type=grpo, kl_scaling=log", 0, 0.0, 0.5)]
-    check_png(write_frontier_plot(still, FRONTIER, str(tmp_path / "linear.png")))
-    assert write_frontier_plot([], FRONTIER, str(tmp_path / "none.png")) is None
+    check_png(write_frontiers_plot([(still, FRONTIER, PLOT_TITLE)], str(tmp_path / "linear.png")))
+    assert write_frontiers_plot([([], FRONTIER, PLOT_TITLE)], str(tmp_path / "none.png")) is None
 
 
 def test_frontiers_drawn_side_by_side_give_one_method_one_look(tmp_path, monkeypatch):
@@ -330,7 +333,7 @@ def test_frontiers_drawn_side_by_side_give_one_method_one_look(tmp_path, monkeyp
     )
     assert len(set(left_looks.values())) == len(left_looks) == 5  # ABOVE, BELOW, ON, UNADJUSTED, the controller
     # The control: drawn alone, each panel numbers its methods in its own order, and the two would disagree.
-    check_png(write_frontier_plot(right, FRONTIER, str(tmp_path / "right.png")))
+    check_png(write_frontiers_plot([(right, FRONTIER, PLOT_TITLE)], str(tmp_path / "right.png")))
     (alone,) = figures.pop().axes
     assert looks(alone)[name[ON]] != left_looks[name[ON]]
 
@@ -356,7 +359,7 @@ def test_the_plots_reward_bars_stay_in_the_range_the_study_states(tmp_path, monk
     runs = [*fabricated_runs(), fake("kl_scaling=log", 0, 0.3, 0.1), fake("kl_scaling=log", 1, 0.3, 0.9)]
 
     def reward_bar_ends(frontier: Frontier) -> list[float]:
-        write_frontier_plot(runs, frontier, str(tmp_path / "frontier.png"))
+        write_frontiers_plot([(runs, frontier, PLOT_TITLE)], str(tmp_path / "frontier.png"))
         (axes,) = figures.pop().axes
         ends = [y for collection in axes.collections for segment in collection.get_segments() for _, y in segment]
         assert ends, "the picture has no error bars"

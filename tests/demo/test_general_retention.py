@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from adaptive_kl.demo.report import SUMMARY_HEADER, summarize, summary_table
 from adaptive_kl.demo.runner import VariantRun, merged_by_step
 from adaptive_kl.tasks import general
-from adaptive_kl.tasks.general import GENERAL_CHAT_PROMPTS, general_retention_dataset
+from adaptive_kl.tasks.general import GENERAL_CHAT_PROMPTS, own_answers_dataset
 from adaptive_kl.trainers.generation import generate_greedy
 
 
@@ -36,8 +36,8 @@ def test_the_general_prompts_are_not_the_training_task():
 
 def test_the_set_is_the_starting_policy_own_greedy_answers(chat_policy):
     model, tokenizer = chat_policy
-    dataset = general_retention_dataset(model, tokenizer, max_new_tokens=12)
     conversations = general.general_chat_prompts()
+    dataset = own_answers_dataset(model, tokenizer, conversations, max_new_tokens=12)
     answers = generate_greedy(model, tokenizer, conversations, max_new_tokens=12)
     kept = [i for i, answer in enumerate(answers) if tokenizer(answer, add_special_tokens=False)["input_ids"]]
     assert len(kept) >= len(answers) // 2  # the perturbed model answers most prompts
@@ -52,11 +52,9 @@ def test_the_first_n_prompts(chat_policy):
     model, tokenizer = chat_policy
     assert [c[0]["content"] for c in general.general_chat_prompts(3)] == list(GENERAL_CHAT_PROMPTS[:3])
     assert len(general.general_chat_prompts()) == len(GENERAL_CHAT_PROMPTS)
-    dataset = general_retention_dataset(model, tokenizer, max_new_tokens=12, n=3)
-    assert (
-        dataset["completion"]
-        == general_retention_dataset(model, tokenizer, max_new_tokens=12)["completion"][: len(dataset)]
-    )
+    dataset = own_answers_dataset(model, tokenizer, general.general_chat_prompts(3), max_new_tokens=12)
+    every = own_answers_dataset(model, tokenizer, general.general_chat_prompts(), max_new_tokens=12)
+    assert dataset["completion"] == every["completion"][: len(dataset)]
     assert len(dataset) <= 3
 
 
@@ -65,11 +63,11 @@ def test_empty_answers_are_left_out_and_no_answer_at_all_gives_no_set(chat_polic
     n = len(GENERAL_CHAT_PROMPTS)
     answers = ["ab" if i % 3 == 0 else "" for i in range(n)]
     monkeypatch.setattr("adaptive_kl.trainers.generation.generate_greedy", lambda *a, **k: answers)
-    dataset = general_retention_dataset(model, tokenizer, max_new_tokens=4)
+    dataset = own_answers_dataset(model, tokenizer, general.general_chat_prompts(), max_new_tokens=4)
     assert dataset["completion"] == ["ab"] * len(range(0, n, 3))
     assert dataset["prompt"][1] == f"user: {GENERAL_CHAT_PROMPTS[3]}\nassistant: "
     monkeypatch.setattr("adaptive_kl.trainers.generation.generate_greedy", lambda *a, **k: [""] * n)
-    assert general_retention_dataset(model, tokenizer, max_new_tokens=4) is None
+    assert own_answers_dataset(model, tokenizer, general.general_chat_prompts(), max_new_tokens=4) is None
 
 
 def test_retention_histories_merge_by_step():

@@ -275,14 +275,17 @@ def test_compare_quick_on_the_real_model(smollm2_dir, tmp_path):
     """`adaptive-kl compare --model smollm2 --quick`: trains with LoRA on the chat task (its graded reward beside the
     task's: no group ties) and writes the report, with the step-0 validation of the card's kind (strict and lenient
     accuracy, format, length) and the held-out KL. It trains: every step has a gradient, and the LoRA weights moved
-    (a fresh adapter's B matrices are 0). About 100 s on 2 quiet cores; `run_python`'s limit only guards a hang."""
+    (a fresh adapter's B matrices are 0). On 4 validation problems (and as many general chat prompts), not `--quick`'s
+    8, and with completions of at most 32 tokens in training, not 64: about 70 s on 2 quiet cores instead of 95;
+    `run_python`'s limit only guards a hang."""
     import csv
 
     from safetensors.torch import load_file
 
     out = tmp_path / "compare"
-    run_python("-m", "adaptive_kl", "compare", "--model", "smollm2", "--quick", "--beta", "0.04", "--out", str(out),
-               "--no-progress", "--save-every", "2")  # fmt: skip
+    run_python("-m", "adaptive_kl", "compare", "--model", "smollm2", "--quick", "--n-validation", "4",
+               "--set", "max_completion_length=32", "--beta", "0.04", "--out", str(out), "--no-progress",
+               "--save-every", "2")  # fmt: skip
     rows = list(csv.DictReader(open(out / "metrics.csv")))
     steps = [row for row in rows if row["step"] not in ("", "0")]
     assert len(steps) == 2 and all(float(row["adaptive_kl/current_beta"]) == 0.04 for row in steps)
@@ -310,15 +313,16 @@ def test_compare_quick_on_the_real_model(smollm2_dir, tmp_path):
 
 def test_frontier_quick_on_the_real_model(smollm2_dir, tmp_path):
     """`adaptive-kl frontier --model smollm2 --quick --seeds 0`: the quick line (β = 0 and 0.2) on one seed, each run
-    a `compare --quick` of its own, and the summary's table of β against drift with the start's point. The limit is
-    a guard against a hang, far above the ~3 min it takes on 2 quiet cores."""
+    a `compare --quick` of its own (on 4 validation problems and training on completions of at most 32 tokens, as the
+    test above), and the summary's table of β against drift with the start's point. The limit is a guard against a
+    hang, far above the ~2.5 min it takes on 2 quiet cores."""
     import subprocess
     import sys
 
     out = tmp_path / "frontier"
     result = subprocess.run(
-        [sys.executable, "-m", "adaptive_kl", "frontier", "--model", "smollm2", "--quick", "--seeds", "0", "--out",
-         str(out), "--no-progress"],
+        [sys.executable, "-m", "adaptive_kl", "frontier", "--model", "smollm2", "--quick", "--n-validation", "4",
+         "--set", "max_completion_length=32", "--seeds", "0", "--out", str(out), "--no-progress"],
         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=HANG_TIMEOUT,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -331,5 +335,5 @@ def test_frontier_quick_on_the_real_model(smollm2_dir, tmp_path):
 
     (run,) = load_runs(str(out / "runs" / "beta_0.2" / "seed-0"))
     assert len(run.history) == 2 and run.provenance["command"].startswith(
-        "adaptive-kl compare --model smollm2 --quick"
+        "adaptive-kl compare --model smollm2 --n-validation 4 --quick"
     )

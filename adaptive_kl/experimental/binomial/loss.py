@@ -80,11 +80,6 @@ def _position_chunks(batch: int, length: int, vocab: int):
             yield b, t0, min(t0 + step, length)
 
 
-def _logsumexp_without(z: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """logsumexp of each row of `z` `(n, V)` with the entry at `index` `(n,)` left out."""
-    return z.scatter(-1, index.unsqueeze(-1), float("-inf")).logsumexp(-1)
-
-
 class _TokenLogProbs(torch.autograd.Function):
     """(logits, token_ids, temperature) -> the four `BinomialLogProbs` fields; see `token_log_probs_from_logits`."""
 
@@ -102,9 +97,10 @@ class _TokenLogProbs(torch.autograd.Function):
             chunk_lse = z.logsumexp(-1)
             z_max, idx_max = z.max(-1)
             log_p[b, t0:t1] = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - chunk_lse
-            log1m_p[b, t0:t1] = _logsumexp_without(z, ids) - chunk_lse
+            # log(1 − p): the logsumexp of the other entries of the row, the chosen one set to −inf.
+            log1m_p[b, t0:t1] = z.scatter(-1, ids.unsqueeze(-1), float("-inf")).logsumexp(-1) - chunk_lse
             log_p_max[b, t0:t1] = z_max - chunk_lse
-            log1m_p_max[b, t0:t1] = _logsumexp_without(z, idx_max) - chunk_lse
+            log1m_p_max[b, t0:t1] = z.scatter(-1, idx_max.unsqueeze(-1), float("-inf")).logsumexp(-1) - chunk_lse
             lse[b, t0:t1] = chunk_lse
             argmax[b, t0:t1] = idx_max
         ctx.save_for_backward(logits, token_ids, argmax, log1m_p, log1m_p_max, lse)
@@ -193,30 +189,6 @@ def log1m_exp(log_p: torch.Tensor) -> torch.Tensor:
     return torch.where(near_zero, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(b)))
 
 
-def bernoulli_kl(
-    log_q: torch.Tensor, log1m_q: torch.Tensor, log_p: torch.Tensor, log1m_p: torch.Tensor
-) -> torch.Tensor:
-    """KL(Bern(q) ‖ Bern(p)) = q·(log q − log p) + (1 − q)·(log(1 − q) − log(1 − p)), from log-probabilities.
-
-    A term whose weight (q or 1 − q) is 0 is 0 (0·log 0 = 0), with a zero, not NaN, gradient.
-
-    Args:
-        log_q, log1m_q (`torch.Tensor`): log q and log(1 − q) of the target.
-        log_p, log1m_p (`torch.Tensor`): log p and log(1 − p) of the model (broadcastable to the target's shape).
-
-    Returns:
-        `torch.Tensor`: the per-element KL, ≥ 0 up to rounding.
-    """
-
-    def term(log_w, log_ratio_a, log_ratio_b):
-        weight = log_w.exp()
-        live = weight > 0
-        diff = torch.where(live, log_ratio_a - log_ratio_b, torch.zeros_like(weight))
-        return weight * diff
-
-    return term(log_q, log_q, log_p) + term(log1m_q, log1m_q, log1m_p)
-
-
 def binomial_kl_max(
     log_p: torch.Tensor,
     log_p_max: torch.Tensor,
@@ -241,7 +213,12 @@ def binomial_kl_max(
     log1m_p_max = log1m_exp(log_p_max) if log1m_p_max is None else log1m_p_max
     if detach_target:
         log_p_max, log1m_p_max = log_p_max.detach(), log1m_p_max.detach()
-    return bernoulli_kl(log_p_max, log1m_p_max, log_p, log1m_p)
+    # KL(Bern(q) ‖ Bern(p)) = q·(log q − log p) + (1 − q)·(log(1 − q) − log(1 − p)) with q = p_max. A term whose weight
+    # is 0 is 0 (0·log 0 = 0): its log is −inf, so `where` rather than the product keeps its value and gradient at 0.
+    q, one_minus_q = log_p_max.exp(), log1m_p_max.exp()
+    first = q * torch.where(q > 0, log_p_max - log_p, torch.zeros_like(q))
+    second = one_minus_q * torch.where(one_minus_q > 0, log1m_p_max - log1m_p, torch.zeros_like(one_minus_q))
+    return first + second
 
 
 def binomial_kl_half(log_p: torch.Tensor, *, log1m_p: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
