@@ -34,11 +34,6 @@ def step_scale(step: int, scaling: str, rate: float = DEFAULT_KL_SCALING_RATE) -
         raise ValueError(f"kl_scaling must be one of {KL_SCALINGS}, got {scaling!r}.")
     if scaling == "exp" and not (is_finite_number(rate) and 0 < rate <= 1):
         raise ValueError(f"kl_scaling_rate must be a number in (0, 1], got {rate!r}.")
-    return checked_step_scale(step, scaling, rate)
-
-
-def checked_step_scale(step: int, scaling: str, rate: float) -> float:
-    """`step_scale` of a scaling and rate already checked (a `BetaController`'s, every micro-batch)."""
     if scaling == "none" or step <= 1:
         return 1.0
     if scaling == "linear":
@@ -177,8 +172,8 @@ class BetaController:
 
     def beta_and_scale(self, step: int) -> tuple[float, float]:
         """`(β_t, α(t))` for optimizer step `step`: β_base(t) is the controlled coefficient, or `beta_min` from
-        `beta_schedule_steps` on under `dynamic`; α(t) the step scaling, checked at construction."""
-        scale = checked_step_scale(step, self.kl_scaling, self.kl_scaling_rate)
+        `beta_schedule_steps` on under `dynamic`; α(t) the step scaling."""
+        scale = step_scale(step, self.kl_scaling, self.kl_scaling_rate)
         base = self.beta_min if self.dynamic and step >= self.beta_schedule_steps else self.beta_base
         return base * scale, scale
 
