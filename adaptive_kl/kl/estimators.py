@@ -87,7 +87,7 @@ def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3", log_ratio_clip: 
     # samples from q = π_θ, p = π_ref and ratio p/q = exp(−r)).
     if estimator == "k1":
         return r
-    k2 = 0.5 * r.square()
+    k2 = 0.5 * r.square() if estimator in ("k2", *STRAIGHT_THROUGH_ESTIMATORS) else None  # k3 at the defaults: none
     if estimator == "k2":
         return k2
     # k3 as expm1(−r) + r: accurate near r = 0, and never below zero (exp(−r) − 1 + r is, by half an ulp, for small

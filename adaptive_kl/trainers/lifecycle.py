@@ -26,6 +26,7 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+import peft
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -48,12 +49,12 @@ from .reference import (
     copy_policy_to_reference,
     load_reference,
     prepare_reference_resets,
-    reference_never_scored,
+    reference_unread_at_zero_beta,
     restore_trained_adapter,
     save_reference,
     warn_if_reference_is_base,
 )
-from .state import STATE_CALLBACK, check_resumed_kl_state, saved_attribute
+from .state import STATE_CALLBACK, check_resumed_kl_state, resumes_past_the_switch, saved_attribute
 
 
 @dataclass(frozen=True)
@@ -224,8 +225,18 @@ class AdaptiveKLRun:
             self.host_class, self.host_family, self.config_class, model, args, name, self.host_family.upper()
         )
         self._prepare_host(args, more, kwargs)
-        on_unsloth = self._unsloth_module is not None
-        loads_no_reference = reference_never_scored(args, model, kwargs.get("peft_config"), on_unsloth)
+        # The host need not load a full-model reference that would never be scored: a resume past the switch, with
+        # nothing else reading the reference (`train` then refuses to start anywhere else). A PEFT reference is the
+        # base model itself; Unsloth builds its own.
+        loads_no_reference = (
+            args.beta > 0
+            and args.skip_zero_beta_reference
+            and reference_unread_at_zero_beta(args)
+            and kwargs.get("peft_config") is None
+            and not isinstance(model, peft.PeftModel)
+            and self._unsloth_module is None
+            and resumes_past_the_switch(args, args.resume_from_checkpoint)
+        )
         with host_built_without_reference(self, args) if loads_no_reference else nullcontext():
             super().__init__(model, reward_funcs, args, *more, **kwargs)
         check_host_attributes(self, self.host_family)
@@ -454,7 +465,9 @@ class AdaptiveKLRun:
         # A run that does not resume starts from step 1 with a new optimizer, so β starts afresh too; a resumed run
         # gets the checkpoint's state. Nothing measured by an earlier (perhaps interrupted) run carries over.
         if self.zero_beta is not None:
-            self.zero_beta.start_run(resume_from_checkpoint)
+            self.zero_beta.start_run(
+                resume_from_checkpoint, resumes_past_the_switch(self.args, resume_from_checkpoint)
+            )
         self.kl_monitor.start_run()
         self.warned.clear()
         self.scored_batches = {}

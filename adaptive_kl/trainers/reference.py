@@ -30,7 +30,6 @@ from transformers.utils import logging
 
 from ..kl.controller import BetaController
 from ..kl.validation import is_finite_number
-from .state import read_checkpoint_kl_state, resolve_checkpoint
 
 
 REFERENCE_ADAPTER = "ref"  # the name TRL scores a PEFT model's reference with, when that adapter exists
@@ -258,42 +257,13 @@ def reference_unread_at_zero_beta(args) -> bool:
     )
 
 
-def resumes_past_the_switch(args, resume_from_checkpoint) -> bool:
-    """Whether a run of `args` resumed from `resume_from_checkpoint` (a path, or `True`: the last checkpoint in
-    `args.output_dir`) has β_t = 0 for good from its first optimizer step on: `BetaController.is_zero_from` the step
-    after the checkpoint's, with the controller state the checkpoint saved. False without such a checkpoint, or when
-    it saved no state of ours (a resume from it is refused, or restarts β: see `resume_without_kl_state`)."""
-    checkpoint = resolve_checkpoint(resume_from_checkpoint, args.output_dir) if resume_from_checkpoint else None
-    saved = read_checkpoint_kl_state(checkpoint) if checkpoint is not None else None
-    if saved is None:
-        return False
-    controller = BetaController.from_args(args)
-    controller.load_state_dict(saved["controller_state"])
-    return controller.is_zero_from(saved["global_step"] + 1)
-
-
-def reference_never_scored(args, model, peft_config, on_unsloth: bool) -> bool:
-    """Before the host's `__init__`: whether a full-model reference would never be scored, so the host need not load
-    it: `args.resume_from_checkpoint` is past the switch and nothing else reads the reference (`train` then refuses to
-    start anywhere else). A PEFT reference is the base model itself (nothing to save); Unsloth builds its own."""
-    return (
-        args.beta > 0
-        and args.skip_zero_beta_reference
-        and reference_unread_at_zero_beta(args)
-        and peft_config is None
-        and not isinstance(model, peft.PeftModel)
-        and not on_unsloth
-        and resumes_past_the_switch(args, args.resume_from_checkpoint)
-    )
-
-
 @dataclass
 class ZeroBetaReference:
     """Decides, batch by batch, whether the reference is scored, and when a full-model reference may be freed.
 
-    `released`: the reference model is gone (freed, or never loaded: `reference_never_scored`); `monitored_window`: the
-    last window of `kl_monitor_steps` optimizer steps measured anyway; `eval_monitored`: whether the evaluation in
-    progress measured its first batch. Only the main process logs what it did.
+    `released`: the reference model is gone (freed, or never loaded on a resume past the switch);
+    `monitored_window`: the last window of `kl_monitor_steps` optimizer steps measured anyway; `eval_monitored`:
+    whether the evaluation in progress measured its first batch. Only the main process logs what it did.
     """
 
     args: object = field(repr=False)
@@ -375,8 +345,9 @@ class ZeroBetaReference:
                 "reference model is no longer scored, and its memory was freed."
             )
 
-    def start_run(self, resume_from_checkpoint) -> None:
-        """Before `train()`: refuses (`ValueError`) a start the released reference cannot serve; measures afresh."""
-        if self.released and not resumes_past_the_switch(self.args, resume_from_checkpoint):
+    def start_run(self, resume_from_checkpoint, past_the_switch: bool) -> None:
+        """Before `train()`: refuses (`ValueError`) a start the released reference cannot serve, one that does not
+        resume past the switch (`past_the_switch`: `state.resumes_past_the_switch`); measures afresh."""
+        if self.released and not past_the_switch:
             raise ValueError(f"Cannot train from resume_from_checkpoint={resume_from_checkpoint!r}: {self.why_none}")
         self.monitored_window, self.eval_monitored = None, False

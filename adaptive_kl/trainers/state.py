@@ -13,6 +13,7 @@ import os
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..kl.controller import BetaController
+from .reference import ReferenceResets
 
 
 TRAINER_STATE_FILE = "trainer_state.json"  # Transformers' name for it
@@ -59,8 +60,6 @@ def read_checkpoint_kl_state(checkpoint: str) -> dict | None:
     try:
         BetaController(1.0).load_state_dict(controller_state)  # the same checks as on resume, on scratch objects
         if reset_state is not None:
-            from .reference import ReferenceResets  # not at import: `reference` reads checkpoints through this module
-
             ReferenceResets().load_state_dict(reset_state)
     except ValueError as error:
         raise ValueError(
@@ -99,3 +98,17 @@ def check_resumed_kl_state(args, controller: BetaController, resume_from_checkpo
             "set resume_without_kl_state=True."
         )
     return checkpoint, saved
+
+
+def resumes_past_the_switch(args, resume_from_checkpoint) -> bool:
+    """Whether a run of `args` resumed from `resume_from_checkpoint` (a path, or `True`: the last checkpoint in
+    `args.output_dir`) has β_t = 0 for good from its first optimizer step on: `BetaController.is_zero_from` the step
+    after the checkpoint's, with the controller state the checkpoint saved. False without such a checkpoint, or when
+    it saved no state of ours (a resume from it is refused, or restarts β: see `resume_without_kl_state`)."""
+    checkpoint = resolve_checkpoint(resume_from_checkpoint, args.output_dir) if resume_from_checkpoint else None
+    saved = read_checkpoint_kl_state(checkpoint) if checkpoint is not None else None
+    if saved is None:
+        return False
+    controller = BetaController.from_args(args)
+    controller.load_state_dict(saved["controller_state"])
+    return controller.is_zero_from(saved["global_step"] + 1)
