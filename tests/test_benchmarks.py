@@ -118,7 +118,7 @@ def test_at_the_defaults_every_operation_ours_adds_is_the_packages_own(tmp_path)
     assert own and all(name.startswith(("`kl/", "`trainers/grpo.py:_loss_and_kl_sums`")) for name in own), own
     assert rows["ours (adapting β)"][1:5] == ours[1:5], rows
     assert stock[5] == again[5] == "+0" and int(ours[5]) > 0, (stock, again, ours)  # the metrics: at the log line
-    # its own term, in the micro-batch: the formula sheet's aggregation as the host's loss type, which the defaults skip
+    # its own term, in the micro-batch: the formula sheet's aggregation as the host's loss, which the defaults skip
     assert "`kl/aggregation.py:aggregate_like_host`" in rows["ours (own term)"][4], rows
     assert "`kl/aggregation.py:aggregate_like_host`" not in ours[4], ours
 
