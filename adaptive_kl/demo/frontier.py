@@ -710,13 +710,14 @@ LINE_LABEL = "constant β (seed means)"
 START_LABEL = "the start (drift 0; on a log axis, drawn at its left edge)"
 
 
-def bar(value: float, half_width: float, low: float = -math.inf, high: float = math.inf) -> tuple[float, float]:
-    """`(below, above)`: the lengths of the bar `value ± half_width` drawn from `value`, stopped at `low` and `high`.
-    A t-interval over few seeds can reach past what the metric can take (over 2 seeds it is 12.7 standard errors
-    wide); the picture shows only values the metric can take. A `value` outside them means the range is wrong."""
+def bar(value: float, half_width: float, low: float = -math.inf, high: float = math.inf) -> list[list[float]]:
+    """`[[below], [above]]`, one point's bar as matplotlib's `errorbar` takes it: the lengths of the bar
+    `value ± half_width` drawn from `value`, stopped at `low` and `high`. A t-interval over few seeds can reach past
+    what the metric can take (over 2 seeds it is 12.7 standard errors wide); the picture shows only values the metric
+    can take. A `value` outside them means the range is wrong."""
     if not low <= value <= high:
         raise ValueError(f"{value!r} is outside the range its metric is stated to take, [{low:g}, {high:g}]")
-    return value - max(value - half_width, low), min(value + half_width, high) - value
+    return [[value - max(value - half_width, low)], [min(value + half_width, high) - value]]
 
 
 def write_frontiers_plot(panels: list[tuple[list[VariantRun], Frontier, str]], path: str) -> str | None:
@@ -797,13 +798,6 @@ def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str, lo
     logarithmic = min(means) > 0
     # A log axis cannot show 0: bars that reach it stop at the left edge, a third of the least mean.
     left = min(means) / 3 if logarithmic else -math.inf
-
-    def xerr(x: float, half_width: float) -> list[list[float]]:
-        return [[length] for length in bar(x, half_width, low=left)]
-
-    def yerr(y: float, half_width: float) -> list[list[float]]:
-        return [[length] for length in bar(y, half_width, *frontier.y_range)]
-
     starts = [seed_line.start for seed_line in line_by_seed(runs, frontier, with_start=True).values()]
     start_y = mean_interval([start[frontier.y] for start in starts if start]) if frontier.start_steps else None
     if line:
@@ -813,21 +807,21 @@ def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str, lo
             start_x = left if logarithmic else 0.0
             mean, half_width = start_y[0], 0.0 if math.isnan(start_y[1]) else start_y[1]
             ax.plot([start_x, ordered[0][1][0]], [mean, ordered[0][2][0]], "--", color="0.45", zorder=1)
-            ax.errorbar(start_x, mean, yerr=yerr(mean, half_width), fmt="o", mfc="white", color="black", ecolor="0.4",
-                        elinewidth=1, capsize=3, markersize=6, zorder=3,
+            ax.errorbar(start_x, mean, yerr=bar(mean, half_width, *frontier.y_range), fmt="o", mfc="white",
+                        color="black", ecolor="0.4", elinewidth=1, capsize=3, markersize=6, zorder=3,
                         label=START_LABEL)  # fmt: skip
         for i, (beta, (x, x_half), (y, y_half)) in enumerate(line):
-            ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=yerr(y, y_half), fmt="o", color="black", ecolor="0.4",
-                        elinewidth=1, capsize=3, markersize=6, zorder=3,
+            ax.errorbar(x, y, xerr=bar(x, x_half, low=left), yerr=bar(y, y_half, *frontier.y_range), fmt="o",
+                        color="black", ecolor="0.4", elinewidth=1, capsize=3, markersize=6, zorder=3,
                         label=LINE_LABEL if i == 0 else None)  # fmt: skip
             ax.annotate(f"β = {beta}", (x, y), textcoords="offset points", xytext=(6, -13), fontsize=8, color="0.1",
                         bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.8),
                         zorder=5)  # fmt: skip
     for i, (name, (x, x_half), (y, y_half)) in enumerate(marks):
         look = i if looks is None else looks[look_of[name]]
-        ax.errorbar(x, y, xerr=xerr(x, x_half), yerr=yerr(y, y_half), fmt=MARKERS[look % len(MARKERS)],
-                    color=COLOURS[look % len(COLOURS)], elinewidth=1, capsize=3, markersize=8, alpha=0.9, zorder=4,
-                    label=labels[name])  # fmt: skip
+        ax.errorbar(x, y, xerr=bar(x, x_half, low=left), yerr=bar(y, y_half, *frontier.y_range),
+                    fmt=MARKERS[look % len(MARKERS)], color=COLOURS[look % len(COLOURS)], elinewidth=1, capsize=3,
+                    markersize=8, alpha=0.9, zorder=4, label=labels[name])  # fmt: skip
     if logarithmic:
         ax.set_xscale("log")
         ax.set_xlim(left=left / 1.25)  # the start's marker, drawn at `left`, whole

@@ -339,10 +339,11 @@ def test_frontiers_drawn_side_by_side_give_one_method_one_look(tmp_path, monkeyp
 
 
 def test_a_bar_stops_where_the_metric_cannot_go():
-    assert bar(0.5, 0.2) == pytest.approx((0.2, 0.2))  # no range: the whole interval
-    assert bar(0.9, 0.5, 0.0, 1.0) == pytest.approx((0.5, 0.1))  # cut at the top
-    assert bar(0.1, 0.5, 0.0, 1.0) == pytest.approx((0.1, 0.5))  # and at the bottom
-    assert bar(0.4, 0.6, low=0.1) == pytest.approx((0.3, 0.6))
+    # `[[below], [above]]`, as matplotlib's `errorbar` takes one point's bar.
+    assert bar(0.5, 0.2) == [[pytest.approx(0.2)], [pytest.approx(0.2)]]  # no range: the whole interval
+    assert bar(0.9, 0.5, 0.0, 1.0) == [[pytest.approx(0.5)], [pytest.approx(0.1)]]  # cut at the top
+    assert bar(0.1, 0.5, 0.0, 1.0) == [[pytest.approx(0.1)], [pytest.approx(0.5)]]  # and at the bottom
+    assert bar(0.4, 0.6, low=0.1) == [[pytest.approx(0.3)], [pytest.approx(0.6)]]
     with pytest.raises(ValueError, match=r"outside the range its metric is stated to take, \[0, 1\]"):
         bar(1.05, 0.1, 0.0, 1.0)
 
