@@ -147,23 +147,20 @@ def binomial_interval(successes: int, trials: int) -> tuple[float, float]:
     binomial distribution. `(nan, nan)` without trials."""
     if trials == 0:
         return math.nan, math.nan
-    ends = []
-    # Each end is where P(X ≥ k | p) = 1 − P(X ≤ k − 1 | p), which rises with p, crosses the level: 0.025 at
-    # k = successes (the lower end), 0.975 at k = successes + 1 (the upper, where P(X ≤ successes | p) = 0.025).
-    for below, level, at_the_edge, edge in (
-        (successes - 1, 0.025, successes == 0, 0.0),  # no success: the lower end is 0
-        (successes, 0.975, successes == trials, 1.0),  # every trial a success: the upper end is 1
-    ):
-        if at_the_edge:
-            ends.append(edge)
-            continue
-        low, high = 0.0, 1.0  # bisection on p
+
+    def at_most(k: int, p: float) -> float:  # P(X ≤ k) for X ~ Binomial(trials, p)
+        return sum(math.comb(trials, i) * p**i * (1 - p) ** (trials - i) for i in range(k + 1))
+
+    def solve(rising, level: float) -> float:  # the p in [0, 1] where the increasing `rising(p)` crosses `level`
+        low, high = 0.0, 1.0
         for _ in range(100):
             middle = (low + high) / 2
-            at_most = sum(math.comb(trials, i) * middle**i * (1 - middle) ** (trials - i) for i in range(below + 1))
-            low, high = (middle, high) if 1 - at_most < level else (low, middle)
-        ends.append((low + high) / 2)
-    return ends[0], ends[1]
+            low, high = (middle, high) if rising(middle) < level else (low, middle)
+        return (low + high) / 2
+
+    lower = 0.0 if successes == 0 else solve(lambda p: 1 - at_most(successes - 1, p), 0.025)  # P(X ≥ k) = 0.025
+    upper = 1.0 if successes == trials else solve(lambda p: 1 - at_most(successes, p), 0.975)  # P(X ≤ k) = 0.025
+    return lower, upper
 
 
 def format_p(p: float) -> str:

@@ -49,6 +49,10 @@ def _as_list(ids) -> list[int]:
     return ids.tolist() if hasattr(ids, "tolist") else ids
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
 def unique_fraction(completion_ids: Sequence[Sequence[int]], num_generations: int) -> float:
     """Mean over groups of (distinct completions in the group) / `num_generations`.
 
@@ -64,7 +68,7 @@ def unique_fraction(completion_ids: Sequence[Sequence[int]], num_generations: in
     fractions = [
         len({tuple(_as_list(ids)) for ids in completion_ids[k * g : (k + 1) * g]}) / g for k in range(num_groups)
     ]
-    return sum(fractions) / len(fractions) if fractions else float("nan")
+    return _mean(fractions)
 
 
 def distinct_n(completion_ids: Sequence[Sequence[int]], num_generations: int, n: int) -> float:
@@ -95,7 +99,7 @@ def distinct_n(completion_ids: Sequence[Sequence[int]], num_generations: int, n:
                 ids = _as_list(ids)  # its n-grams: tuples of n consecutive ids (for n = 1, the ids themselves)
                 distinct.update(zip(*(ids[i:] for i in range(n))) if n > 1 else ids)
             ratios.append(len(distinct) / total)
-    return sum(ratios) / len(ratios) if ratios else float("nan")
+    return _mean(ratios)
 
 
 def mean_pairwise_cosine(embeddings: torch.Tensor, num_generations: int) -> float:

@@ -80,6 +80,11 @@ def _position_chunks(batch: int, length: int, vocab: int):
             yield b, t0, min(t0 + step, length)
 
 
+def _logsumexp_without(z: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """logsumexp of each row of `z` `(n, V)` with the entry at `index` `(n,)` left out: log(1 − p) + logsumexp(z)."""
+    return z.scatter(-1, index.unsqueeze(-1), float("-inf")).logsumexp(-1)
+
+
 class _TokenLogProbs(torch.autograd.Function):
     """(logits, token_ids, temperature) -> the four `BinomialLogProbs` fields; see `token_log_probs_from_logits`."""
 
@@ -97,10 +102,9 @@ class _TokenLogProbs(torch.autograd.Function):
             chunk_lse = z.logsumexp(-1)
             z_max, idx_max = z.max(-1)
             log_p[b, t0:t1] = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - chunk_lse
-            # log(1 − p): the logsumexp of the other entries of the row, the chosen one set to −inf.
-            log1m_p[b, t0:t1] = z.scatter(-1, ids.unsqueeze(-1), float("-inf")).logsumexp(-1) - chunk_lse
+            log1m_p[b, t0:t1] = _logsumexp_without(z, ids) - chunk_lse
             log_p_max[b, t0:t1] = z_max - chunk_lse
-            log1m_p_max[b, t0:t1] = z.scatter(-1, idx_max.unsqueeze(-1), float("-inf")).logsumexp(-1) - chunk_lse
+            log1m_p_max[b, t0:t1] = _logsumexp_without(z, idx_max) - chunk_lse
             lse[b, t0:t1] = chunk_lse
             argmax[b, t0:t1] = idx_max
         ctx.save_for_backward(logits, token_ids, argmax, log1m_p, log1m_p_max, lse)
