@@ -91,8 +91,9 @@ class KLHealthCallback(TrainerCallback):
     def above_band_advice(self, args) -> tuple[str, dict]:
         """What to change when the KL is above the band, for the training arguments `args`: the sentence, and the
         settings it names with their values (`{}` where it names none), each one a configuration `args`'s class
-        accepts: a target-KL controller only where the config has one and can take it (β > 0, no `dynamic`), with a
-        ceiling above β so that it can raise β at all."""
+        accepts. A constant β comes first, as the studies found (docs/studies/README.md); a target-KL controller only
+        after it, where the config has one and can take it (β > 0, no `dynamic`), with a ceiling above β so that it
+        can raise β at all."""
         if args is None:  # no configuration to read
             return "Raise beta.", {}
         beta = getattr(args, "beta", None)
@@ -107,6 +108,8 @@ class KLHealthCallback(TrainerCallback):
                 "controller cannot be combined with 'dynamic'.",
                 {},
             )
+        if controller != "fixed" and args.beta_max == math.inf:  # no ceiling to raise
+            return f"Lower target_kl (now {args.target_kl:g}) into the band.", {}
         if controller != "fixed":
             ceiling = beta if args.beta_max is None else args.beta_max
             settings = {"beta_max": 2 * ceiling}
@@ -118,9 +121,12 @@ class KLHealthCallback(TrainerCallback):
         middle = float(f"{(self.low + self.high) / 2:.3g}")  # the band's middle, as a reader would write it
         settings = {"kl_controller": "stepwise", "target_kl": middle, "beta_max": float(f"{4 * beta:.3g}")}
         return (
-            "Raise beta, or let a target-KL controller hold the KL in the band ("
+            f"Raise beta (now {beta:g}) and keep it constant: in the package's frontier studies no adaptive method or "
+            "target-KL controller was detected earning more reward than a constant beta at the same drift, and "
+            "`adaptive-kl frontier` measures the drift each constant beta gives on your model. Only where the KL "
+            "itself must stay in the band, a target-KL controller can steer it ("
             + ", ".join(f"{name}={value!r}" for name, value in settings.items())
-            + ": a controller raises beta no higher than beta_max).",
+            + "; no controller held a target within +-50% in those studies).",
             settings,
         )
 

@@ -103,7 +103,10 @@ class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig):
             Lower bound of β under `dynamic` and the target-KL controllers.
         beta_max (`float` or `None`, *optional*, defaults to `None`):
             Ceiling of β under the target-KL controllers, the rules that raise it. `None`: `beta`, where β starts: a
-            controller may lower β towards a larger KL and raise it back, never past the β you chose. In [`beta`, ∞).
+            controller may lower β towards a larger KL and raise it back, never past the β you chose. In [`beta`, ∞]:
+            `float("inf")` is no ceiling (Ziegler et al.'s controller, as verl and OpenRLHF run it). In the package's
+            frontier study the unbounded `"stepwise"` controller raised β past 2 and lost the format reward on 4 of 5
+            seeds (docs/studies/README.md).
 
         > Parameters that control the reference policy
 

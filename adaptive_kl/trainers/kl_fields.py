@@ -11,6 +11,7 @@ the host's fields (`beta`, `learning_rate`, `sync_ref_model`, ...) off the confi
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType, SimpleNamespace
@@ -217,7 +218,10 @@ class AdaptiveKLFields:
         default=None,
         metadata={
             "help": "Ceiling of beta under the target-KL controllers. None: beta, where it starts (a controller may "
-            "lower beta and raise it back, never past the beta you chose). A finite number >= beta."
+            "lower beta and raise it back, never past the beta you chose). A number >= beta, or float('inf'): no "
+            "ceiling, Ziegler et al.'s controller as verl and OpenRLHF run it. Warning: in the package's frontier "
+            "study the unbounded 'stepwise' controller raised beta past 2 and lost the format reward on 4 of 5 seeds "
+            "(docs/studies/README.md)."
         },
     )
     ref_reset_steps: int = field(
@@ -446,9 +450,10 @@ def check_kl_coefficient(config) -> None:
         f"beta_min must be a finite number in [0, beta={config.beta}], got {config.beta_min!r}.",
     )
     require(
-        config.beta_max is None or (is_finite_number(config.beta_max) and config.beta_max >= config.beta),
-        f"beta_max must be None (the ceiling is beta={config.beta}) or a finite number >= beta, got "
-        f"{config.beta_max!r}.",
+        config.beta_max is None
+        or ((is_finite_number(config.beta_max) or config.beta_max == math.inf) and config.beta_max >= config.beta),
+        f"beta_max must be None (the ceiling is beta={config.beta}), a number >= beta, or float('inf') (no ceiling), "
+        f"got {config.beta_max!r}.",
     )
     require(
         is_int(config.beta_schedule_steps) and config.beta_schedule_steps >= 1,
@@ -490,12 +495,13 @@ def check_adaptive_horizon(config) -> None:
         return
     _, largest = adaptive_reach(steps, horizon=config.kl_horizon, num_sequences=sequences_per_step)
     if largest - 1 < ADAPTIVE_MIN_REACH:
+        horizon = adaptive_horizon_for(steps, sequences_per_step)
+        _, reach = adaptive_reach(steps, horizon=horizon, num_sequences=sequences_per_step)
         warnings.warn(
             f"kl_horizon={config.kl_horizon} with {sequences_per_step} sequences per optimizer step moves beta by at "
             f"most {100 * (largest - 1):.1f}% in max_steps={steps} steps, (1 + {ADAPTIVE_ERROR_CLIP} x "
             f"{sequences_per_step}/{config.kl_horizon})^{steps}: in this run the 'adaptive' controller is a constant "
-            f"beta. kl_horizon={adaptive_horizon_for(steps, sequences_per_step)} lets it move beta 10x in half "
-            "the run.",
+            f"beta. kl_horizon={horizon} lets it move beta up to {reach:.3g}x in the run.",
             UserWarning,
             stacklevel=4,
         )
@@ -503,8 +509,12 @@ def check_adaptive_horizon(config) -> None:
 
 def adaptive_horizon_for(steps: int, sequences_per_step: int) -> int:
     """The horizon at which the 'adaptive' controller, its error at the clip on every step, moves β by a factor of
-    10 in `steps` / 2 steps: H = 0.2·n / (1 − 0.1^(2/steps)), rounded down."""
-    return int(ADAPTIVE_ERROR_CLIP * sequences_per_step / (1 - 0.1 ** (2 / steps)))
+    10 in `steps` / 2 steps: H = 0.2·n / (1 − 0.1^(2/steps)), rounded down; never below the least horizon the config
+    accepts (more than 0.2·n, else one step could make β negative), which in runs of 2 steps or fewer moves β less."""
+    return max(
+        int(ADAPTIVE_ERROR_CLIP * sequences_per_step / (1 - 0.1 ** (2 / steps))),
+        int(ADAPTIVE_ERROR_CLIP * sequences_per_step) + 1,
+    )
 
 
 def check_training_arguments(config) -> None:

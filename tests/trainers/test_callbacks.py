@@ -63,6 +63,7 @@ def test_one_warning_per_episode_and_rearm(warnings_seen):
         dict(beta=0.04, kl_adaptation_method="dynamic"),
         dict(beta=0.04, kl_controller="stepwise"),
         dict(beta=0.04, kl_controller="adaptive", beta_max=0.1),
+        dict(beta=0.04, kl_controller="stepwise", beta_max=float("inf")),
     ],
 )
 def test_the_above_band_advice_names_only_settings_the_config_accepts(kwargs, warnings_seen):
@@ -86,6 +87,10 @@ def test_the_above_band_advice_names_only_settings_the_config_accepts(kwargs, wa
     assert text in warning
     if "dynamic" in args.kl_methods or args.beta == 0:
         assert "kl_controller" not in settings and 'kl_controller="' not in warning
+    if args.beta > 0 and args.kl_controller == "fixed" and "dynamic" not in args.kl_methods:
+        # the studies' answer first: a constant β, found with the frontier command; a controller only after it
+        assert text.startswith("Raise beta (now 0.04) and keep it constant") and "`adaptive-kl frontier`" in text
+        assert text.index("adaptive-kl frontier") < text.index("kl_controller=")
 
 
 def test_the_running_mean_keeps_a_kl_hovering_at_a_bound_from_warning_again_and_again(warnings_seen):

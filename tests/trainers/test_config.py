@@ -111,9 +111,9 @@ INVALID = [
     (dict(kl_horizon=0), "kl_horizon", "> 0"),
     (dict(kl_controller="adaptive", kl_horizon=1, per_device_train_batch_size=8), "kl_horizon", "negative"),
     (dict(kl_adaptation_method="dynamic", kl_controller="adaptive"), "kl_controller", "both steer beta"),
-    (dict(beta_max=0.05), "beta_max", "a finite number >= beta"),
-    (dict(beta_max=float("inf")), "beta_max", "a finite number >= beta"),
-    (dict(beta_max=float("nan")), "beta_max", "a finite number >= beta"),
+    (dict(beta_max=0.05), "beta_max", "a number >= beta, or float('inf')"),
+    (dict(beta_max=float("-inf")), "beta_max", "a number >= beta, or float('inf')"),
+    (dict(beta_max=float("nan")), "beta_max", "a number >= beta, or float('inf')"),
     (dict(beta_max="1"), "beta_max", "None (the ceiling is beta=0.1)"),
     (dict(beta=float("nan")), "beta", ">= 0"),
     (dict(loss_type="reinforce"), "loss_type", "'dapo'"),
@@ -278,9 +278,26 @@ def test_kl_target_and_target_kl_point_to_each_other():
     assert "kl_controller='adaptive' or 'stepwise' only" in helps["target_kl"] and "kl_target" in helps["target_kl"]
 
 
+def test_an_infinite_beta_max_is_ziegler_s_unbounded_controller_and_its_help_carries_the_study_s_warning():
+    """`beta_max=float("inf")` is accepted (no ceiling, as verl and OpenRLHF run the controller): β rises ×1.5 a step
+    past any finite bound while the KL stays above 1.5 × the target; the help says what the study saw it do."""
+    from adaptive_kl.kl.controller import BetaController
+
+    unbounded = config(beta=0.1, kl_controller="stepwise", target_kl=0.05, beta_max=float("inf"))
+    controller = BetaController.from_args(unbounded)
+    for step in range(1, 31):
+        controller.update(step, mean_kl=1.0, num_sequences=8)
+    assert controller.beta_base == pytest.approx(0.1 * 1.5**30)  # 19,175: no ceiling was applied
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(AdaptiveKLGRPOConfig)}
+    assert "float('inf'): no ceiling" in helps["beta_max"]
+    assert "lost the format reward on 4 of 5 seeds" in helps["beta_max"]
+    assert "lost the format reward on 4 of 5 seeds" in " ".join(AdaptiveKLGRPOConfig.__doc__.split())
+
+
 def test_an_adaptive_horizon_that_cannot_move_beta_in_the_run_warns_naming_one_that_can():
     """Ziegler's horizon (10,000) with 8 sequences a step moves β by 1.6% at most in 100 steps: a warning with the
-    bound and a horizon that moves it 10x in half the run, which does not warn; nor does a run of unknown length."""
+    bound and a horizon that moves it 10x in half the run, which does not warn; in a 2-step run, the least horizon the
+    config accepts (the formula's, 1, is refused); nor does a run of unknown length warn."""
     adaptive = dict(beta=0.1, kl_controller="adaptive", per_device_train_batch_size=8)
     with pytest.warns(UserWarning) as caught:
         config(max_steps=100, **adaptive)
@@ -288,9 +305,14 @@ def test_an_adaptive_horizon_that_cannot_move_beta_in_the_run_warns_naming_one_t
     assert message == (
         "kl_horizon=10000 with 8 sequences per optimizer step moves beta by at most 1.6% in max_steps=100 steps, "
         "(1 + 0.2 x 8/10000)^100: in this run the 'adaptive' controller is a constant beta. kl_horizon=35 lets it "
-        "move beta 10x in half the run."
+        "move beta up to 87.4x in the run."
     )
-    for quiet in (dict(max_steps=100, kl_horizon=35), dict(max_steps=-1)):
+    # In 2 steps of 8 no accepted horizon (> 0.2 x 8) moves β 10x in one step: the least accepted one is named
+    with pytest.warns(UserWarning) as caught:
+        config(max_steps=2, **adaptive)
+    (message,) = [str(w.message) for w in caught if "kl_horizon" in str(w.message)]
+    assert message.endswith("kl_horizon=2 lets it move beta up to 3.24x in the run.")
+    for quiet in (dict(max_steps=100, kl_horizon=35), dict(max_steps=2, kl_horizon=2), dict(max_steps=-1)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             config(**adaptive, **quiet)
