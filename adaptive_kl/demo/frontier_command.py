@@ -12,7 +12,8 @@ reward minus the line's at its drift, on its own seed) with its interval and Hol
 matched drift, and what each method did (`demo.frontier`). Every option of `compare` that says what to train
 (`--model`, `--task`, `--steps`, `--set`, ...) goes to each run unchanged. A finished run is never redone, a killed
 one goes on from its latest checkpoint, and each run's `runs.json` records the command that made it: run the same
-command again to resume, or with more `--seeds` or `--variant`s to extend.
+command again to resume, or with more `--seeds` or `--variant`s to extend. Where GPUs are visible, each job runs
+on one of its own (`job_devices`); the first run's first steps give an estimate of the sweep's time (`SweepClock`).
 
 Importing this module imports no TRL, so that `--unsloth` can import Unsloth first.
 """
@@ -20,8 +21,11 @@ Importing this module imports no TRL, so that `--unsloth` can import Unsloth fir
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shlex
 import sys
+import threading
 
 from ..usage import UsageError, import_unsloth, quiet_host_libraries
 from .arguments import TRAINERS, run_options
@@ -63,7 +67,18 @@ def add_frontier_parser(commands: argparse._SubParsersAction) -> None:
     frontier.add_argument("--seeds", help=f"comma-separated seeds (default {DEFAULT_SEEDS}; --quick: {QUICK_SEEDS})")
     frontier.add_argument("--trainer", choices=TRAINERS, help="the trainer of every run (default grpo)")
     frontier.add_argument("--out", default="adaptive-kl-frontier", help="the sweep's directory (created if missing)")
-    frontier.add_argument("--jobs", type=int, default=1, help="runs side by side (default 1)")
+    frontier.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs side by side (default 1); where GPUs are visible, each run gets one of its own, so at most as "
+        "many as GPUs unless --share-gpus",
+    )
+    frontier.add_argument(
+        "--share-gpus",
+        action="store_true",
+        help="let --jobs exceed the visible GPUs, dealt out to the jobs in turn (runs on one GPU share its memory)",
+    )
     frontier.add_argument(
         "--threads", type=int, help="torch threads of each run (default: the machine's cores shared by --jobs)"
     )
@@ -96,12 +111,107 @@ def run_arguments(opts: argparse.Namespace) -> list[str]:
             args += [f"--{name.replace('_', '-')}", value]
     if opts.reward_funcs:
         args += ["--reward-funcs", *opts.reward_funcs]
-    args += ["--unsloth"] * opts.unsloth + ["--quick"] * opts.quick
+    args += ["--unsloth"] * opts.unsloth + ["--lora"] * opts.lora + ["--quick"] * opts.quick
+    for name in ("lora_r", "lora_alpha"):
+        if getattr(opts, name) is not None:
+            args += [f"--{name.replace('_', '-')}", str(getattr(opts, name))]
+    if opts.lora_target_modules:
+        args += ["--lora-target-modules", *opts.lora_target_modules]
     for assignment in opts.set:
         args += ["--set", assignment]
     if opts.trainer is not None:
         args += ["--trainer", opts.trainer]
     return args
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process sees, named as `CUDA_VISIBLE_DEVICES` takes them: its own entries where it is set (the
+    first `torch.cuda.device_count()` of them), else the indices."""
+    import torch
+
+    count = torch.cuda.device_count()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(index) for index in range(count)]
+    return [name.strip() for name in listed.split(",") if name.strip()][:count]
+
+
+def job_devices(jobs: int, share: bool) -> list[str] | None:
+    """One device per job (`sweep.run_sweep`'s `devices`): the visible GPUs, each to one job; None without a GPU (the
+    jobs share the cores). More jobs than GPUs is refused unless `share`: then the GPUs are dealt out in turn."""
+    gpus = visible_gpus()
+    if not gpus:
+        return None
+    if jobs > len(gpus) and not share:
+        raise UsageError(
+            f"--jobs {jobs} would stack runs on {len(gpus)} visible GPU{'s' if len(gpus) > 1 else ''} (each run "
+            f"holds its model, optimizer and generation in one GPU's memory): use --jobs {len(gpus)}, or add "
+            "--share-gpus to stack them on purpose"
+        )
+    return [gpus[job % len(gpus)] for job in range(jobs)]
+
+
+# The sweep's time is estimated once its first run has logged this many steps, and again when that run ends.
+ESTIMATE_AFTER_STEPS = 3
+STEP_LINE = re.compile(r"^step (\d+)/(\d+)$")
+
+
+class SweepClock:
+    """Estimates a sweep's time from the first run's output (`sweep.execute`'s `watch`): after its first
+    `ESTIMATE_AFTER_STEPS` logged steps (`step k/N` lines, `runner.VariantProgressCallback`), the time a run takes as
+    the time to its first step, then a step's time over the remaining steps; when it ends, its whole time. Each times
+    the runs still to do in turns of `jobs`. Prints each estimate once; `estimates` keeps them (seconds)."""
+
+    def __init__(self, runs: int, jobs: int, eval_every: int):
+        self.runs, self.jobs, self.eval_every = runs, jobs, eval_every
+        self.first: str | None = None  # the label of the run the estimates read
+        self.steps: list[tuple[int, int, float]] = []  # (step, max_steps, seconds since its start) of its lines
+        self.estimates: list[float] = []
+        self.lock = threading.Lock()
+
+    def watch(self, label: str, line: str | None, seconds: float) -> None:
+        with self.lock:
+            self.first = self.first or label
+            if label != self.first or len(self.estimates) == 2:
+                return
+            if line is None:  # the first run ended
+                self._estimate(seconds, f"the first run took {_duration(seconds)}")
+                return
+            match = STEP_LINE.match(line.strip())
+            if match is None or self.estimates:
+                return
+            step, max_steps = int(match[1]), int(match[2])
+            self.steps.append((step, max_steps, seconds))
+            if len(self.steps) == min(ESTIMATE_AFTER_STEPS, max_steps):
+                (first, _, at_first), (last, _, at_last) = self.steps[0], self.steps[-1]
+                per_step = (at_last - at_first) / (last - first) if last > first else at_last / last
+                run = at_first + (max_steps - first) * per_step
+                self._estimate(
+                    run,
+                    f"from the first run's first {len(self.steps)} steps: {_duration(at_first)} to its step {first} "
+                    f"(loading, the step-0 evaluation), then {per_step:.1f} s a step; evaluations every "
+                    f"{self.eval_every} steps come on top",
+                )
+
+    def _estimate(self, run: float, basis: str) -> None:
+        turns = -(-self.runs // self.jobs)
+        self.estimates.append(run * turns)
+        sweep = _duration(run * turns)
+        print(
+            f"Estimate: ~{_duration(run)} a run, {self.runs} runs {self.jobs} at a time: ~{sweep} for the sweep "
+            f"({basis}).",
+            flush=True,
+        )
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.0f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
 
 
 def _numbers(text: str, option: str, kind: type) -> list:
@@ -171,6 +281,7 @@ def main(argv: list[str]) -> int:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(opts, name)}")
         if opts.threads is not None and opts.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {opts.threads}")
+        devices = None if opts.summarize else job_devices(opts.jobs, opts.share_gpus)
         quiet_host_libraries()
         line, methods, seeds = plan(opts)
         args = run_arguments(opts)
@@ -191,6 +302,7 @@ def main(argv: list[str]) -> int:
 
         todo = [run for run in runs if not has_runs(run.directory(opts.out))]
         print(f"{len(runs)} runs, {len(runs) - len(todo)} finished; {len(todo)} to do in {opts.out}", flush=True)
+        clock = SweepClock(len(todo), opts.jobs, settings.eval_every)
         codes = run_sweep(
             [(f"{run.variant}, seed {run.seed}", run.command(args, opts.out, opts.save_every),
               run.directory(opts.out)) for run in todo],
@@ -199,6 +311,8 @@ def main(argv: list[str]) -> int:
             after_each=lambda _: write_summary(opts.out, runs, frontier, command),
             stop_file=opts.stop_file,
             progress=not opts.no_progress,
+            devices=devices,
+            watch=clock.watch,
         )  # fmt: skip
         if any(codes):
             failed = [f"{run.variant}, seed {run.seed}" for run, code in zip(todo, codes) if code]

@@ -33,7 +33,7 @@ from ..tasks.recipe import held_out_reward, resolve_reward_func, train_and_held_
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
 from ..trainers.generation import generate_greedy, generate_sampled, prompt_texts
 from ..trainers.scorer import install_cpu_scorer_if_needed
-from .budgets import POLICY_DEMOS
+from .budgets import HUB_LORA, HUB_LORA_LEARNING_RATE, HUB_MODEL, POLICY_DEMOS
 from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
 from .resume import RunRecord, latest_checkpoint
 from .variants import TRAINER_CLASSES, Variant
@@ -65,11 +65,23 @@ class DemoSettings:
     save_every: int | None = None  # checkpoint every this many optimizer steps (the latest kept); None: no checkpoints
     resume: bool = False  # continue each variant from the latest complete checkpoint in its output directory
     graded_reward: bool = False  # add `working_similarity_reward` to the task's (`--quick` on a real model)
+    # The LoRA the command line asked for (`--lora`: {} for the defaults, or some of `r`, `lora_alpha`,
+    # `target_modules`); None: none asked for
+    lora: dict | None = None
 
     @property
     def policy_demo(self) -> dict | None:
         """The named policy's demo budget (`budgets.POLICY_DEMOS`), or None."""
         return POLICY_DEMOS.get(self.model) if self.model is not None and not self.unsloth else None
+
+    @property
+    def adapter(self) -> dict | None:
+        """The LoRA adapter the runs train (`r`, `lora_alpha`, `target_modules`), or None: the whole model. A named
+        policy's demo and Unsloth always train one, a hub model with `--lora`; the command line's values override
+        the named policy's or `budgets.HUB_LORA`."""
+        if self.lora is None and self.policy_demo is None and not self.unsloth:
+            return None
+        return {**(HUB_LORA if self.policy_demo is None else self.policy_demo["lora"]), **(self.lora or {})}
 
 
 def for_model(settings: DemoSettings) -> DemoSettings:
@@ -88,7 +100,7 @@ def for_model(settings: DemoSettings) -> DemoSettings:
 
 def base_config(settings: DemoSettings) -> dict:
     """Config fields of every run before the variant's overrides: tuned for the embedded policy on a CPU, or for a
-    real model (LoRA with Unsloth, full fine-tuning otherwise) on a GPU."""
+    real model on a GPU (`budgets.HUB_MODEL`: full fine-tuning, or a LoRA at a larger learning rate)."""
     on_gpu = torch.cuda.is_available()
     # `--save-every`: a checkpoint every so many steps, only the latest kept.
     saving = dict(save_strategy="no")
@@ -126,12 +138,7 @@ def base_config(settings: DemoSettings) -> dict:
         return dict(common, bf16=bf16, fp16=on_gpu and not bf16, use_cpu=not on_gpu)
     return dict(
         common,
-        learning_rate=2e-5 if settings.unsloth else 1e-6,
-        per_device_train_batch_size=8,
-        num_generations=8,
-        gradient_accumulation_steps=2,
-        max_completion_length=256,
-        temperature=1.0,
+        **{**HUB_MODEL, **(dict(learning_rate=HUB_LORA_LEARNING_RATE) if settings.adapter is not None else {})},
         bf16=bf16,
         fp16=on_gpu and not bf16,
         use_cpu=not on_gpu,
@@ -253,9 +260,7 @@ def load_policy(settings: DemoSettings):
     from unsloth import FastLanguageModel  # noqa: F401  (imported first, as Unsloth requires; checked by the CLI)
 
     model, tokenizer = FastLanguageModel.from_pretrained(path, max_seq_length=1024, load_in_4bit=True)
-    model = FastLanguageModel.get_peft_model(
-        model, r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], random_state=settings.seed
-    )
+    model = FastLanguageModel.get_peft_model(model, **settings.adapter, random_state=settings.seed)
     return model, tokenizer
 
 
@@ -333,7 +338,9 @@ class ValidationCallback(TrainerCallback):
 
 
 class VariantProgressCallback(TrainerCallback):
-    """Advances a shared progress bar by one per optimizer step, showing the variant, reward and β."""
+    """Advances a shared progress bar by one per optimizer step, showing the variant, reward and β; where no bar is
+    drawn (`--no-progress`, or output that is not a terminal), prints `step <k>/<max_steps>` at each step's end
+    instead, the line by which `adaptive-kl frontier` times its runs (`frontier_command.SweepClock`)."""
 
     def __init__(self, bar, variant: str):
         self.bar, self.variant = bar, variant
@@ -344,8 +351,11 @@ class VariantProgressCallback(TrainerCallback):
             self.bar.set_postfix_str(f"{self.variant}: reward {logs['reward']:.2f}, β {beta:.3g}", refresh=False)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.bar is not None:
-            self.bar.update(1)
+        if self.bar is None:
+            return
+        self.bar.update(1)
+        if self.bar.disable and state.is_world_process_zero:
+            print(f"step {state.global_step}/{state.max_steps}", flush=True)
 
 
 @dataclass
@@ -374,7 +384,10 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     install_cpu_scorer_if_needed("cpu" if args.use_cpu else None)  # TRL 1.15's fused scorer: a GPU, or a stand-in
     model, tokenizer = load_policy(settings)
     demo = settings.policy_demo
-    peft_config = LoraConfig(task_type="CAUSAL_LM", **demo["lora"]) if demo is not None else None
+    # Unsloth's model is its LoRA model already (`load_policy`); TRL wraps any other in the adapter
+    peft_config = (
+        None if settings.adapter is None or settings.unsloth else LoraConfig(task_type="CAUSAL_LM", **settings.adapter)
+    )
     prompts_needed = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
     train, validation = task_datasets(settings, prompts_needed // args.num_generations + 1, args.seed)
     if settings.model is None:  # the embedded policy

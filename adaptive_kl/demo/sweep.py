@@ -18,6 +18,7 @@ no longer lives is taken over.
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -101,17 +102,40 @@ def _claimed_by_live_process(path: str) -> bool:
     return True
 
 
-def execute(argv: list[str], directory: str, threads: int, cwd: str | None = None, label: str = "") -> int:
-    """Runs `argv` with `threads` torch threads, its output appended to `directory/run.log` (a resumed run's log goes
-    on after the killed one's); prints when it starts and ends. Returns its exit status."""
+def execute(
+    argv: list[str],
+    directory: str,
+    threads: int,
+    cwd: str | None = None,
+    label: str = "",
+    device: str | None = None,
+    watch: Callable[[str, str | None, float], None] | None = None,
+) -> int:
+    """Runs `argv` with `threads` torch threads (and only the GPU `device` visible, where given), its output appended
+    to `directory/run.log` (a resumed run's log goes on after the killed one's); prints when it starts and ends.
+    `watch(label, line, seconds since the start)` sees each line of the output as it comes, then `line=None` at the
+    end. Returns its exit status."""
     os.makedirs(directory, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # runs side by side must not fight over cores
+    # Runs side by side must not fight over cores; unbuffered, so that each line is seen when it is written
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
     start = time.perf_counter()
-    print(f"[{time.strftime('%H:%M:%S')}] {label}", flush=True)
+    print(f"[{time.strftime('%H:%M:%S')}] {label}" + (f" on GPU {device}" if device is not None else ""), flush=True)
     with open(os.path.join(directory, "run.log"), "a") as log:
-        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-    minutes = (time.perf_counter() - start) / 60
-    print(f"[{time.strftime('%H:%M:%S')}] {label}: exit {code} after {minutes:.1f} min", flush=True)
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd, text=True, errors="replace"
+        )
+        for line in process.stdout:
+            log.write(line)
+            log.flush()
+            if watch is not None:
+                watch(label, line, time.perf_counter() - start)
+        code = process.wait()
+    seconds = time.perf_counter() - start
+    if watch is not None:
+        watch(label, None, seconds)
+    print(f"[{time.strftime('%H:%M:%S')}] {label}: exit {code} after {seconds / 60:.1f} min", flush=True)
     return code
 
 
@@ -124,15 +148,22 @@ def run_sweep(
     after_each: Callable[[str], None] | None = None,
     stop_file: str | None = None,
     progress: bool = True,
+    devices: list[str] | None = None,
+    watch: Callable[[str, str | None, float], None] | None = None,
 ) -> list[int]:
     """Executes each `(label, argv, directory)` of `todo` not finished yet, `jobs` side by side with `threads` torch
     threads each (default: the cores shared by the jobs), skipping a run another live sweep has claimed; calls
     `after_each(label)` after every run that exits 0, one at a time; starts no further run once `stop_file` exists.
-    A progress bar counts the runs (`progress`). Returns the exit statuses (0 for a run skipped)."""
+    Given `devices` (one per job: GPU names as `CUDA_VISIBLE_DEVICES` takes them), each run holds one of them while it
+    runs, the only GPU it sees. `watch` sees every run's output (`execute`). A progress bar counts the runs
+    (`progress`). Returns the exit statuses (0 for a run skipped)."""
     from tqdm.auto import tqdm
 
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     lock = threading.Lock()  # one `after_each` at a time: two runs may finish together
+    free = queue.Queue()  # the devices no run holds
+    for device in devices or []:
+        free.put(device)
     bar = tqdm(total=len(todo), unit="run", disable=None if progress else True, dynamic_ncols=True)
 
     def work(item: tuple[str, list[str], str]) -> int:
@@ -144,10 +175,13 @@ def run_sweep(
             if not claim(directory):
                 print(f"{label}: done or in flight elsewhere, skipped", flush=True)
                 return 0
+            device = free.get() if devices else None  # a job's device is free when it starts: never waits
             try:
-                code = execute(argv, directory, threads, cwd, label)
+                code = execute(argv, directory, threads, cwd, label, device, watch)
             finally:
                 release(directory)
+                if device is not None:
+                    free.put(device)
             if code == 0 and after_each is not None:
                 with lock:
                     after_each(label)

@@ -117,6 +117,82 @@ def test_conflicting_or_malformed_options(capsys, tmp_path, argv, fragments):
     fails_with(capsys, [*argv, "--out", str(tmp_path)], *fragments)
 
 
+def test_lora_options_are_refused_where_no_lora_is_trained(capsys, tmp_path, tiny_model_dir):
+    fails_with(capsys, ["demo", "--lora", "--out", str(tmp_path)], "--lora needs --model")
+    fails_with(
+        capsys, ["demo", "--model", tiny_model_dir, "--lora-r", "8", "--out", str(tmp_path)], "--lora-r", "add --lora"
+    )
+    fails_with(
+        capsys,
+        ["demo", "--model", tiny_model_dir, "--lora", "--lora-r", "0", "--out", str(tmp_path)],
+        "--lora-r must be at least 1, got 0",
+    )
+    fails_with(
+        capsys,
+        ["demo", "--model", tiny_model_dir, "--lora", "--lora-alpha", "0", "--out", str(tmp_path)],
+        "--lora-alpha must be at least 1",
+    )
+
+
+def test_a_hub_model_trains_in_full_at_its_stated_settings_or_a_lora_with_lora(tmp_path, tiny_model_dir, monkeypatch):
+    """A hub id or path (here the tiny model's directory) trains the whole model at `budgets.HUB_MODEL`, each setting
+    stated in `--model`'s help and overridable with `--set`; with `--lora` and its options TRL wraps it in that LoRA
+    (rank, alpha, target modules) at the LoRA learning rate: only the adapter's weights are trainable and in the
+    optimizer, and a checkpoint holds the adapter alone."""
+    from adaptive_kl import AdaptiveKLGRPOTrainer
+    from adaptive_kl.demo.arguments import run_options
+    from adaptive_kl.demo.budgets import HUB_LORA, HUB_LORA_LEARNING_RATE, HUB_MODEL
+    from adaptive_kl.demo.runner import make_config, run_variant
+
+    help_text = " ".join(next(a for a in run_options()._actions if a.dest == "model").help.split())
+    run = ["compare", "--model", tiny_model_dir, "--variant", "beta=0.1", "--out", str(tmp_path / "full")]
+    settings, (variant,), _, _ = build(run)
+    config = make_config(variant, settings, "unused")
+    assert settings.adapter is None
+    for name, value in HUB_MODEL.items():
+        assert getattr(config, name) == value and f"{name}={value}" in help_text, name
+    assert f"learning_rate={HUB_LORA_LEARNING_RATE} with --lora" in help_text
+    page = open(os.path.join(REPO, "docs", "demo.md")).read()
+    for name, value in HUB_MODEL.items():  # the table of docs/demo.md, which docs/frontier.md's example points to
+        assert f"| `{name}` | {value} |" in page, name
+    assert f"{HUB_LORA_LEARNING_RATE} with `--lora` or `--unsloth`" in page
+    modules = " ".join(HUB_LORA["target_modules"])
+    assert (
+        f"rank `--lora-r` ({HUB_LORA['r']}), `--lora-alpha` ({HUB_LORA['lora_alpha']}), "
+        f"`--lora-target-modules` (`{modules}`" in " ".join(page.split())
+    )
+    settings, (variant,), _, _ = build([*run, "--set", "num_generations=4", "--set", "learning_rate=3e-6"])
+    assert (
+        make_config(variant, settings, "unused").num_generations,
+        make_config(variant, settings, "unused").learning_rate,
+    ) == (4, 3e-6)
+
+    out = tmp_path / "lora"
+    argv = ["compare", "--model", tiny_model_dir, "--lora", "--lora-r", "4", "--lora-alpha", "8"]
+    argv += ["--lora-target-modules", "q_proj", "v_proj", "--variant", "beta=0.1", "--steps", "2", "--eval-every", "2"]
+    argv += ["--n-validation", "4", "--set", "max_completion_length=8", "--save-every", "2", "--out", str(out)]
+    settings, (variant,), _, _ = build(argv)
+    assert settings.adapter == {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    trainers = []
+    train = AdaptiveKLGRPOTrainer.train
+    monkeypatch.setattr(AdaptiveKLGRPOTrainer, "train", lambda self, **kw: trainers.append(self) or train(self, **kw))
+    run_variant(variant, settings)
+    (trainer,) = trainers
+    assert trainer.args.learning_rate == HUB_LORA_LEARNING_RATE
+    lora = trainer.model.peft_config["default"]
+    assert (lora.r, lora.lora_alpha, set(lora.target_modules)) == (4, 8, {"q_proj", "v_proj"})
+    trainable = {name: p for name, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_A" in name or "lora_B" in name for name in trainable)
+    assert {module for name in trainable for module in ("q_proj", "k_proj", "v_proj") if module in name} == {
+        "q_proj",
+        "v_proj",
+    }
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in trainable.values()}
+    (checkpoint,) = (out / "runs").glob("*/checkpoint-2")
+    assert (checkpoint / "adapter_model.safetensors").is_file() and not list(checkpoint.glob("model*.safetensors"))
+
+
 def test_missing_gsm8k_path(capsys, tmp_path, tiny_model_dir):
     argv = ["demo", "--model", tiny_model_dir, "--task", "gsm8k", "--gsm8k-path", str(tmp_path / "gsm8k.jsonl")]
     fails_with(capsys, [*argv, "--out", str(tmp_path)], "--gsm8k-path", "no such file")

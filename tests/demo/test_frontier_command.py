@@ -72,6 +72,8 @@ def sweep(tmp_path_factory):
     output = again.communicate(timeout=900)[0]
     assert again.returncode == 0, output[-3000:]
     assert "4 runs, 1 finished; 3 to do" in output
+    # The first run of the 3 (the resumed one: 2 steps to go) ends before its 3rd step: estimated from its whole time
+    assert re.search(r"Estimate: ~\d+ s a run, 3 runs 1 at a time: ~\d+ s for the sweep \(the first run took", output)
     return out, finished_at
 
 
@@ -216,7 +218,128 @@ def test_the_page_names_every_option_and_its_commands_parse():
     options = [o for action in commands.choices["frontier"]._actions for o in action.option_strings if o != "--help"]
     assert "--dataset" in options and [o for o in options if o.startswith("--") and f"`{o}" not in page] == []
     shown = re.findall(r"^adaptive-kl frontier .*?(?<!\\)$", page.replace("\\\n", " "), flags=re.M)
-    assert len(shown) == 3
+    assert len(shown) == 4
     for command in shown:
         line, _, seeds = plan(parser.parse_args(shlex.split(command.split("#")[0])[1:]))
         assert line and seeds
+
+
+def test_with_several_gpus_each_job_runs_on_its_own_and_stacking_is_refused_unless_asked(
+    tmp_path, monkeypatch, capsys
+):
+    """With 4 GPUs visible (torch's count mocked), `--jobs 2` runs every run with one GPU of its own
+    (`CUDA_VISIBLE_DEVICES`), no two runs at once on the same one; `--jobs 5` is refused before any run, unless
+    `--share-gpus`, which deals the 4 out to the 5 jobs; `CUDA_VISIBLE_DEVICES` names the GPUs where set."""
+    import threading
+
+    import torch
+
+    from adaptive_kl.demo import sweep
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    spans, lock = [], threading.Lock()
+
+    def execute(argv, directory, threads, cwd, label, device, watch):  # a run that holds its device for a while
+        start = time.monotonic()
+        time.sleep(0.3)
+        with lock:
+            spans.append((device, start, time.monotonic()))
+        return 0
+
+    monkeypatch.setattr(sweep, "execute", execute)
+    argv = ["frontier", *ARGS, "--betas", "0,0.1,0.2", "--seeds", "0,1", "--no-progress"]
+    assert main([*argv, "--jobs", "2", "--out", str(tmp_path / "a")]) == 0
+    assert len(spans) == 6 and {device for device, _, _ in spans} <= {"0", "1", "2", "3"}
+    overlapping = [(a, b) for a in spans for b in spans if a is not b and a[1] < b[2] and b[1] < a[2]]
+    assert overlapping and all(a[0] != b[0] for a, b in overlapping)  # runs side by side, each on its own GPU
+    assert main([*argv, "--jobs", "5", "--out", str(tmp_path / "b")]) == 2
+    assert "--jobs 5 would stack runs on 4 visible GPUs" in capsys.readouterr().err and len(spans) == 6
+    from adaptive_kl.demo.frontier_command import job_devices
+
+    assert job_devices(5, share=True) == ["0", "1", "2", "3", "0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
+    assert job_devices(2, share=False) == ["3", "5"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert job_devices(2, share=False) is None  # no GPU: the jobs share the cores
+
+
+def test_the_sweep_s_time_is_estimated_from_the_first_run_s_first_steps_and_again_when_it_ends(capsys):
+    """A run of 100 steps that reached its step 1 after 30 s and its step 3 after 34 s: 30 + 99 × 2 s = 228 s a run;
+    7 runs, 2 at a time, in 4 turns: 912 s. Its end at 250 s: 1000 s. Another run's lines change nothing."""
+    from adaptive_kl.demo.frontier_command import SweepClock
+
+    clock = SweepClock(runs=7, jobs=2, eval_every=20)
+    clock.watch("beta=0, seed 0", "Loading the model\n", 5.0)
+    clock.watch("beta=0, seed 0", "step 1/100\n", 30.0)
+    clock.watch("beta=0.1, seed 0", "step 1/100\n", 31.0)
+    clock.watch("beta=0.1, seed 0", "step 2/100\n", 60.0)
+    clock.watch("beta=0.1, seed 0", "step 3/100\n", 90.0)
+    clock.watch("beta=0, seed 0", "step 2/100\n", 32.0)
+    assert clock.estimates == []
+    clock.watch("beta=0, seed 0", "step 3/100\n", 34.0)
+    assert clock.estimates == [pytest.approx(912.0)]
+    clock.watch("beta=0, seed 0", "step 4/100\n", 36.0)
+    clock.watch("beta=0, seed 0", None, 250.0)
+    assert clock.estimates == [pytest.approx(912.0), pytest.approx(1000.0)]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [
+        "Estimate: ~4 min a run, 7 runs 2 at a time: ~15 min for the sweep (from the first run's first 3 steps: 30 s "
+        "to its step 1 (loading, the step-0 evaluation), then 2.0 s a step; evaluations every 20 steps come on top).",
+        "Estimate: ~4 min a run, 7 runs 2 at a time: ~17 min for the sweep (the first run took 4 min).",
+    ]
+
+
+def test_the_gpu_example_trains_the_settings_the_page_states(monkeypatch):
+    """docs/frontier.md's 0.5B example: every run a LoRA of rank 16, alpha 32 on the attention projections at learning
+    rate 2e-05, 2 prompts × 8 completions a step of at most 256 tokens, 200 validation problems every 50 steps, 200
+    steps; 18 runs (the hub id and GSM8K are not loaded here)."""
+    from adaptive_kl.demo.arguments import build
+    from adaptive_kl.demo.runner import make_config
+    from adaptive_kl.demo.sweep import SweepRun
+
+    page = open(os.path.join(REPO, "docs", "frontier.md")).read().replace("\\\n", " ")
+    (command,) = [
+        c for c in re.findall(r"^adaptive-kl frontier .*$", page, flags=re.M) if "Qwen2.5-0.5B" in c and "--lora" in c
+    ]
+    monkeypatch.setattr("adaptive_kl.demo.arguments.check_model", lambda *args: None)
+    monkeypatch.setattr("adaptive_kl.demo.arguments._check_task", lambda settings: None)
+    parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
+    add_frontier_parser(parser.add_subparsers(dest="command"))
+    opts = parser.parse_args(shlex.split(command)[1:])
+    line, methods, seeds = plan(opts)
+    runs = [SweepRun(variant, seed) for seed in seeds for variant in [*line, *methods]]
+    assert len(runs) == 18 and "**18 runs of 200 steps**" in page
+    from adaptive_kl.demo.frontier_command import run_arguments
+
+    settings, (variant,), _, _ = build(runs[-1].command(run_arguments(opts), "unused")[3:])
+    config = make_config(variant, settings, "unused")
+    assert settings.adapter == {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    assert "rank 16, alpha 32 on `q_proj k_proj v_proj o_proj` at learning rate 2e-05" in " ".join(page.split())
+    assert (config.learning_rate, config.max_steps, config.max_completion_length) == (2e-05, 200, 256)
+    completions = config.per_device_train_batch_size * config.gradient_accumulation_steps
+    assert (completions // config.num_generations, config.num_generations) == (2, 8)  # 2 prompts × 8 completions
+    assert (settings.n_validation, settings.eval_every, settings.task) == (200, 50, "gsm8k")
+    assert f"{len(runs) * config.max_steps * completions:,} sampled completions" in page
+
+
+def test_the_cpu_times_the_page_quotes_are_the_studies_runs():
+    """docs/frontier.md's times of a SmolLM2 LoRA run on a CPU: the range and median of `wall_time` over the studies'
+    runs never resumed (a resumed run's time holds what its kill lost), at 64 tokens (the β study and the second
+    frontier) and at 128 (the first frontier)."""
+    import json
+    import statistics
+
+    page = " ".join(open(os.path.join(REPO, "docs", "frontier.md")).read().split())
+    for studies, tokens in ((("beta", "frontier_sum"), 64), (("frontier",), 128)):
+        minutes = []
+        for study in studies:
+            for path in glob.glob(
+                os.path.join(REPO, "docs", "studies", "real", study, "runs", "*", "seed-*", "runs.json")
+            ):
+                minutes += [run["wall_time"] / 60 for run in json.load(open(path)) if not run.get("resumed_at")]
+        low, high, median = min(minutes), max(minutes), statistics.median(minutes)
+        assert (
+            f"{low:.0f}–{high:.0f} minutes at {tokens} tokens" in page or f"{low:.0f}–{high:.0f} at {tokens}" in page
+        )
+        assert f"(median {median:.0f}; {len(minutes)} runs:" in page

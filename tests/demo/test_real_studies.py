@@ -82,7 +82,9 @@ def test_a_stop_file_lets_the_runs_in_flight_finish_and_starts_no_other(script, 
     stop = tmp_path / "stop-runner"
     executed = []
 
-    def execute(argv, directory, threads, cwd=None, label=""):  # the first run asks the runner to stop in flight
+    def execute(
+        argv, directory, threads, cwd=None, label="", device=None, watch=None
+    ):  # the first run asks the runner to stop in flight
         executed.append(label)
         stop.touch()
         return 0

@@ -311,22 +311,39 @@ def test_compare_quick_on_the_real_model(smollm2_dir, tmp_path):
     assert lora_b and any(tensor.abs().max() > 0 for tensor in lora_b)
 
 
-def test_frontier_quick_on_the_real_model(smollm2_dir, tmp_path):
-    """`adaptive-kl frontier --model smollm2 --quick --seeds 0`: the quick line (β = 0 and 0.2) on one seed, each run
-    a `compare --quick` of its own (on 4 validation problems and training on completions of at most 32 tokens, as the
-    test above), and the summary's table of β against drift with the start's point. The limit is a guard against a
-    hang, far above the ~2.5 min it takes on 2 quiet cores."""
+def test_frontier_quick_on_the_real_model_with_the_lora_options(smollm2_dir, tmp_path):
+    """`adaptive-kl frontier --model smollm2 --lora --lora-r 8 --lora-alpha 16 --quick --seeds 0`: the quick line
+    (β = 0 and 0.2) on one seed, each run a `compare --quick` of its own (on 4 validation problems and training on
+    completions of at most 32 tokens, as the test above) training only the LoRA the options name (its checkpoint
+    holds that adapter alone, moved from its start), the sweep's time estimated as it goes, and the summary's table of
+    β against drift with the start's point. The limit is a guard against a hang, far above the ~2.5 min it takes on 2
+    quiet cores."""
+    import json
     import subprocess
     import sys
 
+    from safetensors.torch import load_file
+
     out = tmp_path / "frontier"
     result = subprocess.run(
-        [sys.executable, "-m", "adaptive_kl", "frontier", "--model", "smollm2", "--quick", "--n-validation", "4",
-         "--set", "max_completion_length=32", "--seeds", "0", "--out", str(out), "--no-progress"],
+        [sys.executable, "-m", "adaptive_kl", "frontier", "--model", "smollm2", "--lora", "--lora-r", "8",
+         "--lora-alpha", "16", "--quick", "--n-validation", "4", "--set", "max_completion_length=32", "--seeds", "0",
+         "--save-every", "2", "--out", str(out), "--no-progress"],
         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=HANG_TIMEOUT,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "2 runs, 0 finished; 2 to do" in result.stdout
+    assert "Estimate: ~" in result.stdout and "for the sweep (the first run took" in result.stdout
+    for beta in ("beta_0", "beta_0.2"):
+        (checkpoint,) = (out / "runs" / beta / "seed-0" / "runs").glob("*/checkpoint-2")
+        adapter_config = json.loads((checkpoint / "adapter_config.json").read_text())
+        assert (adapter_config["r"], adapter_config["lora_alpha"]) == (8, 16)
+        assert not list(checkpoint.glob("model*.safetensors"))  # the adapter alone: the base model did not train
+        adapter = load_file(str(checkpoint / "adapter_model.safetensors"))
+        assert all("lora_" in name for name in adapter)
+        lora_a = [tensor for name, tensor in adapter.items() if "lora_A" in name]
+        assert lora_a and all(tensor.shape[0] == 8 for tensor in lora_a)
+        assert any(tensor.abs().max() > 0 for name, tensor in adapter.items() if "lora_B" in name)
     summary = (out / "summary.md").read_text()
     assert "Seeds so far: beta=0: 1; beta=0.2: 1." in summary
     table = summary[summary.index("## Constant β's frontier") :]
@@ -335,5 +352,5 @@ def test_frontier_quick_on_the_real_model(smollm2_dir, tmp_path):
 
     (run,) = load_runs(str(out / "runs" / "beta_0.2" / "seed-0"))
     assert len(run.history) == 2 and run.provenance["command"].startswith(
-        "adaptive-kl compare --model smollm2 --n-validation 4 --quick"
+        "adaptive-kl compare --model smollm2 --n-validation 4 --lora --quick --lora-r 8 --lora-alpha 16"
     )
