@@ -310,8 +310,9 @@ def read_methods(runs: list[VariantRun], frontier: Frontier, with_start: bool | 
 
 def _reading(gain: PerSeed, p: float, holm_p: float, detectable: float, family: int, frontier: Frontier) -> str:
     """The words D's interval and Holm allow: above or below the frontier only where the adjusted p is below
-    `ALPHA`; otherwise on it, with the seeds and the detectable difference, and whether the unadjusted interval
-    excluded 0."""
+    `ALPHA`; otherwise no difference detected, with the seeds, what the interval still allows (its two ends: a D
+    that may be a gain or a loss, not "on the frontier") and the detectable difference, and whether the unadjusted
+    interval excluded 0."""
     if gain.n == 0:
         return "not measured yet: no seed has a finished run of the method and of every constant β"
     if gain.n < 2:
@@ -325,9 +326,11 @@ def _reading(gain: PerSeed, p: float, holm_p: float, detectable: float, family: 
             f"{side} the frontier: {more} {y_header} than constant β at the same {x_header} (Holm-adjusted "
             f"p = {format_p(holm_p)}, {gain.n} seeds)"
         )
+    signed = "+" + y_spec.lstrip("+")
+    low, high = gain.mean - gain.half_width, gain.mean + gain.half_width
     reading = (
-        f"on the frontier: no difference detected with {gain.n} seeds (detectable at 80% power: "
-        f"±{format(detectable, y_spec.lstrip('+'))})"
+        f"no difference detected with {gain.n} seeds: the interval allows D from {format(low, signed)} to "
+        f"{format(high, signed)} (detectable at 80% power: ±{format(detectable, y_spec.lstrip('+'))})"
     )
     if p < ALPHA:
         reading += (

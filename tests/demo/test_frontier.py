@@ -199,9 +199,16 @@ def test_methods_above_below_and_on_the_frontier_are_read_as_such():
     assert above.reading.startswith("above the frontier: more reward (last quarter) than constant β")
     assert below.reading.startswith("below the frontier: less reward (last quarter)")
     assert above.holm_p < 0.05 and below.holm_p < 0.05
-    assert on.reading == "on the frontier: no difference detected with 5 seeds (detectable at 80% power: ±0.032)"
+    # No difference detected is not "on the frontier": the reading gives what D's interval still allows, both ends.
+    half = 2.776445 * statistics.stdev(D[ON]) / math.sqrt(5)
+    assert [f"{statistics.fmean(D[ON]) + side * half:+.3f}" for side in (-1, 1)] == ["-0.026", "+0.022"]
+    assert on.reading == (
+        "no difference detected with 5 seeds: the interval allows D from -0.026 to +0.022 (detectable at 80% power: "
+        "±0.032)"
+    )
     assert unadjusted.p == pytest.approx(0.04006, abs=1e-4) and unadjusted.holm_p == pytest.approx(2 * unadjusted.p)
-    assert unadjusted.reading.startswith("on the frontier: no difference detected with 5 seeds")
+    assert unadjusted.reading.startswith("no difference detected with 5 seeds: the interval allows D from +0.002 to")
+    assert all("on the frontier" not in reading.reading for reading in readings.values())
     assert "the unadjusted interval excludes 0 (above, p = 0.0401)" in unadjusted.reading
     assert "but not under Holm's adjustment across the 4 methods (adjusted p = 0.0801)" in unadjusted.reading
     # The mirror, by hand on two seeds. Seed 0 (k = 1): reward 0.8 is β = 0.05's, reached at 0.4; 0.25 − 0.4.
