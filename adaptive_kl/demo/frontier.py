@@ -752,6 +752,28 @@ def write_frontiers_plot(panels: list[tuple[list[VariantRun], Frontier, str]], p
     return path
 
 
+def log_ticks(low: float, high: float, most: int = 7) -> list[float]:
+    """Where to label a log axis from `low` to `high` (both positive): the numbers 1, 2 and 5 times a power of 10
+    inside it (every whole multiple of one, 1 to 9, where fewer than two of those are), kept in order only when at
+    least 1/`most` of the axis' width in log units from the last kept, so that at most `most` + 1 labels share it
+    and plain decimals ("0.003", "0.004") have room."""
+    span = math.log10(high / low)
+
+    def inside(multiples: Iterable[int]) -> list[float]:
+        decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+        found = (float(f"{m}e{k}") for k in decades for m in multiples)
+        return [tick for tick in found if low <= tick <= high]
+
+    ticks = inside((1, 2, 5))
+    if len(ticks) < 2:
+        ticks = inside(range(1, 10))
+    kept: list[float] = []
+    for tick in ticks:
+        if not kept or math.log10(tick / kept[-1]) >= span / most:
+            kept.append(tick)
+    return kept
+
+
 def legend_labels(names: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """`(shared, labels, look_of)` of methods' names: the settings every one of them has (the legend's title says
     those); each name's label, what it adds to them (the whole name when nothing is shared or nothing is added); and
@@ -775,7 +797,8 @@ def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str, lo
     (where `looks` is given, the `looks[look]`-th marker and colour, its look as `legend_labels` gives it, so that
     panels drawn side by side agree; else in order), and a legend below. x is on a log scale when every drawn value
     is positive (the drifts span decades); a bar reaching 0 or below stops at the axis' left edge, and a y bar at the
-    ends of `frontier.y_range`. Returns the legend, or None without a point to draw."""
+    ends of `frontier.y_range`; a log axis is labelled in plain decimals at `log_ticks`, its minor ticks unlabelled.
+    Returns the legend, or None without a point to draw."""
     groups = seed_groups(runs)
     # Each variant's `((x, half-width), (y, half-width))` over its runs (half-width 0 for one run), where both are
     # finite: constant β's points, labelled with their β, and the methods' marks.
@@ -826,8 +849,16 @@ def draw_frontier(ax, runs: list[VariantRun], frontier: Frontier, title: str, lo
                     fmt=MARKERS[look % len(MARKERS)], color=COLOURS[look % len(COLOURS)], elinewidth=1, capsize=3,
                     markersize=8, alpha=0.9, zorder=4, label=labels[name])  # fmt: skip
     if logarithmic:
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
         ax.set_xscale("log")
         ax.set_xlim(left=left / 1.25)  # the start's marker, drawn at `left`, whole
+        # Plain decimals, spaced apart, and no labels on the minor ticks: matplotlib's own labels the minor ticks of
+        # an axis spanning about two decades or less, in scientific notation, and at small drift those run into each
+        # other ("3×10⁻³4×10⁻³"). The minor ticks stay, for the grid.
+        ax.xaxis.set_major_locator(FixedLocator(log_ticks(*ax.get_xlim())))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(f"{x_header}{' (log scale)' if logarithmic else ''}")
     ax.set_ylabel(y_header)
     ax.set_title(f"{title} (means over seeds ± 95% half-widths)", fontsize=10)

@@ -20,6 +20,7 @@ from adaptive_kl.demo.frontier import (
     frontier_sections,
     interpolate,
     line_section,
+    log_ticks,
     methods,
     reach,
     read_methods,
@@ -306,6 +307,41 @@ def test_the_frontier_plot_is_written_on_a_log_or_linear_axis(tmp_path):
     still = [*runs, fake("beta=0.2, loss_type=grpo, kl_scaling=log", 0, 0.0, 0.5)]
     check_png(write_frontiers_plot([(still, FRONTIER, PLOT_TITLE)], str(tmp_path / "linear.png")))
     assert write_frontiers_plot([([], FRONTIER, PLOT_TITLE)], str(tmp_path / "none.png")) is None
+
+
+def test_the_log_axis_is_labelled_in_plain_decimals_that_do_not_overlap(tmp_path, monkeypatch):
+    """matplotlib's own labels on a log axis of two decades or less go on the minor ticks too, in scientific
+    notation, and at small drift they run into each other ("3×10⁻³4×10⁻³"): the picture labels 1, 2 and 5 times a
+    power of 10 (every multiple where those are too few), as plain decimals, none over another."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    assert log_ticks(0.03, 3.0) == [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+    assert log_ticks(0.0031, 0.0047) == [0.004]  # too narrow for two of 1, 2 or 5: every multiple
+    assert log_ticks(0.0025, 0.0047) == [0.003, 0.004]
+    assert log_ticks(1e-3, 1e3) == [1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1e3]  # no closer than 1/7 of the axis
+    close, figures = plt.close, []
+    monkeypatch.setattr(plt, "close", figures.append)
+    for scale in (0.03, 0.3, 3.0):  # every drift times `scale`: from a few thousandths to a few units
+        runs = fabricated_runs()
+        for run in runs:
+            for row in run.retention:
+                row["retention/kl_to_start"] *= scale
+        check_png(write_frontiers_plot([(runs, FRONTIER, PLOT_TITLE)], str(tmp_path / f"frontier-{scale}.png")))
+        (axes,) = figures.pop().axes
+        axes.figure.canvas.draw()
+        renderer = axes.figure.canvas.get_renderer()
+        low, high = axes.get_xlim()
+        shown = sorted(
+            (label for minor in (False, True) for label in axes.xaxis.get_ticklabels(minor=minor)
+             if label.get_visible() and label.get_text() and low <= label.get_position()[0] <= high),
+            key=lambda label: label.get_position()[0],
+        )  # fmt: skip
+        texts = [label.get_text() for label in shown]
+        boxes = [label.get_window_extent(renderer) for label in shown]
+        assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:])), (scale, texts)
+        assert len(texts) >= 2 and all(float(text) > 0 for text in texts), (scale, texts)
+        close(axes.figure)
 
 
 def test_frontiers_drawn_side_by_side_give_one_method_one_look(tmp_path, monkeypatch):
