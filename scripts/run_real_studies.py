@@ -246,6 +246,14 @@ STUDIES = {
             LENGTH_PER_TOKEN: ("length", LENGTH_PER_TOKEN),
             **{m: ("methods", m) for m in FRONTIER_METHODS if m != LENGTH_PER_TOKEN},
         },
+        # Said in the summary's opening (issue 90): what a reader of its tables must know that they do not show.
+        "notes": [
+            "Format-free accuracy, two readers: the 10 runs of the bounded controllers (`777d5cf842`) take the "
+            "number the `####` line concludes with (`tasks.answers.final_number`), the 60 others the first number "
+            "after `####`, the reader before it (`#### 4 + 13 = 17` reads 4). The bounded controllers' format-free "
+            "accuracy, and its difference from constant β's at matched drift, set the one reader against the other: "
+            "not a difference between methods.",
+        ],
         "frontier": {
             "line": FRONTIER_LINE,
             "x": "final_kl_to_start",
@@ -294,6 +302,14 @@ STUDIES = {
         "variants": [*SUM_LINE, *SUM_METHODS, SUM_SIGMOID],
         "phases": [SUM_METHODS, [SUM_SIGMOID]],
         "reused": {variant: ("beta", variant) for variant in ("beta=0", "beta=0.04", "beta=0.2")},
+        "notes": [
+            "Format-free accuracy, two readers: the 9 reused runs (beta=0, 0.04 and 0.2, seeds 0-2, made before "
+            "provenance was recorded) take the first number after `####`, the reader before "
+            "`tasks.answers.final_number` (`#### 4 + 13 = 17` reads 4), the 46 others (`777d5cf842`) the number the "
+            "`####` line concludes with. The format-free columns mix the two in the rows of beta=0, 0.04 and 0.2 and "
+            "in every paired difference from beta=0; the study's endpoints do not read this metric "
+            "([reuse check](reuse-check.md)).",
+        ],
         "frontier": {
             "line": SUM_LINE,
             "x": "final_kl_to_start",
@@ -425,6 +441,7 @@ def summarize(name: str, out: str, studies: dict, seeds: list[int] | None = None
                 f"{', '.join(source.split())} (the same command)."
                 for variant, (study, source) in studies[name].get("reused", {}).items()
             ),
+            *(line for note in studies[name].get("notes", ()) for line in ("", note)),  # a paragraph each
             "",
             *environment,
             f"- wall time: {wall_time / 3600:.2f} h of single-core training and evaluation over {len(runs)} "
