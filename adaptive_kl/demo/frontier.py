@@ -447,20 +447,23 @@ def _bound_sentences(frontier: Frontier, summaries: dict, x_header: str, x_spec:
 def methods_section(
     readings: list[MethodReading], frontier: Frontier, with_start: bool, correction: bool = False
 ) -> str:
-    """Markdown for the primary endpoint: per method the seeds, its x and y, D by seed and its mean ± half-width, p,
-    the Holm-adjusted p, the detectable D, D against the line's monotone envelope, the mirror, the seeds read outside
-    the line and the reading. `with_start`: the readings put the start's point on the line; `correction`: they are
+    """Markdown for the primary endpoint: per method the seeds, its x and y, the line's y at its x (F_s(x), y − D
+    seed by seed: what constant β earned at its drift), D by seed and its mean ± half-width, p, the Holm-adjusted p,
+    the detectable D, D against the line's monotone envelope, the mirror, the seeds read outside the line and the
+    reading. `with_start`: the readings put the start's point on the line; `correction`: they are
     the correction beside a stated endpoint that did not."""
     x_header, x_spec = metric_column(frontier.x)
     y_header, y_spec = metric_column(frontier.y)
     signed_x, signed_y = "+" + x_spec.lstrip("+"), "+" + y_spec.lstrip("+")
     tested = sum(1 for reading in readings if not math.isnan(reading.holm_p))
+    lines = [_line_at_drift(reading) for reading in readings]
     rows = [
         [
             reading.method,
             str(reading.above.n),
             format_interval(reading.x.mean, reading.x.half_width, x_spec),
             format_interval(reading.y.mean, reading.y.half_width, y_spec),
+            format_interval(line.mean, line.half_width, y_spec),
             ", ".join(f"{format(value, signed_y)} ({seed})" for seed, value in reading.above.pairs) or "—",
             format_interval(reading.above.mean, reading.above.half_width, signed_y),
             format_p(reading.p),
@@ -471,12 +474,12 @@ def methods_section(
             ", ".join(map(str, reading.outside)) or "none",
             reading.reading,
         ]
-        for reading in readings
+        for reading, line in zip(readings, lines, strict=True)
     ]
     header = (
-        "method", "seeds", x_header, y_header, "D by seed (seed)", "D: above the frontier", "p", "Holm-adjusted p",
-        "detectable at 80% power", "D against the monotone envelope", "mirror: drift beyond the frontier's",
-        "seeds read outside the line", "reading",
+        "method", "seeds", x_header, y_header, "the line at its drift", "D by seed (seed)", "D: above the frontier",
+        "p", "Holm-adjusted p", "detectable at 80% power", "D against the monotone envelope",
+        "mirror: drift beyond the frontier's", "seeds read outside the line", "reading",
     )  # fmt: skip
     through = (
         f"the start's point (drift 0, the mean {y_header.split(' (')[0]} of the first {frontier.start_steps} steps of "
@@ -502,11 +505,13 @@ def methods_section(
         )
     return (
         f"\n## {title}\n\n{opening} A seed counts only where the method and every constant β have a finished run "
-        "(`seeds`: how many did; the method's drift and reward are over those seeds). D is the mean ± the 95% "
-        "half-width (t, n − 1 degrees of freedom) with the two-sided one-sample t-test's p, Holm-adjusted across the "
-        f"methods with a test ({tested} so far; family-wise α = {ALPHA}): above or below the frontier only where "
-        "the adjusted p is below it. Detectable: the smallest true D this many seeds would detect with 80% power, "
-        "(t_{0.975,n−1} + t_{0.80,n−1}) · s / √n. The mirror: the method's drift minus G_s(its reward), the least "
+        "(`seeds`: how many did; the method's drift and reward are over those seeds; the line at its drift: F_s "
+        f"there, the {y_header} constant β earned at that drift, the method's less D seed by seed). D is the mean ± "
+        "the 95% half-width (t, n − 1 degrees of freedom) with the two-sided one-sample t-test's p, Holm-adjusted "
+        f"across the methods with a test ({tested} so far; family-wise α = {ALPHA}): above or below the frontier "
+        "only where the adjusted p is below it. Detectable: the smallest true D this many seeds would detect with "
+        "80% power, (t_{0.975,n−1} + t_{0.80,n−1}) · s / √n. The mirror: the method's drift minus G_s(its reward), "
+        "the least "
         "drift at which seed s's frontier reaches that reward (the first point's drift when the reward is at or "
         "below the curve there, the drift of the curve's highest point when it is above all of it): negative, less "
         "drift than constant β needed for the same reward. A sensitivity analysis beside D, with no test: D against "
@@ -515,6 +520,12 @@ def methods_section(
         "line: where the method's drift lies beyond the drifts its line measured, so that F_s there is the nearest "
         "point's reward held flat.\n\n" + markdown_table(header, rows)
     )
+
+
+def _line_at_drift(reading: MethodReading) -> PerSeed:
+    """F_s at the method's drift on each seed of its primary reading: its y minus D."""
+    above = dict(reading.above.pairs)
+    return PerSeed.of((seed, y - above[seed]) for seed, y in reading.y.pairs if seed in above)
 
 
 def secondary_section(readings: list[MethodReading], frontier: Frontier) -> str:

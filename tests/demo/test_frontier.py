@@ -285,6 +285,9 @@ def test_the_sections_state_the_endpoint_and_read_every_method():
     above = dict(zip(header, rows[ABOVE]))
     assert above["seeds"] == "5"
     assert above["D by seed (seed)"] == "+0.100 (0), +0.120 (1), +0.090 (2), +0.110 (3), +0.100 (4)"
+    # The line at the method's drift, 0.7 + 0.01·s on seed s: what constant β earned there, its reward less D.
+    line = [0.7 + 0.01 * seed for seed in range(5)]
+    assert above["the line at its drift"] == f"0.720 ± {2.776445 * statistics.stdev(line) / math.sqrt(5):.3f}"
     assert above["D: above the frontier"] == f"+0.104 ± {2.776445 * statistics.stdev(D[ABOVE]) / math.sqrt(5):.3f}"
     assert above["reading"].startswith("above the frontier")
     assert above["D against the monotone envelope"] == above["D: above the frontier"]
