@@ -399,3 +399,163 @@ def test_the_readmes_layer_list_is_the_layout_tests_table():
     spec.loader.exec_module(layout)
     assert readme_layers() == layer_floors(layout.ALLOWED)
     assert layer_floors({"a": set(), "b": {"a"}, "c": {"a"}, "d": {"b", "c"}}) == [{"a"}, {"b", "c"}, {"d"}]
+
+
+# --- issue 90: the frontiers' prose, recomputed from the committed runs ---------------------------------------------
+
+REAL = os.path.join(ROOT, "docs", "studies", "real")
+
+
+def frontier_script():
+    """scripts/frontier_table.py, which reads the summaries' tables (`read_tables`, `table_after`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("frontier_table", os.path.join(ROOT, "scripts", "frontier_table.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def logged_runs(study: str) -> dict[str, list[dict[str, str]]]:
+    """A study's committed `metrics.csv` (every run's steps, which the runner writes from the run files), by run:
+    `"<variant>, seed=<s>"` → its rows in order of step."""
+    import csv
+
+    runs: dict[str, list[dict[str, str]]] = {}
+    with open(os.path.join(REAL, study, "metrics.csv"), newline="") as f:
+        for row in csv.DictReader(f):
+            runs.setdefault(row["variant"], []).append(row)
+    return runs
+
+
+def logged(rows: list[dict[str, str]], metric: str) -> list[tuple[int, float]]:
+    return [(int(row["step"]), float(row[metric])) for row in rows if row[metric] != ""]
+
+
+def last_quarter(rows: list[dict[str, str]], metric: str) -> float:
+    """The mean over the last quarter of the logged steps, as the report's `late_mean` takes it."""
+    values = [value for _, value in logged(rows, metric)]
+    tail = values[-max(1, len(values) // 4) :]
+    return sum(tail) / len(tail)
+
+
+def interval_ends(cell: str) -> tuple[float, float, float, float]:
+    """`(mean, half-width, low, high)` of a summary's `mean ± half-width` cell."""
+    mean, half_width = (float(part) for part in cell.split(" ± "))
+    return mean, half_width, mean - half_width, mean + half_width
+
+
+def test_the_frontiers_corrected_numbers_come_from_the_committed_runs():
+    """Issue 90: each number the studies page, the README and the frontier page correct about the second frontier is
+    recomputed here from its committed `metrics.csv` or read from its committed summary (which the runner rebuilds
+    from the run files), and found in the sentence that states it; and no method is called "on the frontier"."""
+    script = frontier_script()
+    studies = open(os.path.join(ROOT, "docs", "studies", "README.md")).read()
+    page = re.sub(r"\s+", " ", studies[studies.index("## On a real model") :]).replace("−", "-")
+    readme = re.sub(r"\s+", " ", open(os.path.join(ROOT, "README.md")).read()).replace("−", "-")
+    frontier_page = re.sub(r"\s+", " ", open(os.path.join(ROOT, "docs", "frontier.md")).read()).replace("−", "-")
+    summary = open(os.path.join(REAL, "frontier_sum", "summary.md")).read()
+    first_summary = open(os.path.join(REAL, "frontier", "summary.md")).read()
+    tables, first_tables = script.read_tables(summary), script.read_tables(first_summary)
+    runs = logged_runs("frontier_sum")
+    stepwise = "beta=0.2, kl_controller=stepwise, target_kl=0.184, beta_max=0.2"
+    dynamic = "beta=0.2, kl_adaptation_method=dynamic, dynamic_beta_decay=0.9, beta_min=0, reward_threshold=0.8"
+    line = ("beta=0", "beta=0.01", "beta=0.02", "beta=0.04", "beta=0.1", "beta=0.2")
+
+    def drift(run: str) -> float:  # the held-out KL to the start at the last step that measured it
+        return logged(runs[run], "retention/kl_to_start")[-1][1]
+
+    def learned(run: str) -> bool:  # the stated rule: the last quarter's accuracy reward reaches 0.3
+        return last_quarter(runs[run], "rewards/accuracy_reward/mean") >= 0.3
+
+    # Stepwise seed 0 drifted beyond every constant β of seed 0; the farthest is β = 0.01, a run that learned the sum.
+    farthest = max(line, key=lambda beta: drift(f"{beta}, seed=0"))
+    assert drift(f"{stepwise}, seed=0") > drift(f"{farthest}, seed=0") and learned(f"{farthest}, seed=0")
+    stated = f"β = {farthest.removeprefix('beta=')}'s {drift(f'{farthest}, seed=0'):.4f}, a run that learned the sum"
+    assert page.count(stated) == 2, stated
+    assert "β = 0's 0.7276)" not in page and "beyond β = 0's drift" not in page
+
+    # When stepwise's β moved: seed 0 fell again after the ceiling, seed 1 first rose.
+    beta = {seed: logged(runs[f"{stepwise}, seed={seed}"], "adaptive_kl/current_beta") for seed in (0, 1)}
+    ceiling = next(step for step, value in beta[0] if value == 0.2 and step > 1)
+    fell = next(step for (_, before), (step, value) in zip(beta[0], beta[0][1:]) if step > ceiling and value < before)
+    rose = next(step for (_, before), (step, value) in zip(beta[1], beta[1][1:]) if value > before)
+    assert (fell, rose) == (67, 52)
+    assert f"the KL overshot, and fell again from step {fell} (0.009 at the end" in page
+    assert f"by step 25 and rose from step {rose} as the KL went over 1.5 × the target" in page
+    # Dynamic seed 1's accuracy reward: above 0 from step 13, at most 0.5 a step.
+    accuracy = logged(runs[f"{dynamic}, seed=1"], "rewards/accuracy_reward/mean")
+    first = next(step for step, value in accuracy if value > 0)
+    most = max(value for _, value in accuracy)
+    assert f"its accuracy reward on seed 1 above 0 on some steps from step {first} (at most {most:g} a step)" in page
+
+    # The room: what a seed that learned the sum earned of the accuracy reward (the summary's table of them).
+    learners = [run for run in runs if learned(run)]
+    gains = [last_quarter(runs[run], "rewards/accuracy_reward/mean") for run in learners]
+    assert len(learners) == 6 and all(f"{gain:.3f}" in summary for gain in gains)
+    room = f"{min(gains):.3f}–{max(gains):.3f}"
+    assert f"a seed that learned the sum earned {room} accuracy reward over the last quarter" in page
+    assert f"(a seed that learned it: {room} more)" in readme and "room above the line" not in readme
+    assert f"where a seed that learned the sum earned {room} more" in frontier_page
+
+    # The line at each method's drift (the summary's column), which is the method's reward less D.
+    methods = script.table_after(tables, "Stated before the runs: for each method")
+    at_drift = {}
+    for method, row in methods.items():
+        reward, d = interval_ends(row["reward (last quarter)"])[0], interval_ends(row["D: above the frontier"])[0]
+        at_drift[method] = interval_ends(row["the line at its drift"])
+        assert abs(at_drift[method][0] - (reward - d)) <= 0.0011, method
+    labels = {"kl_adaptation_method=clip": "clip", "kl_scaling=log": "log", "dynamic": "dynamic",
+              "stepwise": "stepwise", "sigmoid": "sigmoid"}  # fmt: skip
+    name = {method: next(label for key, label in labels.items() if key in method) for method in methods}
+    four = [method for method in methods if name[method] != "sigmoid"]
+    low, high = min(at_drift[m][0] for m in four), max(at_drift[m][0] for m in four)
+    assert f"the line stood at {low:.3f}–{high:.3f} for four of them" in page
+    for method in methods:
+        mean, half_width, _, _ = at_drift[method]
+        quoted = f"`{name[method]}` {mean:.3f} ± {half_width:.3f}" if method in four else (
+            f"at {mean:.3f} ± {half_width:.3f} for `sigmoid`"
+        )  # fmt: skip
+        assert quoted in page, quoted
+    assert "0.9–1.1" not in page
+
+    # No difference detected: what each D interval still allows, from the summary's reading to the page's sentence.
+    allowed = {}
+    for method, row in methods.items():
+        found = re.search(
+            r"no difference detected with 5 seeds: the interval allows D from (\S+) to (\S+) ", row["reading"]
+        )
+        allowed[name[method]] = found.groups()
+        assert f"from {found[1]} to {found[2]} (`{name[method]}`)" in page, method
+    assert f"to {allowed['log'][1]} for `log`, {allowed['sigmoid'][1]} for `sigmoid`" in readme
+    assert f"up to {allowed['log'][1]} (`log`) and {allowed['sigmoid'][1]} (`sigmoid`)" in frontier_page
+    first_methods = script.table_after(first_tables, "Added after the runs, as a correction")
+    highest = max(first_methods.values(), key=lambda row: interval_ends(row["D: above the frontier"])[3])
+    top = re.search(r"the interval allows D from \S+ to (\S+) ", highest["reading"])[1]
+    assert "sigmoid" in next(m for m, row in first_methods.items() if row is highest)
+    assert f"allowing to {top});" in readme and f"gains up to {top} (`sigmoid`) on the first" in frontier_page
+    for text in (page, readme, frontier_page, summary, first_summary):
+        assert "on the frontier" not in text
+
+    # The controllers: every KL / target interval contains 1 and reaches past 1.5, the ±50% criterion's edge.
+    ratios = {}
+    for tables_of in (tables, first_tables):
+        for controller, row in script.table_after(tables_of, "Per controller:").items():
+            if "beta_max" in controller:
+                mean, half_width, lower, upper = interval_ends(row["KL / target"])
+                assert lower <= 1 <= upper and upper > 1.5 and lower > 0.5, controller
+                ratios[controller] = f"{mean:.2f} ± {half_width:.2f}"
+    assert len(ratios) == 3
+    ends = sorted(ratios.values())
+    assert f"KL / target {ends[0]} to {ends[-1]}, holding 1 but past the ±50% criterion's 1.5" in readme
+    assert "held its target" not in readme
+
+    # The format-free accuracy's two readers, counted from the runs' provenance the summaries list.
+    for text, old, new in ((summary, 9, 46), (first_summary, 60, 10)):
+        commits = next(line for line in text.splitlines() if line.startswith("- commits of the runs"))
+        assert f"`777d5cf842` ({new} runs)" in commits
+        assert sum(int(n) for n in re.findall(r"\((\d+) runs\)", commits)) == old + new
+        assert "Format-free accuracy, two readers" in text
+    assert "the 9 reused runs" in summary and "the 46 others (`777d5cf842`)" in summary
+    assert "the 10 runs of the bounded controllers (`777d5cf842`)" in first_summary
+    assert "the 60 others" in first_summary
