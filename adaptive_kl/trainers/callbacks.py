@@ -126,7 +126,7 @@ class KLHealthCallback(TrainerCallback):
             "`adaptive-kl frontier` measures the drift each constant beta gives on your model. Only where the KL "
             "itself must stay in the band, a target-KL controller can steer it ("
             + ", ".join(f"{name}={value!r}" for name, value in settings.items())
-            + "; no controller held a target within +-50% in those studies).",
+            + "; none was shown to hold its target within +-50% in those studies).",
             settings,
         )
 
