@@ -162,10 +162,8 @@ def test_a_hub_model_trains_in_full_at_its_stated_settings_or_a_lora_with_lora(t
         f"`--lora-target-modules` (`{modules}`" in " ".join(page.split())
     )
     settings, (variant,), _, _ = build([*run, "--set", "num_generations=4", "--set", "learning_rate=3e-6"])
-    assert (
-        make_config(variant, settings, "unused").num_generations,
-        make_config(variant, settings, "unused").learning_rate,
-    ) == (4, 3e-6)
+    overridden = make_config(variant, settings, "unused")
+    assert (overridden.num_generations, overridden.learning_rate) == (4, 3e-6)
 
     out = tmp_path / "lora"
     argv = ["compare", "--model", tiny_model_dir, "--lora", "--lora-r", "4", "--lora-alpha", "8"]
@@ -183,10 +181,8 @@ def test_a_hub_model_trains_in_full_at_its_stated_settings_or_a_lora_with_lora(t
     assert (lora.r, lora.lora_alpha, set(lora.target_modules)) == (4, 8, {"q_proj", "v_proj"})
     trainable = {name: p for name, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_A" in name or "lora_B" in name for name in trainable)
-    assert {module for name in trainable for module in ("q_proj", "k_proj", "v_proj") if module in name} == {
-        "q_proj",
-        "v_proj",
-    }
+    adapted = {module for name in trainable for module in ("q_proj", "k_proj", "v_proj") if module in name}
+    assert adapted == {"q_proj", "v_proj"}
     optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
     assert optimized == {id(p) for p in trainable.values()}
     (checkpoint,) = (out / "runs").glob("*/checkpoint-2")
