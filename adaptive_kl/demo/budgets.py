@@ -1,6 +1,10 @@
 """The demo's budget for each named policy (`adaptive_kl.tasks.policies`): the task, steps, validation size, LoRA and
 config that `adaptive-kl demo --model <name>` trains with, unless the command line says otherwise."""
 
+# The LoRA adapter of a hub model (`--lora-r`, `--lora-alpha`, `--lora-target-modules` override it), as PEFT's
+# `LoraConfig` and Unsloth's `get_peft_model` take it; SmolLM2's demo trains the same.
+HUB_LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+
 # The real-model demo's budget on 2 CPU cores (five methods in about 30 minutes): 2 prompts × 4 completions of at
 # most 64 tokens a step, a LoRA of rank 16 on the attention projections, 20 steps, 64 validation problems.
 SMOLLM2_DEMO = {
@@ -9,7 +13,7 @@ SMOLLM2_DEMO = {
     "eval_every": 10,
     "n_validation": 64,
     "max_new_tokens": 64,
-    "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+    "lora": HUB_LORA,
     # Every trainer's fields (the binomial-KL trainer's too)...
     "config": dict(
         learning_rate=2e-4,
@@ -40,6 +44,3 @@ HUB_MODEL = dict(
     temperature=1.0,
 )
 HUB_LORA_LEARNING_RATE = 2e-5
-# The LoRA adapter of a hub model (`--lora-r`, `--lora-alpha`, `--lora-target-modules` override it), as PEFT's
-# `LoraConfig` and Unsloth's `get_peft_model` take it.
-HUB_LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}

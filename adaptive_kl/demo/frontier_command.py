@@ -99,7 +99,7 @@ def add_frontier_parser(commands: argparse._SubParsersAction) -> None:
 def run_arguments(opts: argparse.Namespace) -> list[str]:
     """The `compare` options every run gets: those of `run_options` the command line gave, and `--trainer`."""
     args = []
-    for name in ("model", "task", "steps", "eval_every", "n_validation"):
+    for name in ("model", "task", "steps", "eval_every", "n_validation", "lora_r", "lora_alpha"):
         value = getattr(opts, name)
         if value is not None:
             args += [f"--{name.replace('_', '-')}", str(value)]
@@ -109,14 +109,10 @@ def run_arguments(opts: argparse.Namespace) -> list[str]:
         value = getattr(opts, name)
         if value is not None:
             args += [f"--{name.replace('_', '-')}", value]
-    if opts.reward_funcs:
-        args += ["--reward-funcs", *opts.reward_funcs]
+    for name in ("reward_funcs", "lora_target_modules"):  # lists
+        if getattr(opts, name):
+            args += [f"--{name.replace('_', '-')}", *getattr(opts, name)]
     args += ["--unsloth"] * opts.unsloth + ["--lora"] * opts.lora + ["--quick"] * opts.quick
-    for name in ("lora_r", "lora_alpha"):
-        if getattr(opts, name) is not None:
-            args += [f"--{name.replace('_', '-')}", str(getattr(opts, name))]
-    if opts.lora_target_modules:
-        args += ["--lora-target-modules", *opts.lora_target_modules]
     for assignment in opts.set:
         args += ["--set", assignment]
     if opts.trainer is not None:
@@ -165,7 +161,7 @@ class SweepClock:
     def __init__(self, runs: int, jobs: int, eval_every: int):
         self.runs, self.jobs, self.eval_every = runs, jobs, eval_every
         self.first: str | None = None  # the label of the run the estimates read
-        self.steps: list[tuple[int, int, float]] = []  # (step, max_steps, seconds since its start) of its lines
+        self.steps: list[tuple[int, float]] = []  # (step, seconds since its start) of its lines
         self.estimates: list[float] = []
         self.lock = threading.Lock()
 
@@ -181,9 +177,9 @@ class SweepClock:
             if match is None or self.estimates:
                 return
             step, max_steps = int(match[1]), int(match[2])
-            self.steps.append((step, max_steps, seconds))
+            self.steps.append((step, seconds))
             if len(self.steps) == min(ESTIMATE_AFTER_STEPS, max_steps):
-                (first, _, at_first), (last, _, at_last) = self.steps[0], self.steps[-1]
+                (first, at_first), (last, at_last) = self.steps[0], self.steps[-1]
                 per_step = (at_last - at_first) / (last - first) if last > first else at_last / last
                 run = at_first + (max_steps - first) * per_step
                 self._estimate(

@@ -136,13 +136,10 @@ def base_config(settings: DemoSettings) -> dict:
     bf16 = on_gpu and torch.cuda.is_bf16_supported(including_emulation=False)
     if settings.policy_demo is not None:  # its own fields come after the trainer's defaults (`make_config`)
         return dict(common, bf16=bf16, fp16=on_gpu and not bf16, use_cpu=not on_gpu)
-    return dict(
-        common,
-        **{**HUB_MODEL, **(dict(learning_rate=HUB_LORA_LEARNING_RATE) if settings.adapter is not None else {})},
-        bf16=bf16,
-        fp16=on_gpu and not bf16,
-        use_cpu=not on_gpu,
-    )
+    hub = dict(common, **HUB_MODEL, bf16=bf16, fp16=on_gpu and not bf16, use_cpu=not on_gpu)
+    if settings.adapter is not None:  # a LoRA trains at a larger learning rate
+        hub["learning_rate"] = HUB_LORA_LEARNING_RATE
+    return hub
 
 
 # Fields of each trainer's config on top of `base_config`.

@@ -108,9 +108,9 @@ class KLHealthCallback(TrainerCallback):
                 "controller cannot be combined with 'dynamic'.",
                 {},
             )
-        if controller != "fixed" and args.beta_max == math.inf:  # no ceiling to raise
-            return f"Lower target_kl (now {args.target_kl:g}) into the band.", {}
         if controller != "fixed":
+            if args.beta_max == math.inf:  # no ceiling to raise
+                return f"Lower target_kl (now {args.target_kl:g}) into the band.", {}
             ceiling = beta if args.beta_max is None else args.beta_max
             settings = {"beta_max": 2 * ceiling}
             return (

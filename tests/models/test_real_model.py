@@ -352,5 +352,5 @@ def test_frontier_quick_on_the_real_model_with_the_lora_options(smollm2_dir, tmp
 
     (run,) = load_runs(str(out / "runs" / "beta_0.2" / "seed-0"))
     assert len(run.history) == 2 and run.provenance["command"].startswith(
-        "adaptive-kl compare --model smollm2 --n-validation 4 --lora --quick --lora-r 8 --lora-alpha 16"
+        "adaptive-kl compare --model smollm2 --n-validation 4 --lora-r 8 --lora-alpha 16 --lora --quick"
     )
