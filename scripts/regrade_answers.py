@@ -75,13 +75,13 @@ def start_answers() -> list[str]:
     from adaptive_kl.demo.budgets import SMOLLM2_DEMO
     from adaptive_kl.models import smollm2_path
     from adaptive_kl.tasks.chat import chat_datasets
-    from adaptive_kl.trainers.generation import generate_greedy
+    from adaptive_kl.trainers.generation import generate
 
     torch.manual_seed(0)
     path = smollm2_path()
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     _, validation = chat_datasets(1, SMOLLM2_DEMO["n_validation"], seed=0)
-    greedy = generate_greedy(model.eval(), tokenizer, validation["prompt"], SMOLLM2_DEMO["max_new_tokens"])
+    greedy = generate(model.eval(), tokenizer, validation["prompt"], SMOLLM2_DEMO["max_new_tokens"])
     before = sum(
         answers_match(first_number_reading(text), answer) for text, answer in zip(greedy, validation["answer"])
     )

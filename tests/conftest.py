@@ -17,11 +17,36 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
+from repo_paths import REPO  # noqa: E402
+
 from adaptive_kl.testing.tiny_model import save_random_model  # noqa: E402
 from adaptive_kl.trainers.scorer import install_cpu_scorer_if_needed  # noqa: E402
 
 
 SCORER_NOTE = install_cpu_scorer_if_needed()
+
+
+# The files whose tests take minutes (the GPU check and Unsloth in fresh processes, the real model, whole commands),
+# longest first, run before the rest. Under `-n`, pyproject.toml's `--dist loadfile --no-loadscope-reorder` gives each
+# worker one file at a time, in this order: a file's module fixtures are built once (a file split between the workers
+# would build them on both), and the short files fill in behind the long ones, so that the workers end together where
+# a long file started last would leave the other worker idle. Only the order of the files changes.
+SLOW_FILES_FIRST = (
+    "tests/test_gpu_check.py",
+    "tests/models/test_real_model.py",
+    "tests/trainers/test_unsloth.py",
+    "tests/demo/test_frontier_command.py",
+    "tests/test_benchmarks.py",
+    "tests/demo/test_real_studies.py",
+    "tests/demo/test_demo.py",
+    "tests/test_notebooks.py",
+    "tests/trainers/test_multiprocess.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {os.path.join(REPO, path): i for i, path in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep pytest's order
 
 
 def pytest_report_header(config):

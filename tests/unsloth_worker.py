@@ -1,15 +1,18 @@
-"""Checks of the Unsloth backend, each run in a fresh process: `python tests/unsloth_worker.py CHECK MODEL_DIR`.
+"""Checks of the Unsloth backend, run in a fresh process: `python tests/unsloth_worker.py CHECK[,CHECK...] MODEL_DIR`.
 
 Unsloth must be imported before TRL, and patches TRL for the whole process, so these checks cannot share the test
 session's process. On a CPU, `UNSLOTH_ALLOW_CPU=1` lets `import unsloth` succeed without patching TRL, and
 `_patch_trl_rl_trainers("grpo_trainer")` then generates Unsloth's real GRPO trainer module (its compiled loss runs on
-inductor's CPU backend). A check raises on failure and prints `OK <check>` on success.
+inductor's CPU backend). A check raises on failure; the worker prints `OK <check>` for each that passed, and for one
+that raised its traceback and `FAILED <check>`, then goes on to the next (each check builds its own trainers) and
+exits with 1. `import_order` needs a process of its own: it imports our classes before Unsloth.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 
 os.environ["UNSLOTH_ALLOW_CPU"] = "1"
@@ -386,5 +389,14 @@ if __name__ == "__main__":
     checks["real_model"] = check_real_model
     checks["hidden_states"] = check_hidden_states
     checks["zero_beta"] = check_zero_beta
-    checks[CHECK]()
-    print(f"OK {CHECK}")
+    failed = False
+    for name in CHECK.split(","):
+        try:
+            checks[name]()
+        except Exception:
+            traceback.print_exc()
+            print(f"FAILED {name}", flush=True)
+            failed = True
+        else:
+            print(f"OK {name}", flush=True)
+    sys.exit(1 if failed else 0)

@@ -456,7 +456,10 @@ def methods_section(
     y_header, y_spec = metric_column(frontier.y)
     signed_x, signed_y = "+" + x_spec.lstrip("+"), "+" + y_spec.lstrip("+")
     tested = sum(1 for reading in readings if not math.isnan(reading.holm_p))
-    lines = [_line_at_drift(reading) for reading in readings]
+    lines = []  # F_s at each method's drift, on each seed of its reading: its y minus D
+    for reading in readings:
+        above = dict(reading.above.pairs)
+        lines.append(PerSeed.of((seed, y - above[seed]) for seed, y in reading.y.pairs if seed in above))
     rows = [
         [
             reading.method,
@@ -520,12 +523,6 @@ def methods_section(
         "line: where the method's drift lies beyond the drifts its line measured, so that F_s there is the nearest "
         "point's reward held flat.\n\n" + markdown_table(header, rows)
     )
-
-
-def _line_at_drift(reading: MethodReading) -> PerSeed:
-    """F_s at the method's drift on each seed of its primary reading: its y minus D."""
-    above = dict(reading.above.pairs)
-    return PerSeed.of((seed, y - above[seed]) for seed, y in reading.y.pairs if seed in above)
 
 
 def secondary_section(readings: list[MethodReading], frontier: Frontier) -> str:

@@ -26,6 +26,7 @@ import re
 import shlex
 import sys
 import threading
+from dataclasses import dataclass, field
 
 from ..usage import UsageError, import_unsloth, quiet_host_libraries
 from .arguments import TRAINERS, run_options
@@ -152,18 +153,20 @@ ESTIMATE_AFTER_STEPS = 3
 STEP_LINE = re.compile(r"^step (\d+)/(\d+)$")
 
 
+@dataclass
 class SweepClock:
     """Estimates a sweep's time from the first run's output (`sweep.execute`'s `watch`): after its first
     `ESTIMATE_AFTER_STEPS` logged steps (`step k/N` lines, `runner.VariantProgressCallback`), the time a run takes as
     the time to its first step, then a step's time over the remaining steps; when it ends, its whole time. Each times
     the runs still to do in turns of `jobs`. Prints each estimate once; `estimates` keeps them (seconds)."""
 
-    def __init__(self, runs: int, jobs: int, eval_every: int):
-        self.runs, self.jobs, self.eval_every = runs, jobs, eval_every
-        self.first: str | None = None  # the label of the run the estimates read
-        self.steps: list[tuple[int, float]] = []  # (step, seconds since its start) of its lines
-        self.estimates: list[float] = []
-        self.lock = threading.Lock()
+    runs: int
+    jobs: int
+    eval_every: int
+    first: str | None = None  # the label of the run the estimates read
+    steps: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds since its start) of its lines
+    estimates: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def watch(self, label: str, line: str | None, seconds: float) -> None:
         with self.lock:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -20,16 +21,19 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ..trainers.state import TRAINER_STATE_FILE, saved_attribute
 
 
+@dataclass(eq=False)
 class RunRecord(TrainerCallback, ExportableState):
     """What a variant recorded beside the trainer's own state, saved in each checkpoint (`trainer_state.json`, under
     `stateful_callbacks["RunRecord"]`) so that a resumed run reports what an uninterrupted one does: the validation
     evaluations and texts, each retention callback's history, the KL-band monitor's state and the seconds spent
     before the resume (`seconds()` counts them in)."""
 
-    def __init__(self, started: float = 0.0, validation=None, retentions=(), kl_health=None):
-        self.started, self.seconds_before = started, 0.0  # `time.perf_counter()` at this process's start of the run
-        self.validation, self.retentions, self.kl_health = validation, list(retentions), kl_health
-        self.resumed_at: list[int] = []  # the steps this run was resumed at, oldest first
+    started: float = 0.0  # `time.perf_counter()` at this process's start of the run
+    validation: object = None  # the run's `runner.ValidationCallback`
+    retentions: list = field(default_factory=list)  # its `RetentionCallback`s
+    kl_health: object = None  # its `KLHealthCallback`
+    seconds_before: float = 0.0
+    resumed_at: list[int] = field(default_factory=list)  # the steps this run was resumed at, oldest first
 
     def seconds(self) -> float:
         return self.seconds_before + time.perf_counter() - self.started

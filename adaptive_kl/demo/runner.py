@@ -31,7 +31,7 @@ from ..tasks.general import general_chat_prompts, own_answers_dataset
 from ..tasks.policies import resolve_policy
 from ..tasks.recipe import held_out_reward, resolve_reward_func, train_and_held_out
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
-from ..trainers.generation import generate_greedy, generate_sampled, prompt_texts
+from ..trainers.generation import generate, prompt_texts
 from ..trainers.scorer import install_cpu_scorer_if_needed
 from .budgets import HUB_LORA, HUB_LORA_LEARNING_RATE, HUB_MODEL, POLICY_DEMOS
 from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
@@ -196,9 +196,9 @@ def make_config(variant: Variant, settings: DemoSettings, output_dir: str):
     if foreign:
         raise ValueError(foreign_fields_message(foreign, trainer, config_cls))
     if adaptive:  # the shared defaults of one method (dynamic's threshold, ...) are left out of the others
-        from ..trainers.config import unread_field_values  # the trainer's config module: imported once Unsloth is
+        from ..trainers.kl_fields import unread_field_values
 
-        unread = set(unread_field_values(fields)) - set(chosen)
+        unread = set(unread_field_values(fields, config_cls)) - set(chosen)
         fields = {name: value for name, value in fields.items() if name not in unread}
     return config_cls(output_dir=output_dir, **fields)
 
@@ -305,12 +305,12 @@ class ValidationCallback(TrainerCallback):
             return
         prompts = self.validation["prompt"]
         answers = self.validation["answer"] if "answer" in self.validation.column_names else [""] * len(prompts)
-        greedy = generate_greedy(model, self.tokenizer, prompts, self.max_new_tokens)
+        greedy = generate(model, self.tokenizer, prompts, self.max_new_tokens)
         scores = self._scores(greedy)
         self.evaluations.append({"step": step, **{f"val_{k}": v for k, v in scores.items()}})
         n = min(self.n_samples, len(prompts))
         if n:
-            sampled = generate_sampled(
+            sampled = generate(
                 model, self.tokenizer, prompts[:n], self.max_new_tokens, seed=self.sample_seed * 100_003 + step
             )
             for prompt, answer, greedy_text, sampled_text in zip(prompts[:n], answers[:n], greedy, sampled):
@@ -334,13 +334,14 @@ class ValidationCallback(TrainerCallback):
             self._evaluate(state.global_step, model)
 
 
+@dataclass(eq=False)
 class VariantProgressCallback(TrainerCallback):
     """Advances a shared progress bar by one per optimizer step, showing the variant, reward and β; where no bar is
     drawn (`--no-progress`, or output that is not a terminal), prints `step <k>/<max_steps>` at each step's end
     instead, the line by which `adaptive-kl frontier` times its runs (`frontier_command.SweepClock`)."""
 
-    def __init__(self, bar, variant: str):
-        self.bar, self.variant = bar, variant
+    bar: object  # a tqdm bar, or None
+    variant: str
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.bar is not None and logs and "reward" in logs:

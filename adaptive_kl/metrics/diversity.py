@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -141,6 +142,7 @@ class Embedder(Protocol):
     def __call__(self, completions: list[str]) -> torch.Tensor: ...
 
 
+@dataclass(frozen=True)
 class HashedNgramEmbedder:
     """Bag of character n-grams hashed into `dim` buckets: a download-free `Embedder` whose cosine similarity is
     the lexical overlap of two completions.
@@ -163,15 +165,14 @@ class HashedNgramEmbedder:
     _BASE = 1_000_003
     _MIX = 1_597_334_677  # scrambles the polynomial hash before it is reduced to a bucket (product < 2⁶²)
 
-    def __init__(self, n: int = 3, dim: int = 1024):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n!r}.")
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}.")
-        self.n, self.dim = n, dim
+    n: int = 3
+    dim: int = 1024
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(n={self.n}, dim={self.dim})"
+    def __post_init__(self):
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be a positive integer, got {self.n!r}.")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {self.dim!r}.")
 
     def __call__(self, completions: list[str]) -> torch.Tensor:
         n, dim = self.n, self.dim

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..trainers.generation import generate_greedy
+from ..trainers.generation import generate
 from .answers import answers_match, extract_answer, final_number, has_answer_format
 
 
@@ -17,7 +17,7 @@ def evaluate_accuracy(
         "answer_accuracy": fraction whose final number is right, marker or not (`final_number`), "format": fraction
         with an answer marker, "completion_length": mean completion length in characters}`.
     """
-    return score_completions(generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size), answers)
+    return score_completions(generate(model, tokenizer, prompts, max_new_tokens, batch_size=batch_size), answers)
 
 
 def score_completions(completions: list[str], answers: list) -> dict[str, float]:

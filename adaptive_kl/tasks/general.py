@@ -60,10 +60,10 @@ def own_answers_dataset(model, tokenizer, prompts: list, max_new_tokens: int):
     Call it on the policy before training: the answers are the starting policy's own."""
     from datasets import Dataset
 
-    from ..trainers.generation import generate_greedy, prompt_texts
+    from ..trainers.generation import generate, prompt_texts
 
     texts, _ = prompt_texts(tokenizer, prompts)
-    answers = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size=8)
+    answers = generate(model, tokenizer, prompts, max_new_tokens, batch_size=8)
     # An answer that is only an end token decodes to "" and has no token to score.
     kept = [i for i, answer in enumerate(answers) if tokenizer(answer, add_special_tokens=False)["input_ids"]]
     if not kept:

@@ -23,7 +23,7 @@ from transformers import TrainerCallback
 from transformers.utils import logging
 
 from ..kl.validation import is_finite_number, is_positive_int
-from .generation import generate_greedy
+from .generation import generate
 from .hooks import metric_store
 
 
@@ -432,7 +432,7 @@ class RetentionCallback(TrainerCallback):
         rows, weights = self._shard()
         prompts = [self.data["prompt"][i] for i in rows]
         # Padding rows are generated too (every process makes the same generate calls), then dropped.
-        completions = generate_greedy(model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size)
+        completions = generate(model, self.tokenizer, prompts, self.max_new_tokens, batch_size=self.batch_size)
         real = [i for i, w in zip(rows, weights, strict=True) if w]
         completions = completions[: len(real)]
         total = count = 0.0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
-from . import kl_fields
 from .hooks import check_trl_version
 
 
@@ -263,11 +262,6 @@ class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig):
                 UserWarning,
                 stacklevel=5,  # the caller of AdaptiveKLGRPOConfig(...)
             )
-
-
-def unread_field_values(values: dict) -> list[str]:
-    """`kl_fields.unread_field_values` of an `AdaptiveKLGRPOConfig` with these field values."""
-    return kl_fields.unread_field_values(values, AdaptiveKLGRPOConfig)
 
 
 if is_unsloth_class(GRPOConfig):  # `import unsloth` came first: keep Unsloth's __init__ and its defaults

@@ -23,6 +23,7 @@ import gc
 import math
 import os
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -143,6 +144,7 @@ class KLMonitor:
         return True
 
 
+@dataclass(eq=False)
 class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
     """Saves the `BetaController` state (and the `ReferenceResets` state when resets are on) in every checkpoint's
     `trainer_state.json`, under `stateful_callbacks["AdaptiveKLStateCallback"]`, and restores it in `on_train_begin`
@@ -150,10 +152,11 @@ class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
     says. `on_save` hands each saved checkpoint directory to `on_saved`.
     """
 
-    def __init__(self, controller=None, controller_state=None, resets=None, reference_reset_state=None, on_saved=None):
-        self.controller, self.controller_state = controller, controller_state
-        self.resets, self.reference_reset_state = resets, reference_reset_state
-        self.on_saved = on_saved
+    controller: BetaController | None = None
+    controller_state: dict | None = None
+    resets: ReferenceResets | None = None
+    reference_reset_state: dict | None = None
+    on_saved: Callable[[str], None] | None = None
 
     def state(self) -> dict:
         attributes = {"controller_state": self.controller.state_dict()}

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from adaptive_kl.demo.embedded import embedded_datasets, embedded_policy_path
 from adaptive_kl.demo.report import write_completions
 from adaptive_kl.demo.runner import ValidationCallback, VariantRun
-from adaptive_kl.trainers.generation import generate_greedy, generate_sampled
+from adaptive_kl.trainers.generation import generate
 
 
 @pytest.fixture(scope="module")
@@ -28,16 +28,16 @@ def test_sampling_leaves_the_training_random_state_alone(policy):
     torch.manual_seed(123)
     expected = torch.rand(4)
     torch.manual_seed(123)
-    generate_sampled(model, tokenizer, PROMPTS, max_new_tokens=12, seed=7)
+    generate(model, tokenizer, PROMPTS, max_new_tokens=12, seed=7)
     assert torch.equal(torch.rand(4), expected)
 
 
 def test_sampling_is_seeded_and_samples(policy):
     model, tokenizer = policy
-    first = generate_sampled(model, tokenizer, PROMPTS, max_new_tokens=12, seed=7)
-    assert generate_sampled(model, tokenizer, PROMPTS, max_new_tokens=12, seed=7) == first
-    draws = [generate_sampled(model, tokenizer, PROMPTS, max_new_tokens=12, seed=s) for s in range(8)]
-    greedy = generate_greedy(model, tokenizer, PROMPTS, max_new_tokens=12)
+    first = generate(model, tokenizer, PROMPTS, max_new_tokens=12, seed=7)
+    assert generate(model, tokenizer, PROMPTS, max_new_tokens=12, seed=7) == first
+    draws = [generate(model, tokenizer, PROMPTS, max_new_tokens=12, seed=s) for s in range(8)]
+    greedy = generate(model, tokenizer, PROMPTS, max_new_tokens=12)
     assert any(draw != greedy for draw in draws)  # temperature 1: not the greedy answers every time
 
 
@@ -49,11 +49,11 @@ def test_each_evaluation_keeps_the_first_problems_answers(policy):
     callback._evaluate(0, model)  # the same step again: nothing added
     callback._evaluate(5, model)
     assert [s["step"] for s in callback.samples] == [0, 0, 5, 5]
-    greedy = generate_greedy(model, tokenizer, validation["prompt"][:2], max_new_tokens=12)
+    greedy = generate(model, tokenizer, validation["prompt"][:2], max_new_tokens=12)
     assert [s["greedy"] for s in callback.samples[:2]] == greedy
     assert [s["prompt"] for s in callback.samples[:2]] == validation["prompt"][:2]
     assert [s["answer"] for s in callback.samples[:2]] == validation["answer"][:2]
-    sampled = generate_sampled(model, tokenizer, validation["prompt"][:2], max_new_tokens=12, seed=3 * 100_003 + 5)
+    sampled = generate(model, tokenizer, validation["prompt"][:2], max_new_tokens=12, seed=3 * 100_003 + 5)
     assert [s["sampled"] for s in callback.samples[2:]] == sampled
     assert [e["step"] for e in callback.evaluations] == [0, 5]
 

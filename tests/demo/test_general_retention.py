@@ -13,7 +13,7 @@ from adaptive_kl.demo.report import SUMMARY_HEADER, summarize, summary_table
 from adaptive_kl.demo.runner import VariantRun, merged_by_step
 from adaptive_kl.tasks import general
 from adaptive_kl.tasks.general import GENERAL_CHAT_PROMPTS, own_answers_dataset
-from adaptive_kl.trainers.generation import generate_greedy
+from adaptive_kl.trainers.generation import generate
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_the_set_is_the_starting_policy_own_greedy_answers(chat_policy):
     model, tokenizer = chat_policy
     conversations = general.general_chat_prompts()
     dataset = own_answers_dataset(model, tokenizer, conversations, max_new_tokens=12)
-    answers = generate_greedy(model, tokenizer, conversations, max_new_tokens=12)
+    answers = generate(model, tokenizer, conversations, max_new_tokens=12)
     kept = [i for i, answer in enumerate(answers) if tokenizer(answer, add_special_tokens=False)["input_ids"]]
     assert len(kept) >= len(answers) // 2  # the perturbed model answers most prompts
     assert dataset["completion"] == [answers[i] for i in kept]
@@ -62,11 +62,11 @@ def test_empty_answers_are_left_out_and_no_answer_at_all_gives_no_set(chat_polic
     model, tokenizer = chat_policy
     n = len(GENERAL_CHAT_PROMPTS)
     answers = ["ab" if i % 3 == 0 else "" for i in range(n)]
-    monkeypatch.setattr("adaptive_kl.trainers.generation.generate_greedy", lambda *a, **k: answers)
+    monkeypatch.setattr("adaptive_kl.trainers.generation.generate", lambda *a, **k: answers)
     dataset = own_answers_dataset(model, tokenizer, general.general_chat_prompts(), max_new_tokens=4)
     assert dataset["completion"] == ["ab"] * len(range(0, n, 3))
     assert dataset["prompt"][1] == f"user: {GENERAL_CHAT_PROMPTS[3]}\nassistant: "
-    monkeypatch.setattr("adaptive_kl.trainers.generation.generate_greedy", lambda *a, **k: [""] * n)
+    monkeypatch.setattr("adaptive_kl.trainers.generation.generate", lambda *a, **k: [""] * n)
     assert own_answers_dataset(model, tokenizer, general.general_chat_prompts(), max_new_tokens=4) is None
 
 

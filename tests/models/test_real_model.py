@@ -271,53 +271,19 @@ def test_demo_settings_for_the_named_policy(smollm2_dir, tmp_path):
         build(["demo", "--task", "chat", "--out", str(tmp_path)])
 
 
-def test_compare_quick_on_the_real_model(smollm2_dir, tmp_path):
-    """`adaptive-kl compare --model smollm2 --quick`: trains with LoRA on the chat task (its graded reward beside the
-    task's: no group ties) and writes the report, with the step-0 validation of the card's kind (strict and lenient
-    accuracy, format, length) and the held-out KL. It trains: every step has a gradient, and the LoRA weights moved
-    (a fresh adapter's B matrices are 0). On 4 validation problems (and as many general chat prompts), not `--quick`'s
-    8, and with completions of at most 32 tokens in training, not 64: about 70 s on 2 quiet cores instead of 95;
-    `run_python`'s limit only guards a hang."""
-    import csv
-
-    from safetensors.torch import load_file
-
-    out = tmp_path / "compare"
-    run_python("-m", "adaptive_kl", "compare", "--model", "smollm2", "--quick", "--n-validation", "4",
-               "--set", "max_completion_length=32", "--beta", "0.04", "--out", str(out), "--no-progress",
-               "--save-every", "2")  # fmt: skip
-    rows = list(csv.DictReader(open(out / "metrics.csv")))
-    steps = [row for row in rows if row["step"] not in ("", "0")]
-    assert len(steps) == 2 and all(float(row["adaptive_kl/current_beta"]) == 0.04 for row in steps)
-    first = next(row for row in rows if row["step"] == "0")
-    assert 0 <= float(first["val_answer_accuracy"]) <= 1 and float(first["val_completion_length"]) > 20
-    assert "retention/kl_to_start" in rows[-1] and (out / "summary.md").is_file()
-    # Retention on general chat prompts: the starting policy's own greedy answers, scored from step 0 on.
-    from adaptive_kl.demo.run_files import load_runs
-
-    (run,) = load_runs(str(out))
-    assert [e["step"] for e in run.retention] == [0, 2]
-    start, end = run.retention
-    assert start["general/kl_to_start"] == 0.0 and end["general/kl_to_start"] >= 0
-    assert -3 < start["general/loglik"] < 0 and math.isfinite(end["general/loglik"])
-    assert "| general-chat KL to start (final) |" in (out / "summary.md").read_text()
-    assert start["general/seq_loglik"] < start["general/loglik"]  # summed over an answer's tokens: more negative
-    assert all(float(row["grad_norm"]) > 0 for row in steps), [row["grad_norm"] for row in steps]
-    assert all(float(row["rewards/working_similarity_reward/mean"]) > 0 for row in steps)
-    assert "Note: no run trained" not in (out / "summary.md").read_text()
-    (checkpoint,) = (out / "runs").glob("*/checkpoint-2")
-    adapter = load_file(str(checkpoint / "adapter_model.safetensors"))
-    lora_b = [tensor for name, tensor in adapter.items() if "lora_B" in name]
-    assert lora_b and any(tensor.abs().max() > 0 for tensor in lora_b)
-
-
-def test_frontier_quick_on_the_real_model_with_the_lora_options(smollm2_dir, tmp_path):
+def test_frontier_and_compare_quick_on_the_real_model_with_the_lora_options(smollm2_dir, tmp_path):
     """`adaptive-kl frontier --model smollm2 --lora --lora-r 8 --lora-alpha 16 --quick --seeds 0`: the quick line
-    (β = 0 and 0.2) on one seed, each run a `compare --quick` of its own (on 4 validation problems and training on
-    completions of at most 32 tokens, as the test above) training only the LoRA the options name (its checkpoint
+    (β = 0 and 0.2) on one seed, each run a `compare --quick` of its own (on 4 validation problems, not `--quick`'s 8,
+    and training on completions of at most 32 tokens, not 64) training only the LoRA the options name (its checkpoint
     holds that adapter alone, moved from its start), the sweep's time estimated as it goes, and the summary's table of
-    β against drift with the start's point. The limit is a guard against a hang, far above the ~2.5 min it takes on 2
-    quiet cores."""
+    β against drift with the start's point.
+
+    The β = 0.2 run is then read as `compare --model smollm2 --quick` writes its report: it trains with LoRA on the
+    chat task (its graded reward beside the task's: no group ties) at its β, with the step-0 validation of the card's
+    kind (strict and lenient accuracy, format, length) and the held-out KL; every step has a gradient; retention on
+    general chat prompts (the starting policy's own greedy answers) is scored from step 0 on. The limit is a guard
+    against a hang, far above the ~2.5 min it takes on 2 quiet cores."""
+    import csv
     import json
     import subprocess
     import sys
@@ -354,3 +320,20 @@ def test_frontier_quick_on_the_real_model_with_the_lora_options(smollm2_dir, tmp
     assert len(run.history) == 2 and run.provenance["command"].startswith(
         "adaptive-kl compare --model smollm2 --n-validation 4 --lora-r 8 --lora-alpha 16 --lora --quick"
     )
+    # The β = 0.2 run's own report, as `compare` writes it.
+    run_out = out / "runs" / "beta_0.2" / "seed-0"
+    rows = list(csv.DictReader(open(run_out / "metrics.csv")))
+    steps = [row for row in rows if row["step"] not in ("", "0")]
+    assert len(steps) == 2 and all(float(row["adaptive_kl/current_beta"]) == 0.2 for row in steps)
+    first = next(row for row in rows if row["step"] == "0")
+    assert 0 <= float(first["val_answer_accuracy"]) <= 1 and float(first["val_completion_length"]) > 20
+    assert "retention/kl_to_start" in rows[-1] and (run_out / "summary.md").is_file()
+    assert [e["step"] for e in run.retention] == [0, 2]
+    start, end = run.retention
+    assert start["general/kl_to_start"] == 0.0 and end["general/kl_to_start"] >= 0
+    assert -3 < start["general/loglik"] < 0 and math.isfinite(end["general/loglik"])
+    assert "| general-chat KL to start (final) |" in (run_out / "summary.md").read_text()
+    assert start["general/seq_loglik"] < start["general/loglik"]  # summed over an answer's tokens: more negative
+    assert all(float(row["grad_norm"]) > 0 for row in steps), [row["grad_norm"] for row in steps]
+    assert all(float(row["rewards/working_similarity_reward/mean"]) > 0 for row in steps)
+    assert "Note: no run trained" not in (run_out / "summary.md").read_text()

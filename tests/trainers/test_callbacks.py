@@ -16,7 +16,7 @@ from tiny import make_trainer, perturb
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.trainers import callbacks as callbacks_module
 from adaptive_kl.trainers.callbacks import KLHealthCallback, RetentionCallback
-from adaptive_kl.trainers.generation import generate_greedy
+from adaptive_kl.trainers.generation import generate
 
 
 # ------------------------------------------------------------------------------------------------ KLHealthCallback
@@ -352,7 +352,7 @@ def test_accuracy_with_fake_score_function(trainer):
     assert scores == {"retention/accuracy": pytest.approx(3 / 4)}
     assert trainer.model.training
     assert len(calls) == 1 and calls[0]["prompts"] == data["prompt"] and calls[0]["answer"] == data["answer"]
-    expected = generate_greedy(trainer.model, trainer.processing_class, data["prompt"], max_new_tokens=3)
+    expected = generate(trainer.model, trainer.processing_class, data["prompt"], max_new_tokens=3)
     assert calls[0]["completions"] == expected
 
 

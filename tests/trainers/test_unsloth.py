@@ -3,10 +3,11 @@
 First its parts that need no Unsloth: the term on a captured call against Unsloth's formulas re-written here, the
 capture shim and source guard on a stand-in generated module, the config `__init__` and the import-order check.
 
-Then the same code against the real Unsloth GRPO trainer, generated on the CPU (see `tests/unsloth_worker.py`). Each of
-those checks runs in its own process, because Unsloth must be imported before TRL and patches TRL for the whole
-process. CI installs unsloth/unsloth_zoo in its TRL 1.15 environment (the newest TRL Unsloth accepts); elsewhere they
-skip, saying so.
+Then the same code against the real Unsloth GRPO trainer, generated on the CPU (see `tests/unsloth_worker.py`). Those
+checks run in a process of their own, because Unsloth must be imported before TRL and patches TRL for the whole
+process: the tiny model's share one (Unsloth's import, its generated trainer and its compiled loss are made once), the
+import-order check and the real model's have one each. CI installs unsloth/unsloth_zoo in its TRL 1.15 environment
+(the newest TRL Unsloth accepts); elsewhere they skip, saying so.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import importlib.util
 import inspect
 import math
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 from repo_paths import REPO, TESTS
-from tiny import run_python
+from tiny import HANG_TIMEOUT
 
 from adaptive_kl.kl.aggregation import LOSS_TYPES, TOKEN_SUM_LOSS_TYPES
 from adaptive_kl.kl.term import adapted_kl_term
@@ -311,61 +313,79 @@ needs_unsloth = pytest.mark.skipif(
 WORKER = os.path.join(TESTS, "unsloth_worker.py")
 
 
-def run_check(check: str, model_dir: str, tmp_path) -> None:
+def run_checks(checks: str, model_dir: str, tmp_path) -> subprocess.CompletedProcess:
+    """Runs the worker's `checks` (comma-separated) in one process: its output says `OK <check>` for each that
+    passed."""
     # Unsloth writes its generated trainers under UNSLOTH_COMPILE_LOCATION (default: ./unsloth_compiled_cache), and
     # inductor its compiled code under TORCHINDUCTOR_CACHE_DIR (default: shared by every process of the machine): both
-    # private to the check, so that nothing compiled by another run, in another environment, is reused.
-    result = run_python(
-        WORKER,
-        check,
-        model_dir,
+    # private to the process, so that nothing compiled by another run, in another environment, is reused.
+    environment = dict(
         UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_compiled_cache"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
         # torch turns its custom-op aliasing warning into an error when `CI` is set, and on a CPU inductor's own
         # `alloc_from_pool`, in Unsloth's compiled causal mask, trips it: keep it the warning users get.
         TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING="0",
     )
-    assert f"OK {check}" in result.stdout, result.stdout[-2000:] + result.stderr[-4000:]
+    return subprocess.run(
+        [sys.executable, WORKER, checks, model_dir],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **environment},
+        timeout=HANG_TIMEOUT,
+    )
+
+
+def assert_passed(result: subprocess.CompletedProcess, check: str) -> None:
+    assert f"OK {check}" in result.stdout.splitlines(), result.stdout[-2000:] + result.stderr[-6000:]
+
+
+TINY_MODEL_CHECKS = ("config", "capture", "parity", "hidden_states", "train", "zero_beta")
+
+
+@pytest.fixture(scope="module")
+def tiny_model_checks(tiny_model_dir, tmp_path_factory):
+    """The worker's run of every check on the tiny model but the import order's, in one process."""
+    return run_checks(",".join(TINY_MODEL_CHECKS), tiny_model_dir, tmp_path_factory.mktemp("unsloth"))
 
 
 @needs_unsloth
 def test_wrong_import_order_raises_a_clear_error(tiny_model_dir, tmp_path):
     """Our classes first used on TRL's own, then `import unsloth`: building either says to import Unsloth first."""
-    run_check("import_order", tiny_model_dir, tmp_path)
+    assert_passed(run_checks("import_order", tiny_model_dir, tmp_path), "import_order")
 
 
 @needs_unsloth
-def test_config_keeps_unsloth_init_and_defaults(tiny_model_dir, tmp_path):
+def test_config_keeps_unsloth_init_and_defaults(tiny_model_checks):
     """Every non-KL field equals Unsloth's config's (its own defaults: adamw_8bit, dapo, 5e-5, chunking), through
     the constructor and HfArgumentParser; KL fields validate; dataclasses.replace works."""
-    run_check("config", tiny_model_dir, tmp_path)
+    assert_passed(tiny_model_checks, "config")
 
 
 @needs_unsloth
-def test_shim_captures_only_inside_our_loss(tiny_model_dir, tmp_path):
+def test_shim_captures_only_inside_our_loss(tiny_model_checks):
     """The shim is installed once; outside our loss Unsloth gets its β unchanged; inside, β = 0 and the captured
     mask and reference log-probs are the micro-batch's; the capture is closed afterwards."""
-    run_check("capture", tiny_model_dir, tmp_path)
+    assert_passed(tiny_model_checks, "capture")
 
 
 @needs_unsloth
-def test_hidden_states_branch_matches_and_trains(tiny_model_dir, tmp_path):
+def test_hidden_states_branch_matches_and_trains(tiny_model_checks):
     """Unsloth's GPU branch (`UNSLOTH_RETURN_HIDDEN_STATES`: hidden states through its chunked LM head), driven on the
     CPU by a stand-in forward that honours it: exact log-probabilities, parity with Unsloth's β loss, training."""
-    run_check("hidden_states", tiny_model_dir, tmp_path)
+    assert_passed(tiny_model_checks, "hidden_states")
 
 
 @needs_unsloth
-def test_method_none_matches_unsloth_beta_loss(tiny_model_dir, tmp_path):
+def test_method_none_matches_unsloth_beta_loss(tiny_model_checks):
     """Loss and every parameter gradient equal Unsloth's own β loss, per loss type (train and eval), with bias
     correction, and where k3 exceeds Unsloth's bound of 10."""
-    run_check("parity", tiny_model_dir, tmp_path)
+    assert_passed(tiny_model_checks, "parity")
 
 
 @needs_unsloth
-def test_training_through_unsloth_compiled_loss(tiny_model_dir, tmp_path):
+def test_training_through_unsloth_compiled_loss(tiny_model_checks):
     """3 steps each of dynamic+clip and the adaptive controller: β follows the rule, `kl` is ours, nothing is NaN."""
-    run_check("train", tiny_model_dir, tmp_path)
+    assert_passed(tiny_model_checks, "train")
 
 
 @needs_unsloth
@@ -373,11 +393,11 @@ def test_unsloth_trainer_on_a_real_llama_model(smollm2_dir, tmp_path):
     """SmolLM2-135M-Instruct through Unsloth's generated GRPO trainer: parity with Unsloth's own β loss in loss and
     every gradient, and a short `dynamic+clip` run. The plain Transformers model stands in for `FastLanguageModel`,
     which loads only on a GPU (as for the tiny model above)."""
-    run_check("real_model", smollm2_dir, tmp_path)
+    assert_passed(run_checks("real_model", smollm2_dir, tmp_path), "real_model")
 
 
 @needs_unsloth
-def test_zero_beta_skips_the_reference_on_unsloth(tiny_model_dir, tmp_path):
+def test_zero_beta_skips_the_reference_on_unsloth(tiny_model_checks):
     """From the switch to β = 0 on, Unsloth's generated trainer scores no reference, and the run is bitwise the one
     without the skip (loss, grad_norm, reward, weights)."""
-    run_check("zero_beta", tiny_model_dir, tmp_path)
+    assert_passed(tiny_model_checks, "zero_beta")
