@@ -1,4 +1,6 @@
+import glob
 import os
+import pathlib
 import sys
 
 
@@ -27,10 +29,9 @@ SCORER_NOTE = install_cpu_scorer_if_needed()
 
 
 # The files whose tests take minutes (the GPU check and Unsloth in fresh processes, the real model, whole commands),
-# longest first, run before the rest. Under `-n`, pyproject.toml's `--dist loadfile --no-loadscope-reorder` gives each
-# worker one file at a time, in this order: a file's module fixtures are built once (a file split between the workers
-# would build them on both), and the short files fill in behind the long ones, so that the workers end together where
-# a long file started last would leave the other worker idle. Only the order of the files changes.
+# longest first, run before the rest: under `-n` the workers take the tests in this order as each frees up, so that
+# the short tests fill in behind the long ones and the workers end together, where a long test started last would leave
+# the other worker idle. Only the order of the files changes.
 SLOW_FILES_FIRST = (
     "tests/test_gpu_check.py",
     "tests/models/test_real_model.py",
@@ -42,11 +43,34 @@ SLOW_FILES_FIRST = (
     "tests/test_notebooks.py",
     "tests/trainers/test_multiprocess.py",
 )
+# The files with a module fixture, each given to one worker whole: a file split between the workers builds its
+# fixture (up to a minute: a killed and resumed sweep, a two-process run) on both.
+WHOLE_FILES = {
+    pathlib.Path(path).relative_to(REPO).as_posix()
+    for path in glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)
+    if 'scope="module"' in pathlib.Path(path).read_text()
+}
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {os.path.join(REPO, path): i for i, path in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep pytest's order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`-n`'s default distribution (`--dist load`) as a worker frees up, test by test in collection order, but each
+    file of `WHOLE_FILES` as one unit."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeFilesScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in WHOLE_FILES else nodeid
+
+    config.option.loadscopereorder = False  # the units in collection order, not the largest first
+    return WholeFilesScheduling(config, log)
 
 
 def pytest_report_header(config):
