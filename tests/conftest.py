@@ -57,6 +57,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep pytest's order
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin (`-p no:xdist`) it is never called
 def pytest_xdist_make_scheduler(config, log):
     """`-n`'s default distribution (`--dist load`) as a worker frees up, test by test in collection order, but each
     file of `WHOLE_FILES` as one unit."""
