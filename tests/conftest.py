@@ -43,13 +43,6 @@ SLOW_FILES_FIRST = (
     "tests/test_notebooks.py",
     "tests/trainers/test_multiprocess.py",
 )
-# The files with a module fixture, each given to one worker whole: a file split between the workers builds its
-# fixture (up to a minute: a killed and resumed sweep, a two-process run) on both.
-WHOLE_FILES = {
-    pathlib.Path(path).relative_to(REPO).as_posix()
-    for path in glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)
-    if 'scope="module"' in pathlib.Path(path).read_text()
-}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -60,15 +53,22 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin (`-p no:xdist`) it is never called
 def pytest_xdist_make_scheduler(config, log):
     """`-n`'s default distribution (`--dist load`) as a worker frees up, test by test in collection order, but each
-    file of `WHOLE_FILES` as one unit."""
+    file with a module fixture as one unit: a file split between the workers builds its fixture (up to a minute: a
+    killed and resumed sweep, a two-process run) on both."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    whole_files = {
+        pathlib.Path(path).relative_to(REPO).as_posix()
+        for path in glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)
+        if 'scope="module"' in pathlib.Path(path).read_text()
+    }
+
     class WholeFilesScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return path if path in WHOLE_FILES else nodeid
+            return path if path in whole_files else nodeid
 
     config.option.loadscopereorder = False  # the units in collection order, not the largest first
     return WholeFilesScheduling(config, log)

@@ -82,9 +82,9 @@ def make_trainer(
 HANG_TIMEOUT = 3600
 
 
-def run_python(*args: str, **env: str) -> subprocess.CompletedProcess:
+def run_python(*args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess:
     """Runs `python *args` offline as a user would (a script or `-m module`), with `env` added to the environment,
-    and asserts that it succeeded."""
+    and with `check` asserts that it succeeded."""
     result = subprocess.run(
         [sys.executable, *args],
         capture_output=True,
@@ -92,7 +92,7 @@ def run_python(*args: str, **env: str) -> subprocess.CompletedProcess:
         env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
         timeout=HANG_TIMEOUT,
     )
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert not check or result.returncode == 0, result.stderr[-4000:]
     return result
 
 

@@ -316,24 +316,24 @@ def test_frontier_and_compare_quick_on_the_real_model_with_the_lora_options(smol
     assert "| start | 1 | 0.0000 |" in table and "| 0 | 1 |" in table and "| 0.2 | 1 |" in table
     from adaptive_kl.demo.run_files import load_runs
 
-    (run,) = load_runs(str(out / "runs" / "beta_0.2" / "seed-0"))
+    run_out = out / "runs" / "beta_0.2" / "seed-0"  # its own report, as `compare` writes it: read below
+    (run,) = load_runs(str(run_out))
     assert len(run.history) == 2 and run.provenance["command"].startswith(
         "adaptive-kl compare --model smollm2 --n-validation 4 --lora-r 8 --lora-alpha 16 --lora --quick"
     )
-    # The β = 0.2 run's own report, as `compare` writes it.
-    run_out = out / "runs" / "beta_0.2" / "seed-0"
     rows = list(csv.DictReader(open(run_out / "metrics.csv")))
     steps = [row for row in rows if row["step"] not in ("", "0")]
     assert len(steps) == 2 and all(float(row["adaptive_kl/current_beta"]) == 0.2 for row in steps)
     first = next(row for row in rows if row["step"] == "0")
     assert 0 <= float(first["val_answer_accuracy"]) <= 1 and float(first["val_completion_length"]) > 20
-    assert "retention/kl_to_start" in rows[-1] and (run_out / "summary.md").is_file()
+    run_summary = (run_out / "summary.md").read_text()
+    assert "retention/kl_to_start" in rows[-1]
     assert [e["step"] for e in run.retention] == [0, 2]
     start, end = run.retention
     assert start["general/kl_to_start"] == 0.0 and end["general/kl_to_start"] >= 0
     assert -3 < start["general/loglik"] < 0 and math.isfinite(end["general/loglik"])
-    assert "| general-chat KL to start (final) |" in (run_out / "summary.md").read_text()
+    assert "| general-chat KL to start (final) |" in run_summary
     assert start["general/seq_loglik"] < start["general/loglik"]  # summed over an answer's tokens: more negative
     assert all(float(row["grad_norm"]) > 0 for row in steps), [row["grad_norm"] for row in steps]
     assert all(float(row["rewards/working_similarity_reward/mean"]) > 0 for row in steps)
-    assert "Note: no run trained" not in (run_out / "summary.md").read_text()
+    assert "Note: no run trained" not in run_summary

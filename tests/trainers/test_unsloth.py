@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 from repo_paths import REPO, TESTS
-from tiny import HANG_TIMEOUT
+from tiny import run_python
 
 from adaptive_kl.kl.aggregation import LOSS_TYPES, TOKEN_SUM_LOSS_TYPES
 from adaptive_kl.kl.term import adapted_kl_term
@@ -319,19 +319,16 @@ def run_checks(checks: str, model_dir: str, tmp_path) -> subprocess.CompletedPro
     # Unsloth writes its generated trainers under UNSLOTH_COMPILE_LOCATION (default: ./unsloth_compiled_cache), and
     # inductor its compiled code under TORCHINDUCTOR_CACHE_DIR (default: shared by every process of the machine): both
     # private to the process, so that nothing compiled by another run, in another environment, is reused.
-    environment = dict(
+    return run_python(
+        WORKER,
+        checks,
+        model_dir,
+        check=False,  # a failed check is its own test's failure: `assert_passed` shows its output
         UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_compiled_cache"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
         # torch turns its custom-op aliasing warning into an error when `CI` is set, and on a CPU inductor's own
         # `alloc_from_pool`, in Unsloth's compiled causal mask, trips it: keep it the warning users get.
         TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING="0",
-    )
-    return subprocess.run(
-        [sys.executable, WORKER, checks, model_dir],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **environment},
-        timeout=HANG_TIMEOUT,
     )
 
 
