@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -13,6 +14,56 @@ from tiny import run_python
 
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+# Each smoke run: `python benchmarks/<script> <arguments>`, its report written to `<name>.md`.
+RUNS = {
+    "step": ("step_overhead.py", "--steps", "2", "--warmup", "1", "--rounds", "2", "--batch", "4", "--num-generations",
+             "4", "--completion-length", "4", "--methods", "none,clip", "--scalings", "none,sqrt"),
+    "loss": ("loss_cost.py", "--reps", "4", "--warmup", "1", "--prompts", "2", "--num-generations", "4",
+             "--completion-length", "6"),
+    "forward": ("loss_cost.py", "--forward-only", "--reps", "2", "--warmup", "1", "--memory-reps", "2", "--prompts",
+                "2", "--num-generations", "4", "--completion-length", "6"),
+    "ops": ("loss_cost.py", "--count-ops", "--prompts", "2", "--num-generations", "4", "--completion-length", "6"),
+    "reference": ("reference_cost.py", "--steps", "3", "--warmup", "1", "--rounds", "1", "--batch", "4",
+                  "--num-generations", "4", "--completion-length", "4", "--reset-steps", "2"),
+    "zero-beta": ("zero_beta_cost.py", "--lora", "--steps", "5", "--switch-step", "3", "--warmup", "1", "--rounds",
+                  "1", "--batch", "4", "--num-generations", "4", "--completion-length", "4"),
+    "term": ("kl_term.py", "--shape", "tiny", "--batch", "2", "--lengths", "4,16", "--min-run-time", "0.01"),
+    "soak": ("soak.py", "--steps", "3", "--warmup", "1", "--methods", "none,dynamic", "--max-growth", "inf"),
+}  # fmt: skip
+
+# Runs each script as `python <script>` runs it (`__main__`, the benchmarks' folder first on the path), one after the
+# other in one interpreter: the imports of torch, Transformers and TRL (most of a smoke run's time) are paid once.
+RUN_EACH = """
+import json, runpy, sys, traceback
+benchmarks, runs = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, benchmarks)
+for name, (script, *args) in runs.items():
+    sys.argv = [script, *args]
+    try:
+        runpy.run_path(f"{benchmarks}/{script}", run_name="__main__")
+        code = 0
+    except SystemExit as exit:
+        code = exit.code or 0
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    print(f"{name}: exit {code}", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """`report(name)`: the text of that run's report, once its script exited 0 (all ran in one process, once)."""
+    out = tmp_path_factory.mktemp("benchmarks")
+    runs = {name: (*arguments, "--output", str(out / f"{name}.md")) for name, arguments in RUNS.items()}
+    result = run_python("-c", RUN_EACH, BENCHMARKS, json.dumps(runs), check=False)
+
+    def read(name: str) -> str:
+        assert f"{name}: exit 0" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+        return (out / f"{name}.md").read_text()
+
+    return read
 
 
 def _rows(markdown: str) -> dict[str, list[str]]:
@@ -31,14 +82,8 @@ def _positive(cell: str) -> float:
     return value
 
 
-def test_step_overhead_reports_every_variant(tmp_path):
-    output = tmp_path / "step.md"
-    run_python(
-        os.path.join(BENCHMARKS, "step_overhead.py"),
-        *("--steps", "2", "--warmup", "1", "--rounds", "2", "--batch", "4", "--num-generations", "4"),
-        *("--completion-length", "4", "--methods", "none,clip", "--scalings", "none,sqrt", "--output", str(output)),
-    )
-    text = output.read_text()
+def test_step_overhead_reports_every_variant(report):
+    text = report("step")
     assert "- device: CPU" in text and "trl " in text
     rows = _rows(text)
     assert list(rows) == ["stock", "stock, again", "none", "clip", "none, kl_scaling=sqrt"]
@@ -49,14 +94,8 @@ def test_step_overhead_reports_every_variant(tmp_path):
     assert _positive(rows["stock"][0][2]) == 1.0
 
 
-def test_loss_cost_reports_ours_and_the_a_a_with_their_intervals(tmp_path):
-    output = tmp_path / "loss.md"
-    run_python(
-        os.path.join(BENCHMARKS, "loss_cost.py"),
-        *("--reps", "4", "--warmup", "1", "--prompts", "2", "--num-generations", "4", "--completion-length", "6"),
-        *("--output", str(output)),
-    )
-    text = output.read_text()
+def test_loss_cost_reports_ours_and_the_a_a_with_their_intervals(report):
+    text = report("loss")
     assert "- device: CPU" in text and "4 repetitions after 1" in text
     rows = {name: cells for name, (cells,) in _rows(text).items() if name != "against stock"}
     assert list(rows) == ["ours (defaults)", "ours (adapting β)", "ours (own term)", "stock, again"]
@@ -67,7 +106,7 @@ def test_loss_cost_reports_ours_and_the_a_a_with_their_intervals(tmp_path):
         assert re.fullmatch(r"[+-]\d+\.\d ± \d+\.\d", cells[7]), cells[7]
 
 
-def test_loss_cost_forward_only_times_the_loss_without_its_backward(tmp_path):
+def test_loss_cost_forward_only_times_the_loss_without_its_backward(report):
     """`--forward-only`: the pass is the trainer's loss alone (no gradient reaches the model); the report says so."""
     sys.path.insert(0, BENCHMARKS)
     from loss_cost import forward_and_backward, forward_only
@@ -84,29 +123,17 @@ def test_loss_cost_forward_only_times_the_loss_without_its_backward(tmp_path):
     forward_and_backward(trainer, inputs)
     assert torch.equal(trainer.model.weight.grad, torch.full((1, 2), 3.0))
 
-    output = tmp_path / "forward.md"
-    run_python(
-        os.path.join(BENCHMARKS, "loss_cost.py"),
-        *("--forward-only", "--reps", "2", "--warmup", "1", "--memory-reps", "2", "--prompts", "2"),
-        *("--num-generations", "4", "--completion-length", "6", "--output", str(output)),
-    )
-    text = output.read_text()
+    text = report("forward")
     assert "loss forward alone, a log line after every 10" in text and "2 repetitions after 1" in text
 
 
-def test_at_the_defaults_every_operation_ours_adds_is_the_packages_own(tmp_path):
+def test_at_the_defaults_every_operation_ours_adds_is_the_packages_own(report):
     """`loss_cost.py --count-ops`: stock and the A/A run the same tensor operations; ours at the defaults runs stock's
     (the host's loss with its own KL term, untouched) and, beyond them, exactly those the package's code issues (the
     KL's measure: its estimate and per-sequence sums). A change that made the host's own computation differ would break
     the equality. On TRL 1.15 on a CPU every row also runs the package's stand-in for TRL's GPU-only scorer
     (`trainers/scorer.py`), stock's too."""
-    output = tmp_path / "ops.md"
-    run_python(
-        os.path.join(BENCHMARKS, "loss_cost.py"),
-        *("--count-ops", "--prompts", "2", "--num-generations", "4", "--completion-length", "6"),
-        *("--output", str(output)),
-    )
-    rows = {name: cells for name, (cells,) in _rows(output.read_text()).items()}
+    rows = {name: cells for name, (cells,) in _rows(report("ops")).items()}
     assert list(rows) == ["stock", "stock, again", "ours (defaults)", "ours (adapting β)", "ours (own term)"]
     stock, again, ours = rows["stock"], rows["stock, again"], rows["ours (defaults)"]
     assert again[1:] == stock[1:] and stock[2] == "+0", (stock, again)
@@ -140,14 +167,8 @@ def test_the_ratio_interval_is_students_on_the_log_ratios():
     )
 
 
-def test_reference_cost_reports_every_variant_against_its_baseline(tmp_path):
-    output = tmp_path / "reference.md"
-    run_python(
-        os.path.join(BENCHMARKS, "reference_cost.py"),
-        *("--steps", "3", "--warmup", "1", "--rounds", "1", "--batch", "4", "--num-generations", "4"),
-        *("--completion-length", "4", "--reset-steps", "2", "--output", str(output)),
-    )
-    text = output.read_text()
+def test_reference_cost_reports_every_variant_against_its_baseline(report):
+    text = report("reference")
     rows = _rows(text)
     ours = [
         "full, β > 0, ours",
@@ -170,16 +191,10 @@ def test_reference_cost_reports_every_variant_against_its_baseline(tmp_path):
             assert _positive(cells[8]) == 4.0
 
 
-def test_zero_beta_cost_reports_both_phases_and_the_memory(tmp_path):
+def test_zero_beta_cost_reports_both_phases_and_the_memory(report):
     """Before the switch ours against stock at β > 0, from it against stock at β = 0, an A/A row, and the memory of
     a full-model run before and after its reference is freed."""
-    output = tmp_path / "zero-beta.md"
-    run_python(
-        os.path.join(BENCHMARKS, "zero_beta_cost.py"),
-        *("--lora", "--steps", "5", "--switch-step", "3", "--warmup", "1", "--rounds", "1", "--batch", "4"),
-        *("--num-generations", "4", "--completion-length", "4", "--output", str(output)),
-    )
-    rows = _rows(output.read_text())
+    rows = _rows(report("zero-beta"))
     skip, no_skip = "ours, dynamic → β = 0, reference skipped", "ours, dynamic → β = 0, skip disabled"
     before, after = rows["before the switch (steps 2–2)"], rows["from the switch (steps 3–5)"]
     assert [(cells[1], cells[3]) for cells in before] == [(skip, "stock, β > 0"), (no_skip, "stock, β > 0")]
@@ -196,13 +211,8 @@ def test_zero_beta_cost_reports_both_phases_and_the_memory(tmp_path):
         _positive(cells[1]), _positive(cells[2])
 
 
-def test_kl_term_micro_benchmark_reports_every_term(tmp_path):
-    output = tmp_path / "term.md"
-    run_python(
-        os.path.join(BENCHMARKS, "kl_term.py"),
-        *("--shape", "tiny", "--batch", "2", "--lengths", "4,16", "--min-run-time", "0.01", "--output", str(output)),
-    )
-    rows = _rows(output.read_text())
+def test_kl_term_micro_benchmark_reports_every_term(report):
+    rows = _rows(report("term"))
     assert list(rows) == ["2 × 4", "2 × 16"]
     for cells_per_term in rows.values():
         terms = [cells[2] for cells in cells_per_term]
@@ -211,14 +221,8 @@ def test_kl_term_micro_benchmark_reports_every_term(tmp_path):
             _positive(cells[1]), _positive(cells[3]), _positive(cells[5])
 
 
-def test_soak_reports_every_method(tmp_path):
-    output = tmp_path / "soak.md"
-    run_python(
-        os.path.join(BENCHMARKS, "soak.py"),
-        *("--steps", "3", "--warmup", "1", "--methods", "none,dynamic", "--max-growth", "inf"),
-        *("--output", str(output)),
-    )
-    rows = _rows(output.read_text())
+def test_soak_reports_every_method(report):
+    rows = _rows(report("soak"))
     rows.pop("method")  # the header
     assert list(rows) == ["stock (beta=0)", "none", "dynamic"]
     for (cells,) in rows.values():

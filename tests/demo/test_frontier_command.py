@@ -93,7 +93,8 @@ def test_the_summary_reads_the_method_against_the_line_of_its_own_seeds(sweep):
     out, _ = sweep
     summary = open(os.path.join(out, "summary.md")).read()
     assert "Seeds so far: beta=0: 2; beta=0.1, kl_adaptation_method=clip: 2." in summary
-    assert "| start | 2 | 0.0000 ± 0.0000 |" in summary  # the start's point on the line
+    table = summary[summary.index("## Constant β's frontier") :]
+    assert "| start | 2 | 0.0000 ± 0.0000 |" in table and "| 0 | 2 |" in table  # the start's point, then β = 0's
     assert "- for a held-out KL to start (final) under" in summary  # what each β kept the drift under
     methods = summary[summary.index("## Methods against the frontier") :]
     row = next(line for line in methods.splitlines() if line.startswith("| beta=0.1, kl_adaptation_method=clip | 2 |"))
