@@ -29,9 +29,10 @@ SCORER_NOTE = install_cpu_scorer_if_needed()
 
 
 # The files whose tests take minutes (the GPU check and Unsloth in fresh processes, the real model, whole commands),
-# longest first, run before the rest: under `-n` the workers take the tests in this order as each frees up, so that
-# the short tests fill in behind the long ones and the workers end together, where a long test started last would leave
-# the other worker idle. Only the order of the files changes.
+# longest first, then the files of 15-40 s that go to one worker whole (a module fixture, below), run before the rest:
+# under `-n` the workers take the tests in this order as each frees up, so that the short tests fill in behind the long
+# ones and the workers end together, where a long test or whole file started last (test_zero_beta.py is the last file
+# pytest collects) would leave the other worker idle. Only the order of the files changes.
 SLOW_FILES_FIRST = (
     "tests/test_gpu_check.py",
     "tests/models/test_real_model.py",
@@ -41,7 +42,11 @@ SLOW_FILES_FIRST = (
     "tests/demo/test_real_studies.py",
     "tests/demo/test_demo.py",
     "tests/test_notebooks.py",
+    "tests/trainers/test_zero_beta.py",
     "tests/trainers/test_multiprocess.py",
+    "tests/trainers/test_rloo_reference.py",
+    "tests/demo/test_resume.py",
+    "tests/trainers/test_hostile_inputs.py",
 )
 
 
