@@ -33,7 +33,8 @@ RUNS = {
 }  # fmt: skip
 
 # Runs each script as `python <script>` runs it (`__main__`, the benchmarks' folder first on the path), one after the
-# other in one interpreter: the imports of torch, Transformers and TRL (most of a smoke run's time) are paid once.
+# other in one interpreter: the imports of torch, Transformers and TRL (most of a smoke run's time) are paid once. A
+# later script's memory numbers include what the earlier ones left in the process; the tests read only their sign.
 RUN_EACH = """
 import json, runpy, sys, traceback
 benchmarks, runs = sys.argv[1], json.loads(sys.argv[2])
@@ -43,8 +44,8 @@ for name, (script, *args) in runs.items():
     try:
         runpy.run_path(f"{benchmarks}/{script}", run_name="__main__")
         code = 0
-    except SystemExit as exit:
-        code = exit.code or 0
+    except SystemExit as stopped:
+        code = stopped.code or 0
     except Exception:
         traceback.print_exc()
         code = 1
