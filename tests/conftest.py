@@ -1,3 +1,4 @@
+import functools
 import glob
 import os
 import pathlib
@@ -29,10 +30,10 @@ SCORER_NOTE = install_cpu_scorer_if_needed()
 
 
 # The files whose tests take minutes (the GPU check and Unsloth in fresh processes, the real model, whole commands),
-# longest first, then the files of 15-40 s that go to one worker whole (a module fixture, below), run before the rest:
-# under `-n` the workers take the tests in this order as each frees up, so that the short tests fill in behind the long
-# ones and the workers end together, where a long test or whole file started last (test_zero_beta.py is the last file
-# pytest collects) would leave the other worker idle. Only the order of the files changes.
+# longest first, then the other files that go to one worker whole (`module_fixture_files`), then the rest: under `-n`
+# the workers take the tests in this order as each frees up, so that single short tests fill in behind the long ones
+# and the workers end together, where a long test or a whole file started last (test_zero_beta.py, 36 s, is the last
+# file pytest collects) would leave the other worker idle. Only the order of the files changes.
 SLOW_FILES_FIRST = (
     "tests/test_gpu_check.py",
     "tests/models/test_real_model.py",
@@ -42,38 +43,44 @@ SLOW_FILES_FIRST = (
     "tests/demo/test_real_studies.py",
     "tests/demo/test_demo.py",
     "tests/test_notebooks.py",
-    "tests/trainers/test_zero_beta.py",
     "tests/trainers/test_multiprocess.py",
-    "tests/trainers/test_rloo_reference.py",
-    "tests/demo/test_resume.py",
-    "tests/trainers/test_hostile_inputs.py",
 )
 
 
+@functools.cache
+def module_fixture_files() -> frozenset[str]:
+    """The test files with a module fixture (`scope="module"` in their text), as paths from the repository: each goes
+    to one worker whole, since a file split between the workers builds its fixture (up to a minute: a killed and
+    resumed sweep, a two-process run) on both."""
+    return frozenset(
+        pathlib.Path(path).relative_to(REPO).as_posix()
+        for path in glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)
+        if 'scope="module"' in pathlib.Path(path).read_text()
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    rank = {os.path.join(REPO, path): i for i, path in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep pytest's order
+    rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
+
+    def order(item) -> int:
+        path = pathlib.Path(item.path).relative_to(REPO).as_posix()
+        return rank.get(path, len(rank) + (path not in module_fixture_files()))
+
+    items.sort(key=order)  # stable: within each rank, pytest's order
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin (`-p no:xdist`) it is never called
 def pytest_xdist_make_scheduler(config, log):
     """`-n`'s default distribution (`--dist load`) as a worker frees up, test by test in collection order, but each
-    file with a module fixture as one unit: a file split between the workers builds its fixture (up to a minute: a
-    killed and resumed sweep, a two-process run) on both."""
+    file of `module_fixture_files` as one unit."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    whole_files = {
-        pathlib.Path(path).relative_to(REPO).as_posix()
-        for path in glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)
-        if 'scope="module"' in pathlib.Path(path).read_text()
-    }
-
     class WholeFilesScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return path if path in whole_files else nodeid
+            return path if path in module_fixture_files() else nodeid
 
     config.option.loadscopereorder = False  # the units in collection order, not the largest first
     return WholeFilesScheduling(config, log)
