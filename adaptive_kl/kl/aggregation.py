@@ -98,7 +98,7 @@ def aggregate_like_host(
             raise ValueError(f"loss_type={loss_type!r} needs token_normalizer.")
         return masked.sum() / token_normalizer
     if loss_type in SEQUENCE_MEAN_LOSS_TYPES:
-        term = (masked.sum(-1) / token_counts(mask, -1).clamp(min=1.0)).mean()
+        term = sequence_means(values, mask).mean()
     elif loss_type == "bnpo":
         term = masked.sum() / token_counts(mask).clamp(min=1.0)
     elif loss_type == "dr_grpo":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .aggregation import token_counts
+from .aggregation import sequence_means
 
 
 ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+")
@@ -177,6 +177,5 @@ def importance_ratio(
     if level == "token":
         return torch.exp(clamp_log_ratio(log_ratio, log_ratio_clip))
     if level == "sequence":
-        mean_log_ratio = (log_ratio * mask).sum(-1) / token_counts(mask, -1).clamp(min=1.0)
-        return torch.exp(clamp_log_ratio(mean_log_ratio, log_ratio_clip).unsqueeze(-1))
+        return torch.exp(clamp_log_ratio(sequence_means(log_ratio, mask), log_ratio_clip).unsqueeze(-1))
     raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {level!r}.")

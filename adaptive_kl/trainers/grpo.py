@@ -103,8 +103,23 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
 
     def _on_scored(self, scoring: HostScoring) -> None:
         super()._on_scored(scoring)
-        if self.args.diversity_metrics:
-            self._log_diversity(scoring.output, scoring.mode)
+        if not self.args.diversity_metrics:
+            return
+        # `diversity/*` of the generation batch, over every process's completions (groups may span processes)
+        output, mode = scoring.output, scoring.mode
+        tokenizer = self.processing_class
+        pad = tokenizer.pad_token_id if hasattr(tokenizer, "pad_token_id") else None
+        ids = []
+        for row, mask in zip(output["completion_ids"], output["completion_mask"].bool()):
+            if not mask.any() and pad is not None:  # masked whole by mask_truncated_completions: the tokens, unpadded
+                mask = row != pad
+            ids.append(row[mask].tolist())
+        ids = gather_object(ids)
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        metrics = diversity_metrics(ids, texts, group_size, embedder=self.diversity_embedder)
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
 
     def _score_kl(self, scoring: HostScoring, batch: ScoredBatch) -> None:
         output, mode = scoring.output, scoring.mode
@@ -149,22 +164,6 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         self._penalize(
             output, batch.rewards, penalty, mode, lambda reward: group_advantages(reward, group_size, scale)
         )
-
-    def _log_diversity(self, output: dict, mode: str) -> None:
-        """`diversity/*` of the generation batch, over every process's completions (groups may span processes)."""
-        tokenizer = self.processing_class
-        pad = tokenizer.pad_token_id if hasattr(tokenizer, "pad_token_id") else None
-        ids = []
-        for row, mask in zip(output["completion_ids"], output["completion_mask"].bool()):
-            if not mask.any() and pad is not None:  # masked whole by mask_truncated_completions: the tokens, unpadded
-                mask = row != pad
-            ids.append(row[mask].tolist())
-        ids = gather_object(ids)
-        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        metrics = diversity_metrics(ids, texts, group_size, embedder=self.diversity_embedder)
-        for name, value in metrics.items():
-            self._metrics[mode][name].append(value)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         metrics = self._metrics["train" if self.model.training else "eval"]

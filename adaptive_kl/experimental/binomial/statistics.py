@@ -9,7 +9,7 @@ import torch
 
 
 class MicroBatchSums(NamedTuple):
-    """Scalar tensors, summed over processes by `reduced` (stacked in this order for one collective)."""
+    """Scalar tensors, summed over processes by the trainer (stacked in this order for one collective)."""
 
     step_correct: torch.Tensor  # correct sequences of the whole optimizer step: N_correct once reduced
     correct: torch.Tensor  # correct sequences of this micro-batch
@@ -19,10 +19,6 @@ class MicroBatchSums(NamedTuple):
     p_chosen: torch.Tensor  # Σ over completion tokens of the sampled token's probability
     p_max: torch.Tensor  # Σ over completion tokens of the largest token probability
     objective: torch.Tensor  # Σ over correct sequences of (1/L_i) Σ_t A_it·ℓ_it (detached)
-
-    def reduced(self, accelerator) -> MicroBatchSums:
-        """The sums over every process."""
-        return MicroBatchSums(*accelerator.reduce(torch.stack(self), reduction="sum"))
 
     def write_metrics(self, metrics: dict[str, list[float]], accumulation: int) -> None:
         """Appends the `binomial_kl/*` metrics of these (reduced) sums to TRL's `metrics`, which averages the values of

@@ -106,7 +106,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
         with torch.no_grad():  # one collective for the normalizer and every metric
             lengths = mask_f.sum(-1).clamp(min=1.0)
             seq_terms = ((advantages * per_token_kl).detach() * mask_f).sum(-1) / lengths
-            sums = MicroBatchSums(
+            local = MicroBatchSums(
                 step_correct=step_correct_local.to(mask_f.dtype),
                 correct=correct.sum().to(mask_f.dtype),
                 sequences=torch.tensor(float(correct.numel()), device=mask.device, dtype=mask_f.dtype),
@@ -115,7 +115,8 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
                 p_chosen=(log_probs.log_p.detach().exp() * mask_f).sum(),
                 p_max=(log_probs.log_p_max.detach().exp() * mask_f).sum(),
                 objective=seq_terms[correct].sum(),
-            ).reduced(self.accelerator)
+            )
+            sums = MicroBatchSums(*self.accelerator.reduce(torch.stack(local), reduction="sum"))
         loss = binomial_kl_loss(per_token_kl, advantages, mask, correct, sums.step_correct)
         # DDP averages gradients over the P processes: scale by P so the step's gradient is the global sum / N_correct.
         loss = loss * self.accelerator.num_processes
