@@ -1,4 +1,5 @@
-"""Test helpers: prompts, rewards, trainer construction and fabricated micro-batches on the tiny model."""
+"""Test helpers: prompts, rewards, trainer construction and fabricated micro-batches on the tiny model, the tolerance
+of a comparison with stock TRL, and the formula sheet's term and statistics of one micro-batch together."""
 
 from __future__ import annotations
 
@@ -11,7 +12,28 @@ import torch
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from adaptive_kl.testing.batches import assert_close_to_stock, fabricated_inputs, loss_and_grads  # noqa: F401
+from adaptive_kl.kl.metrics import kl_sequence_sums, statistics_of_sequences
+from adaptive_kl.kl.term import kl_term_and_sequence_sums
+from adaptive_kl.testing.batches import fabricated_inputs, loss_and_grads  # noqa: F401
+
+
+def assert_close_to_stock(ours, stock, policy_only, what: str, rtol: float = 1e-6) -> None:
+    """|ours − stock| / max(|stock|, |policy_only|) <= `rtol`: relative to the magnitude of the terms summed, since the
+    host adds β·k before aggregating and we after, and the two summation orders differ by rounding."""
+    difference = (ours - stock).norm().item() / max(stock.norm().item(), policy_only.norm().item(), 1e-30)
+    assert difference <= rtol, f"{what}: {ours} vs {stock}"
+
+
+def adapted_kl_term(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """`kl_term_and_sequence_sums` (same arguments) with its sums made the micro-batch's statistics
+    (`statistics_of_sequences`): `(term, statistics)`, as the trainer's log line reads them."""
+    term, sums = kl_term_and_sequence_sums(*args, **kwargs)
+    return term, statistics_of_sequences(sums)
+
+
+def kl_statistics(raw_kl, adapted_kl, mask, **kwargs) -> torch.Tensor:
+    """The statistics (`STAT_NAMES`) of one micro-batch: `statistics_of_sequences` of its `kl_sequence_sums`."""
+    return statistics_of_sequences(kl_sequence_sums(raw_kl, adapted_kl, mask, **kwargs))
 
 
 def prompt_dataset(n: int = 16) -> Dataset:

@@ -31,7 +31,6 @@ _EXPORTS = {
     "run_comparison": "runner",
     "run_variant": "runner",
     "summary_table": "report",
-    "terminal_table": "report",
     "write_report": "report",
 }
 

@@ -15,7 +15,7 @@ Every `AdaptiveKLGRPOConfig` (with `--trainer rloo`, `AdaptiveKLRLOOConfig`; wit
 `BinomialKLConfig`) field can be varied in `compare` as `--<field> v1,v2,...` (several give their product) or fixed
 for all variants with `--set field=value` (`arguments` reads them). Results go to `--out`: summary.md, metrics.csv
 and PNG plots (the plots need the `demo` extra: matplotlib); the terminal gets the summary's main columns
-(`report.terminal_table`).
+(`report.TERMINAL_COLUMNS`).
 
 Importing this module imports no TRL, so that `--unsloth` can import Unsloth first.
 """
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2
     from ..metrics.environment import environment_lines, source_commit
-    from .report import terminal_table, write_completions, write_report
+    from .report import TERMINAL_COLUMNS, summary_table, write_completions, write_report
     from .run_files import save_runs
     from .runner import run_comparison
     from .variants import TRAINER_CLASSES, TRAINER_LABELS
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     paths = write_report(runs, settings.out, title, notes)
     save_runs(runs, settings.out)
     write_completions(runs, os.path.join(settings.out, "completions.md"))
-    print("\n" + terminal_table(runs))
+    print("\n" + summary_table(runs, TERMINAL_COLUMNS))
     if untrained:
         print(untrained)
     print(f"Wrote {paths['summary']}, {paths['csv']} and {len(paths['plots'])} plots to {settings.out}")

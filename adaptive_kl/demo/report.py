@@ -468,11 +468,6 @@ def activity_section(runs: list[VariantRun]) -> str:
     )
 
 
-def terminal_table(runs: list[VariantRun]) -> str:
-    """The summary table with `TERMINAL_COLUMNS` alone: what the command prints (summary.md has every column)."""
-    return summary_table(runs, TERMINAL_COLUMNS)
-
-
 def diversity_table(runs: list[VariantRun]) -> str:
     """A markdown table of the `diversity/*` metrics (last-quarter means), or "" when no run logged them."""
     if not any(key in h for run in runs for h in run.history for _, key in DIVERSITY_COLUMNS[:-1]):

@@ -30,7 +30,7 @@ from .estimators import (
     transform_kl,
 )
 from .groups import group_reward_std, zero_std_group_fraction, zero_std_groups
-from .metrics import METRIC_NAMES, kl_metrics, kl_sequence_sums, kl_statistics, statistics_of_sequences
+from .metrics import METRIC_NAMES, kl_metrics, kl_sequence_sums, statistics_of_sequences
 from .placement import (
     KL_PLACEMENTS,
     group_advantages,
@@ -39,7 +39,7 @@ from .placement import (
     total_rewards,
     zero_penalty,
 )
-from .term import adapted_kl_term, kl_term_and_sequence_sums
+from .term import kl_term_and_sequence_sums
 
 
 __all__ = [
@@ -52,7 +52,6 @@ __all__ = [
     "METRIC_NAMES",
     "STRAIGHT_THROUGH_ESTIMATORS",
     "BetaController",
-    "adapted_kl_term",
     "aggregate_like_host",
     "estimate_and_transform",
     "group_advantages",
@@ -61,7 +60,6 @@ __all__ = [
     "kl_estimate",
     "kl_metrics",
     "kl_sequence_sums",
-    "kl_statistics",
     "kl_term_and_sequence_sums",
     "leave_one_out_advantages",
     "length_normalized_mean",

@@ -89,25 +89,6 @@ def statistics_of_sequences(sums: torch.Tensor) -> torch.Tensor:
     return torch.cat([sums, moments]).sum(-1)
 
 
-def kl_statistics(
-    raw_kl: torch.Tensor,
-    adapted_kl: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_threshold: float | None = None,
-    host_kl: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Sums of one batch, in the order of `STAT_NAMES` (float64, detached): `statistics_of_sequences` of its
-    `kl_sequence_sums` (same arguments).
-
-    Returns:
-        `torch.Tensor` of shape `(len(STAT_NAMES),)`.
-    """
-    return statistics_of_sequences(
-        kl_sequence_sums(raw_kl, adapted_kl, mask, clip_threshold=clip_threshold, host_kl=host_kl)
-    )
-
-
 def pearson_from_moments(n: float, sx: float, sy: float, sxx: float, syy: float, sxy: float) -> float:
     """Pearson correlation from sums; 0 when there are fewer than two points or either variable has no spread.
 

@@ -11,7 +11,7 @@ import torch
 
 from .aggregation import aggregate_like_host, length_normalized_mean
 from .estimators import estimate_and_transform, importance_ratio, masked_log_ratio
-from .metrics import kl_sequence_sums, statistics_of_sequences
+from .metrics import kl_sequence_sums
 
 
 def kl_term_and_sequence_sums(
@@ -106,11 +106,3 @@ def kl_term_and_sequence_sums(
             sample_weight=sample_weight,
         )
     return term, sums
-
-
-def adapted_kl_term(*args, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """`kl_term_and_sequence_sums` (same arguments), with the sums turned into the batch's statistics: the scalar term
-    (`None` without `with_term`) and the statistics vector of `adaptive_kl.kl.metrics.kl_statistics`, of shape
-    `(len(STAT_NAMES),)`, for this process only (the caller reduces it)."""
-    term, sums = kl_term_and_sequence_sums(*args, **kwargs)
-    return term, statistics_of_sequences(sums)

@@ -103,10 +103,3 @@ def loss_and_grads(trainer, inputs, *, train: bool = True, accumulation_steps: i
     loss.backward()
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     return loss.detach(), grads
-
-
-def assert_close_to_stock(ours, stock, policy_only, what: str, rtol: float = 1e-6) -> None:
-    """|ours − stock| / max(|stock|, |policy_only|) <= `rtol`: relative to the magnitude of the terms summed, since the
-    host adds β·k before aggregating and we after, and the two summation orders differ by rounding."""
-    difference = (ours - stock).norm().item() / max(stock.norm().item(), policy_only.norm().item(), 1e-30)
-    assert difference <= rtol, f"{what}: {ours} vs {stock}"

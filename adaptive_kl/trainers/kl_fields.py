@@ -10,11 +10,10 @@ the host's fields (`beta`, `learning_rate`, `sync_ref_model`, ...) off the confi
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from dataclasses import MISSING, dataclass, field, fields
-from types import MappingProxyType, SimpleNamespace
+from types import SimpleNamespace
 
 from ..kl.controller import (
     ADAPTIVE_ERROR_CLIP,
@@ -325,10 +324,9 @@ class AdaptiveKLFields:
             )
 
 
-@functools.cache  # per class
-def field_defaults(config_cls: type) -> MappingProxyType:
-    """Each field of the dataclass `config_cls` that has a default (not a factory) → that default (read-only)."""
-    return MappingProxyType({f.name: f.default for f in fields(config_cls) if f.default is not MISSING})
+def field_defaults(config_cls: type) -> dict:
+    """Each field of the dataclass `config_cls` that has a default (not a factory) → that default."""
+    return {f.name: f.default for f in fields(config_cls) if f.default is not MISSING}
 
 
 def unread_parameters(config) -> list[str]:

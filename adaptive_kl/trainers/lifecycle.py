@@ -98,12 +98,6 @@ class KLMonitor:
     last_beta: dict[str, tuple[float, float]] = field(default_factory=dict)  # per mode: the last (β_t, its scale)
     zero_std_fractions: list[float] = field(default_factory=list)  # what a saturation trigger read since the last log
 
-    def start_run(self) -> None:
-        """A new `train()` call: an exception (e.g. from a reward function) can interrupt an optimizer step after some
-        of its micro-batches were recorded, and those partial sums must not leak into the next run."""
-        self.step_sums, self.log_sums = [], {"train": [], "eval": []}
-        self.counts, self.zero_std_fractions = {"train": [0, 0], "eval": [0, 0]}, []
-
     def record(self, sums: torch.Tensor | None, mode: str, beta: float, scale: float) -> None:
         """Keeps one micro-batch's sums (None: scored without the reference) and the β it applied."""
         self.last_beta[mode] = (beta, scale)
@@ -467,11 +461,16 @@ class AdaptiveKLRun:
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         # A run that does not resume starts from step 1 with a new optimizer, so β starts afresh too; a resumed run
         # gets the checkpoint's state. Nothing measured by an earlier (perhaps interrupted) run carries over.
-        if self.zero_beta is not None:
-            self.zero_beta.start_run(
-                resume_from_checkpoint, resumes_past_the_switch(self.args, resume_from_checkpoint)
-            )
-        self.kl_monitor.start_run()
+        zero_beta = self.zero_beta
+        if zero_beta is not None:  # a released reference serves only a resume past the switch; the run measures afresh
+            if zero_beta.released and not resumes_past_the_switch(self.args, resume_from_checkpoint):
+                raise ValueError(
+                    f"Cannot train from resume_from_checkpoint={resume_from_checkpoint!r}: {zero_beta.why_none}"
+                )
+            zero_beta.monitored_window, zero_beta.eval_monitored = None, False
+        # An exception (e.g. from a reward function) can interrupt an optimizer step after some of its micro-batches
+        # were recorded: those partial sums must not leak into this run.
+        self.kl_monitor = KLMonitor(reads_steps=self.reads_step_kl)
         self.warned.clear()
         self.scored_batches = {}
         resumed = None

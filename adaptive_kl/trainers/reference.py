@@ -344,10 +344,3 @@ class ZeroBetaReference:
                 f"beta_schedule_steps={self.args.beta_schedule_steps}, beta_min=0) and kl_monitor_steps=0: the "
                 "reference model is no longer scored, and its memory was freed."
             )
-
-    def start_run(self, resume_from_checkpoint, past_the_switch: bool) -> None:
-        """Before `train()`: refuses (`ValueError`) a start the released reference cannot serve, one that does not
-        resume past the switch (`past_the_switch`: `state.resumes_past_the_switch`); measures afresh."""
-        if self.released and not past_the_switch:
-            raise ValueError(f"Cannot train from resume_from_checkpoint={resume_from_checkpoint!r}: {self.why_none}")
-        self.monitored_window, self.eval_monitored = None, False

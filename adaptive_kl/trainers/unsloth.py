@@ -81,15 +81,6 @@ def unsupported_unsloth(problem: str) -> UnsupportedUnslothError:
 # --- which host ------------------------------------------------------------------------------------------------------
 
 
-def unsloth_host_module(trainer_cls: type) -> ModuleType | None:
-    """The generated module of the Unsloth GRPO trainer `trainer_cls` derives from, or `None` on plain TRL."""
-    for klass in trainer_cls.__mro__:
-        module = sys.modules.get(klass.__module__)
-        if module is not None and hasattr(module, "UnslothEfficientGRPO") and hasattr(module, "grpo_accumulated_loss"):
-            return module
-    return None
-
-
 def prepare_unsloth_host(
     trainer_cls: type, kl_placement: str, kl_mask_zero_std_groups: bool = False
 ) -> ModuleType | None:
@@ -100,8 +91,11 @@ def prepare_unsloth_host(
         ValueError: `kl_placement="reward"` or `kl_mask_zero_std_groups=True`, which this backend does not implement.
         UnsupportedUnslothError: the generated module does not have the code the shim relies on.
     """
-    module = unsloth_host_module(trainer_cls)
-    if module is None:
+    for klass in trainer_cls.__mro__:
+        module = sys.modules.get(klass.__module__)
+        if module is not None and hasattr(module, "UnslothEfficientGRPO") and hasattr(module, "grpo_accumulated_loss"):
+            break
+    else:
         return None
     if kl_placement == "reward":
         raise ValueError(

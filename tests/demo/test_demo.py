@@ -18,11 +18,11 @@ from adaptive_kl.demo.arguments import build
 from adaptive_kl.demo.report import (
     CSV_COLUMNS,
     SUMMARY_HEADER,
+    TERMINAL_COLUMNS,
     diversity_table,
     step_rows,
     summarize,
     summary_table,
-    terminal_table,
     write_report,
 )
 from adaptive_kl.demo.runner import TRAINER_DEFAULTS, DemoSettings, VariantRun
@@ -318,11 +318,13 @@ TERMINAL_HEADER = [
 
 
 def test_the_printed_table_keeps_the_columns_a_reader_compares():
-    """`terminal_table` is the summary table cut to accuracy, reward, KL, β, length, drift and wall time, with the
-    same cells; the full table (summary.md's) is unchanged."""
+    """The printed table (`TERMINAL_COLUMNS`) is the summary table cut to accuracy, reward, KL, β, length, drift and
+    wall time, with the same cells; the full table (summary.md's) is unchanged."""
     runs = [fabricated_run("clip"), fabricated_run("sigmoid")]
     full = [[c.strip() for c in line.strip("|").split("|")] for line in summary_table(runs).splitlines()]
-    short = [[c.strip() for c in line.strip("|").split("|")] for line in terminal_table(runs).splitlines()]
+    short = [
+        [c.strip() for c in line.strip("|").split("|")] for line in summary_table(runs, TERMINAL_COLUMNS).splitlines()
+    ]
     assert full[0] == list(SUMMARY_HEADER) and short[0] == TERMINAL_HEADER
     assert len(short) == len(full) == 4 and short[1] == ["---"] * len(TERMINAL_HEADER)
     for full_row, short_row in zip(full[2:], short[2:], strict=True):

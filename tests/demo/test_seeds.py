@@ -15,6 +15,7 @@ from tiny import run_python
 from adaptive_kl.demo.report import (
     PANEL_BOUNDS,
     SUMMARY_HEADER,
+    TERMINAL_COLUMNS,
     PairedEndpoint,
     _seed_curve,
     activity,
@@ -24,7 +25,6 @@ from adaptive_kl.demo.report import (
     panel_bounds,
     summarize,
     summary_table,
-    terminal_table,
     write_plots,
 )
 from adaptive_kl.demo.runner import VariantRun
@@ -290,7 +290,7 @@ def test_a_methods_activity_is_read_from_its_logged_steps():
 def test_the_printed_table_over_seeds_keeps_its_intervals_and_paired_differences():
     """The table the command prints has the seed means and the paired differences of the full table, for the columns
     a reader compares alone."""
-    text = terminal_table(RUNS)
+    text = summary_table(RUNS, TERMINAL_COLUMNS)
     tables = [[cells(line) for line in block.splitlines() if line.startswith("| ")] for block in text.split("\n\n")]
     means, differences = [t for t in tables if t]
     wanted = ["val. accuracy (final)", "reward (last quarter)", "mean raw KL", "final β", "mean completion length",

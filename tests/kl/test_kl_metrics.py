@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from tiny import kl_statistics
 
 from adaptive_kl.kl.metrics import (
     METRIC_NAMES,
@@ -16,7 +17,6 @@ from adaptive_kl.kl.metrics import (
     STAT_NAMES,
     kl_metrics,
     kl_sequence_sums,
-    kl_statistics,
     pearson_from_moments,
     statistics_of_sequences,
 )

@@ -23,6 +23,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from tiny import adapted_kl_term, kl_statistics
 
 from adaptive_kl.kl.aggregation import LOSS_TYPES, aggregate_like_host, length_normalized_mean, sequence_means
 from adaptive_kl.kl.controller import (
@@ -45,10 +46,8 @@ from adaptive_kl.kl.metrics import (
     STAT_INDEX,
     STAT_NAMES,
     kl_metrics,
-    kl_statistics,
     pearson_from_moments,
 )
-from adaptive_kl.kl.term import adapted_kl_term
 
 
 FAST = settings(max_examples=80, deadline=None)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import adapted_kl_term
 
 from adaptive_kl.kl.aggregation import token_sum_normalizer
 from adaptive_kl.kl.metrics import STAT_INDEX
-from adaptive_kl.kl.term import adapted_kl_term, kl_term_and_sequence_sums
+from adaptive_kl.kl.term import kl_term_and_sequence_sums
 
 
 def _batch(seed=0):

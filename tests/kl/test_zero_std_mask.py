@@ -10,12 +10,12 @@ import math
 
 import pytest
 import torch
+from tiny import adapted_kl_term
 from trl.trainer.utils import nanstd
 
 from adaptive_kl.kl.aggregation import LOSS_TYPES
 from adaptive_kl.kl.groups import zero_std_groups
 from adaptive_kl.kl.metrics import STAT_INDEX
-from adaptive_kl.kl.term import adapted_kl_term
 
 
 MAX_COMPLETION_LENGTH = 6

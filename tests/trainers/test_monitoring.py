@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import kl_statistics
 
-from adaptive_kl.kl.metrics import STAT_INDEX, kl_metrics, kl_sequence_sums, kl_statistics
+from adaptive_kl.kl.metrics import STAT_INDEX, kl_metrics, kl_sequence_sums
 from adaptive_kl.trainers.lifecycle import KLMonitor
 
 

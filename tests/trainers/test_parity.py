@@ -26,6 +26,7 @@ from trl import GRPOConfig, GRPOTrainer
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.kl.aggregation import LOSS_TYPES
 from adaptive_kl.trainers.hooks import metric_store
+from adaptive_kl.trainers.lifecycle import KLMonitor
 from adaptive_kl.trainers.scorer import Float64LogProbFunction
 
 
@@ -176,7 +177,7 @@ def test_logged_kl_is_trls_under_accumulation_with_unequal_lengths(trainers):
     second = fabricated_inputs(stock, seed=4)
     second["completion_mask"] = torch.zeros_like(second["completion_mask"])
     second["completion_mask"][:, 0] = 1  # one token each: 4 against the first's 14
-    ours.kl_monitor.start_run()  # nothing of the earlier tests' micro-batches
+    ours.kl_monitor = KLMonitor(reads_steps=ours.reads_step_kl)  # nothing of the earlier tests' micro-batches
     logged = {}
     for trainer in trainers:
         metric_store(trainer, "train").clear()
@@ -231,7 +232,7 @@ def test_every_logged_value_is_stocks_when_our_term_replaces_its(logging_trainer
     configure(logging_trainers, loss_type, REQUIRED_LEVEL.get(loss_type, "token"), True)
     lines = []
     for trainer in logging_trainers:
-        ours.kl_monitor.start_run()
+        ours.kl_monitor = KLMonitor(reads_steps=ours.reads_step_kl)
         metric_store(trainer, "train").clear()
         for seed in range(accumulation):
             inputs = fabricated_inputs(stock, seed=seed)

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 from repo_paths import REPO, TESTS
-from tiny import run_python
+from tiny import adapted_kl_term, run_python
 
 from adaptive_kl.kl.aggregation import LOSS_TYPES, TOKEN_SUM_LOSS_TYPES
-from adaptive_kl.kl.term import adapted_kl_term
 from adaptive_kl.trainers.unsloth import (
     APPLY_PARAMETERS,
     REQUIRED_SOURCE,
@@ -39,7 +38,7 @@ from adaptive_kl.trainers.unsloth import (
     install_capture_shim,
     is_unsloth_class,
     keep_host_init,
-    unsloth_host_module,
+    prepare_unsloth_host,
     unsloth_kl_term_inputs,
 )
 
@@ -217,8 +216,8 @@ def test_shim_passes_through_outside_a_capture_and_gives_zero_beta_inside(tmp_pa
     with pytest.raises(UnsupportedUnslothError, match="twice"), capturing_efficient_grpo({}):
         module.grpo_accumulated_loss(trainer, new, mask)
         module.grpo_accumulated_loss(trainer, new, mask)
-    assert unsloth_host_module(type("AdaptiveKLGRPOTrainer", (module.UnslothGRPOTrainer,), {})) is module
-    assert unsloth_host_module(object) is None
+    assert prepare_unsloth_host(type("AdaptiveKLGRPOTrainer", (module.UnslothGRPOTrainer,), {}), "loss") is module
+    assert prepare_unsloth_host(object, "loss") is None
 
 
 @pytest.mark.parametrize("function,fragment,meaning", REQUIRED_SOURCE)
