@@ -29,7 +29,6 @@ from .kl_fields import (  # noqa: E402, F401 (the config's vocabulary, importabl
     KL_TRANSFORMS,
     PARAMETER_READERS,
     AdaptiveKLFields,
-    check_adaptive_horizon,
     parse_kl_adaptation_method,
     unread_parameters,
 )
@@ -206,13 +205,8 @@ class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig):
             and self.kl_log_ratio_clip is None
         )
 
-    def __post_init__(self):
-        check_import_order(GRPOConfig, trl.GRPOConfig, "GRPOConfig")
-        self._validate_adaptive_kl()
-        super().__post_init__()
-        check_adaptive_horizon(self)
-
     def _check_own_fields(self) -> None:
+        check_import_order(GRPOConfig, trl.GRPOConfig, "GRPOConfig")
         require(
             self.kl_estimator in ESTIMATORS, f"kl_estimator must be one of {ESTIMATORS}, got {self.kl_estimator!r}."
         )

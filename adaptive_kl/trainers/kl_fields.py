@@ -3,9 +3,10 @@
 
 A dataclass mixin listed before the host's config (`class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig)`), so
 that its fields follow the host's, whose positional arguments (`output_dir` first) keep their places. A config adds
-the fields only its host takes, overrides a field whose default differs (RLOO's `kl_estimator`), and checks its own
-fields in `_check_own_fields` and against its host in `_check_with_host`. Nothing here imports TRL: the checks read
-the host's fields (`beta`, `learning_rate`, `sync_ref_model`, ...) off the config they are called on.
+the fields only its host takes, overrides a field whose default differs (RLOO's `kl_estimator`), and checks its host
+(Unsloth's import order) and its own fields in `_check_own_fields`, and them against its host in `_check_with_host`.
+Nothing here imports TRL: the checks read the host's fields (`beta`, `learning_rate`, `sync_ref_model`, ...) off the
+config they are called on.
 """
 
 from __future__ import annotations
@@ -283,6 +284,11 @@ class AdaptiveKLFields:
         defaults = field_defaults(type(self))
         return bool(self.kl_methods) or any(getattr(self, n) != defaults[n] for n in self.ADAPTATION_SELECTORS)
 
+    def __post_init__(self):
+        self._validate_adaptive_kl()
+        super().__post_init__()  # the host config's
+        check_adaptive_horizon(self)  # needs the process count, which the host's sets up
+
     def _validate_adaptive_kl(self) -> None:
         """Every check of the KL fields, in the order their errors are raised; warns for each parameter set while
         nothing reads it."""
@@ -306,7 +312,8 @@ class AdaptiveKLFields:
         self.warn_unread_parameters()
 
     def _check_own_fields(self) -> None:
-        """The checks of the fields only this config has, and of the estimators its host takes."""
+        """The checks only this config makes: its host's (Unsloth's import order), its own fields' and the estimators
+        its host takes."""
 
     def _check_with_host(self) -> None:
         """The checks of the KL fields against the host's own fields, and the warnings about them."""

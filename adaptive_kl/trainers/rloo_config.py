@@ -19,7 +19,7 @@ check_trl_version()  # before TRL is imported: fail with what to install rather 
 from trl import RLOOConfig  # noqa: E402
 
 from ..kl.validation import require  # noqa: E402
-from .kl_fields import AdaptiveKLFields, check_adaptive_horizon  # noqa: E402
+from .kl_fields import AdaptiveKLFields  # noqa: E402
 
 
 # The estimators of a penalty in the reward: the straight-through k1+/k3+ differ from k1/k3 only in a gradient that
@@ -67,13 +67,8 @@ class AdaptiveKLRLOOConfig(AdaptiveKLFields, RLOOConfig):
         },
     )
 
-    def __post_init__(self):
-        check_no_unsloth("AdaptiveKLRLOOConfig")
-        self._validate_adaptive_kl()
-        super().__post_init__()
-        check_adaptive_horizon(self)
-
     def _check_own_fields(self) -> None:
+        check_no_unsloth("AdaptiveKLRLOOConfig")
         require(
             self.kl_estimator in RLOO_ESTIMATORS,
             f"kl_estimator must be one of {RLOO_ESTIMATORS}, got {self.kl_estimator!r} (RLOO's penalty is in the "
