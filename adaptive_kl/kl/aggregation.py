@@ -90,6 +90,8 @@ def aggregate_like_host(
     | luspo | mean_i(Σ_t m·x) / accumulation_steps |
     | any, with `sample_weight` w | Σ m·x·w_i / token_normalizer |
     """
+    if sample_weight is None and loss_type in SEQUENCE_MEAN_LOSS_TYPES:  # `sequence_means` forms m·x itself
+        return sequence_means(values, mask).mean() / accumulation_steps
     masked = values * mask  # (B, T): m·x, 0 outside the mask
     if sample_weight is not None:
         return (masked * sample_weight.to(values.dtype).unsqueeze(-1)).sum() / token_normalizer
@@ -97,9 +99,7 @@ def aggregate_like_host(
         if token_normalizer is None:
             raise ValueError(f"loss_type={loss_type!r} needs token_normalizer.")
         return masked.sum() / token_normalizer
-    if loss_type in SEQUENCE_MEAN_LOSS_TYPES:
-        term = sequence_means(values, mask).mean()
-    elif loss_type == "bnpo":
+    if loss_type == "bnpo":
         term = masked.sum() / token_counts(mask).clamp(min=1.0)
     elif loss_type == "dr_grpo":
         if max_completion_length is None:

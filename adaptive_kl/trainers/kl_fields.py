@@ -4,7 +4,8 @@
 A dataclass mixin listed before the host's config (`class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig)`), so
 that its fields follow the host's, whose positional arguments (`output_dir` first) keep their places. A config adds
 the fields only its host takes, overrides a field whose default differs (RLOO's `kl_estimator`), and checks its host
-(Unsloth's import order) and its own fields in `_check_own_fields`, and them against its host in `_check_with_host`.
+(Unsloth's import order) and its own fields in `_check_own_fields`, and the KL fields against the host's own in
+`_check_with_host`.
 Nothing here imports TRL: the checks read the host's fields (`beta`, `learning_rate`, `sync_ref_model`, ...) off the
 config they are called on.
 """
