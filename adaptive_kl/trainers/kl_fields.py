@@ -3,11 +3,10 @@
 
 A dataclass mixin listed before the host's config (`class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig)`), so
 that its fields follow the host's, whose positional arguments (`output_dir` first) keep their places. A config adds
-the fields only its host takes, overrides a field whose default differs (RLOO's `kl_estimator`), and checks its host
+the fields only its host takes, overrides a field whose default differs (RLOO's `kl_estimator`), checks its host
 (Unsloth's import order) and its own fields in `_check_own_fields`, and the KL fields against the host's own in
-`_check_with_host`.
-Nothing here imports TRL: the checks read the host's fields (`beta`, `learning_rate`, `sync_ref_model`, ...) off the
-config they are called on.
+`_check_with_host`. Nothing here imports TRL: the checks read the host's fields (`beta`, `learning_rate`,
+`sync_ref_model`, ...) off the config they are called on.
 """
 
 from __future__ import annotations
@@ -291,8 +290,8 @@ class AdaptiveKLFields:
         check_adaptive_horizon(self)  # needs the process count, which the host's sets up
 
     def _validate_adaptive_kl(self) -> None:
-        """Every check of the KL fields, in the order their errors are raised; warns for each parameter set while
-        nothing reads it."""
+        """Every check of the KL fields, and the config's own (`_check_own_fields`: its host's too), in the order their
+        errors are raised; warns for each parameter set while nothing reads it."""
         check_training_arguments(self)
         parse_kl_adaptation_method(self.kl_adaptation_method)  # its ValueError first, as before the other fields
         check_kl_scaling(self)
