@@ -19,20 +19,6 @@ from .runner import VariantRun
 
 SEED_FIELD = "seed"
 
-# Two-sided 95% quantiles of Student's t, t_{0.975, df}, for df = 1 … 30; beyond, the df = 30 value (conservative).
-T_975 = (
-    12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
-    2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
-    2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272,
-)  # fmt: skip
-
-
-def t_975(degrees_of_freedom: int) -> float:
-    """t_{0.975, df} for df >= 1 (the df = 30 value beyond 30: intervals slightly wider than exact)."""
-    if degrees_of_freedom < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {degrees_of_freedom}")
-    return T_975[min(degrees_of_freedom, len(T_975)) - 1]
-
 
 def mean_interval(values) -> tuple[float, float, int]:
     """`(mean, half-width of the 95% t-interval, n)` of the finite `values`; the half-width is NaN below 2 values,
@@ -43,7 +29,7 @@ def mean_interval(values) -> tuple[float, float, int]:
     mean = statistics.fmean(finite)
     if len(finite) < 2:
         return mean, math.nan, 1
-    return mean, t_975(len(finite) - 1) * statistics.stdev(finite) / math.sqrt(len(finite)), len(finite)
+    return mean, t_quantile(0.975, len(finite) - 1) * statistics.stdev(finite) / math.sqrt(len(finite)), len(finite)
 
 
 def t_cdf(t: float, degrees_of_freedom: int) -> float:
@@ -138,7 +124,7 @@ def detectable_difference(values) -> float:
     if len(finite) < 2:
         return math.nan
     n = len(finite)
-    return (t_975(n - 1) + t_quantile(0.80, n - 1)) * statistics.stdev(finite) / math.sqrt(n)
+    return (t_quantile(0.975, n - 1) + t_quantile(0.80, n - 1)) * statistics.stdev(finite) / math.sqrt(n)
 
 
 def binomial_interval(successes: int, trials: int) -> tuple[float, float]:
