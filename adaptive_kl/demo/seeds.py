@@ -67,23 +67,25 @@ def t_cdf(t: float, degrees_of_freedom: int) -> float:
 
 
 def t_quantile(probability: float, degrees_of_freedom: int) -> float:
-    """t with P(T ≤ t) = `probability` (0 < probability < 1), by bisection on `t_cdf` to 1e-12 (relative beyond 1):
-    the upper end is doubled from 1 until it brackets the quantile, then the bracket halved 200 times at most."""
+    """t with P(T ≤ t) = `probability` (0 < probability < 1), by bisection on `t_cdf` (`crossing`)."""
     if not 0 < probability < 1:
         raise ValueError(f"probability must be in (0, 1), got {probability}")
     if probability == 0.5:
         return 0.0
     if probability < 0.5:  # the distribution is symmetric about 0
         return -t_quantile(1 - probability, degrees_of_freedom)
-    low, high = 0.0, 1.0
-    while t_cdf(high, degrees_of_freedom) < probability:
+    return crossing(lambda t: t_cdf(t, degrees_of_freedom), probability, 0.0, 1.0)
+
+
+def crossing(rising, level: float, low: float, high: float) -> float:
+    """The x ≥ `low` where the nondecreasing `rising(x)` reaches `level` (`rising(low)` below it), by bisection to
+    1e-12 (relative beyond 1): `high` is doubled until `rising(high)` reaches `level`, then the bracket halved 200
+    times at most."""
+    while rising(high) < level:
         low, high = high, 2 * high
     for _ in range(200):
         middle = (low + high) / 2
-        if t_cdf(middle, degrees_of_freedom) < probability:
-            low = middle
-        else:
-            high = middle
+        low, high = (middle, high) if rising(middle) < level else (low, middle)
         if high - low <= 1e-12 * max(1.0, high):
             break
     return (low + high) / 2
@@ -137,15 +139,10 @@ def binomial_interval(successes: int, trials: int) -> tuple[float, float]:
     def at_most(k: int, p: float) -> float:  # P(X ≤ k) for X ~ Binomial(trials, p)
         return sum(math.comb(trials, i) * p**i * (1 - p) ** (trials - i) for i in range(k + 1))
 
-    def solve(rising, level: float) -> float:  # the p in [0, 1] where the increasing `rising(p)` crosses `level`
-        low, high = 0.0, 1.0
-        for _ in range(100):
-            middle = (low + high) / 2
-            low, high = (middle, high) if rising(middle) < level else (low, middle)
-        return (low + high) / 2
-
-    lower = 0.0 if successes == 0 else solve(lambda p: 1 - at_most(successes - 1, p), 0.025)  # P(X ≥ k) = 0.025
-    upper = 1.0 if successes == trials else solve(lambda p: 1 - at_most(successes, p), 0.975)  # P(X ≤ k) = 0.025
+    # P(X ≥ k) reaches 0.025 at the lower end, P(X > k) reaches 0.975 (P(X ≤ k) = 0.025) at the upper; both are 1 at
+    # p = 1, so [0, 1] brackets each.
+    lower = 0.0 if successes == 0 else crossing(lambda p: 1 - at_most(successes - 1, p), 0.025, 0.0, 1.0)
+    upper = 1.0 if successes == trials else crossing(lambda p: 1 - at_most(successes, p), 0.975, 0.0, 1.0)
     return lower, upper
 
 

@@ -50,10 +50,6 @@ def _as_list(ids) -> list[int]:
     return ids.tolist() if hasattr(ids, "tolist") else ids
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
 def unique_fraction(completion_ids: Sequence[Sequence[int]], num_generations: int) -> float:
     """Mean over groups of (distinct completions in the group) / `num_generations`.
 
@@ -69,7 +65,7 @@ def unique_fraction(completion_ids: Sequence[Sequence[int]], num_generations: in
     fractions = [
         len({tuple(_as_list(ids)) for ids in completion_ids[k * g : (k + 1) * g]}) / g for k in range(num_groups)
     ]
-    return _mean(fractions)
+    return sum(fractions) / len(fractions) if fractions else math.nan
 
 
 def distinct_n(completion_ids: Sequence[Sequence[int]], num_generations: int, n: int) -> float:
@@ -100,7 +96,7 @@ def distinct_n(completion_ids: Sequence[Sequence[int]], num_generations: int, n:
                 ids = _as_list(ids)  # its n-grams: tuples of n consecutive ids (for n = 1, the ids themselves)
                 distinct.update(zip(*(ids[i:] for i in range(n))) if n > 1 else ids)
             ratios.append(len(distinct) / total)
-    return _mean(ratios)
+    return sum(ratios) / len(ratios) if ratios else math.nan
 
 
 def mean_pairwise_cosine(embeddings: torch.Tensor, num_generations: int) -> float:
