@@ -5,7 +5,6 @@ host (`is_unsloth_class`, `check_import_order`), and the trainers' config (`reso
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import inspect
 import os
@@ -211,7 +210,6 @@ def check_host(host: type, family: str, args, trainer_name: str, own_loss: bool)
         )
 
 
-@functools.cache  # once per process: it reads the modules' source
 def assigned_in_host_source(host: type, name: str) -> bool:
     """Whether the module of a TRL or Transformers class of `host`'s MRO assigns `self.<name>`: how an attribute that
     only the training loop sets (so a trainer that has not trained lacks it) is checked before any model is loaded."""
