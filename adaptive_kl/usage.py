@@ -11,7 +11,7 @@ import warnings
 
 from .models import MissingModelError
 from .models.paths import looks_like_local_path
-from .tasks.policies import is_named_policy, resolve_policy
+from .tasks.policies import resolve_policy
 from .tasks.recipe import closest  # noqa: F401  (the commands take the hint from here)
 
 
@@ -40,12 +40,11 @@ def check_model(option: str, model: str | None) -> None:
     """Fails before any training when the model's config cannot be loaded."""
     if model is None:
         return
-    if is_named_policy(model):
-        try:
-            resolve_policy(model)  # converts the packaged model on first use
-        except MissingModelError as error:
-            raise UsageError(f"{option} {model}: {error}") from None
-        return
+    try:
+        if resolve_policy(model) != model:  # a named policy: its packaged model, converted on first use
+            return
+    except MissingModelError as error:
+        raise UsageError(f"{option} {model}: {error}") from None
     check_local_path(option, model)
     from transformers import AutoConfig
 

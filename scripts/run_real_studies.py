@@ -93,7 +93,7 @@ FRONTIER_STEP_2 = [FRONTIER_LOG_SCALING, FRONTIER_STEPWISE]
 # Step 3 (issue 70): the target-KL controllers with a ceiling and the hold on steps whose groups all agreed, at step
 # 2's target and floor. beta_max=0.2 is the default ceiling (β's start), written out so that the bounded stepwise is
 # not step 2's command. `adaptive`'s horizon is the one the config's warning names for this run: β moved 10x in half
-# of 100 steps of 8 sequences, `adaptive_horizon_for(100, 8)` = 35 (at the default 10,000, β moves 1.6% at most).
+# of 100 steps of 8 sequences, 35 (at the default 10,000, β moves 1.6% at most, and the warning names 35).
 FRONTIER_BOUNDED_STEPWISE = f"{FRONTIER_STEPWISE} beta_max=0.2"
 FRONTIER_BOUNDED_ADAPTIVE = (
     f"{METHODS_BASE} kl_controller=adaptive target_kl={FRONTIER_TARGET_KL} kl_horizon=35 beta_max=0.2"

@@ -203,12 +203,6 @@ RUNNER_FIELDS = {
 }
 
 
-def _refuse_runner_fields(names) -> None:
-    for name in names:
-        if name in RUNNER_FIELDS:
-            raise UsageError(f"{name} is set by the command; use {RUNNER_FIELDS[name]}")
-
-
 def _check_task(settings) -> None:
     """The task exists and can supply `--n-validation` held-out problems."""
     from .embedded import EMBEDDED_TASK
@@ -343,7 +337,6 @@ def _variants(opts: argparse.Namespace, extra: list[str], seeds: list[str]) -> t
                 raise UsageError(f"--set expects FIELD=VALUE, got {assignment!r}")
             name = name.strip().replace("-", "_")
             fixed[name] = parse_field_value(name, value.strip())
-        _refuse_runner_fields(fixed)
         if trainers and "trainer" in fixed:
             raise UsageError("--trainer and --set trainer=... both pick the trainer; keep --trainer")
         if len(trainers) == 1:
@@ -353,7 +346,8 @@ def _variants(opts: argparse.Namespace, extra: list[str], seeds: list[str]) -> t
                 raise UsageError("demo runs one seed; vary it with compare --seed 0,1,2 ...")
             if "kl_adaptation_method" in fixed:
                 raise UsageError("demo varies kl_adaptation_method itself; use compare --kl_adaptation_method ...")
-            variants, title = method_variants(DEMO_METHODS), "adaptive-kl demo: the five KL methods"
+            variants, varied = method_variants(DEMO_METHODS), {}
+            title = "adaptive-kl demo: the five KL methods"
         else:
             varied = _varied_fields(extra)
             if len(trainers) > 1:
@@ -373,10 +367,12 @@ def _variants(opts: argparse.Namespace, extra: list[str], seeds: list[str]) -> t
                 if not varied:
                     raise UsageError("compare needs at least one varied field, e.g. --kl_scaling none,linear,sqrt,log")
                 variants, title = variant_grid(varied), "adaptive-kl compare: " + ", ".join(varied)
-            _refuse_runner_fields(varied)
-            both = sorted(set(fixed) & set(varied))
-            if both:
-                raise UsageError(f"{', '.join(both)} is both varied and fixed with --set; keep one")
+        for name in [*fixed, *varied]:
+            if name in RUNNER_FIELDS:
+                raise UsageError(f"{name} is set by the command; use {RUNNER_FIELDS[name]}")
+        both = sorted(set(fixed) & set(varied))
+        if both:
+            raise UsageError(f"{', '.join(both)} is both varied and fixed with --set; keep one")
     except ValueError as error:
         raise UsageError(str(error)) from None
     if fixed.get("trainer", "grpo") != "grpo":

@@ -28,7 +28,15 @@ import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .report import early_mean, interval_cell, late_mean, markdown_table, metric_column, summarize, write_report
+from .report import (
+    finite_mean,
+    interval_cell,
+    late_mean,
+    markdown_table,
+    metric_column,
+    summarize,
+    write_report,
+)
 from .runner import VariantRun
 from .seeds import (
     binomial_interval,
@@ -201,8 +209,8 @@ def start_point(line_runs: list[VariantRun], steps: int) -> dict[str, float]:
     for key, source in START_VALUES.items():
         if source is None:
             values = [0.0] * len(line_runs)
-        elif source == "reward":
-            values = [early_mean(run, "reward", steps) for run in line_runs]
+        elif source == "reward":  # each run's mean over its first `steps` logged steps
+            values = [finite_mean([h["reward"] for h in run.history if "reward" in h][:steps]) for run in line_runs]
         else:  # NaN for a run without an evaluation or without this score
             values = [run.evaluations[0].get(source, math.nan) if run.evaluations else math.nan for run in line_runs]
         mean, _, count = mean_interval(values)

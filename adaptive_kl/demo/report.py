@@ -102,7 +102,8 @@ DIVERSITY_COLUMNS = (
 )
 
 
-def _mean(values) -> float:
+def finite_mean(values) -> float:
+    """The mean of the finite `values` (None and NaN left out); NaN without any."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     return sum(values) / len(values) if values else math.nan
 
@@ -110,12 +111,7 @@ def _mean(values) -> float:
 def late_mean(run: VariantRun, metric: str) -> float:
     """Mean of a logged metric over the last quarter of the run's steps (at least one step)."""
     values = [h[metric] for h in run.history if metric in h]
-    return _mean(values[-max(1, len(values) // 4) :])
-
-
-def early_mean(run: VariantRun, metric: str, steps: int) -> float:
-    """Mean of a logged metric over the run's first `steps` logged steps."""
-    return _mean([h[metric] for h in run.history if metric in h][:steps])
+    return finite_mean(values[-max(1, len(values) // 4) :])
 
 
 def summarize(run: VariantRun) -> dict[str, float]:
@@ -146,10 +142,10 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "final_accuracy": final,
         "delta_from_start": final - accuracies[0] if accuracies else math.nan,
         "delta_from_best": final - max(accuracies) if accuracies else math.nan,
-        "mean_raw_kl": _mean(h.get("adaptive_kl/raw_kl") for h in run.history),
-        "mean_adapted_kl": _mean(h.get("adaptive_kl/adapted_kl") for h in run.history),
+        "mean_raw_kl": finite_mean(h.get("adaptive_kl/raw_kl") for h in run.history),
+        "mean_adapted_kl": finite_mean(h.get("adaptive_kl/adapted_kl") for h in run.history),
         "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),  # β = 0 logs no adaptive_kl/*
-        "mean_completion_length": _mean(h.get("completions/mean_length") for h in run.history),
+        "mean_completion_length": finite_mean(h.get("completions/mean_length") for h in run.history),
         "wall_time": run.wall_time,
         "late_reward": late_mean(run, "reward"),
         "final_retention": retention[-1] if retention else math.nan,
@@ -158,7 +154,7 @@ def summarize(run: VariantRun) -> dict[str, float]:
         "final_kl_to_start": drift[-1] if drift else math.nan,
         # How far the policy lengthened (> 0) or shortened its completions: the last quarter's mean length minus the
         # first quarter's (the same number of steps).
-        "length_drift": _mean(lengths[-quarter:]) - _mean(lengths[:quarter]) if lengths else math.nan,
+        "length_drift": finite_mean(lengths[-quarter:]) - finite_mean(lengths[:quarter]) if lengths else math.nan,
         "kl_length_corr": late_mean(run, "adaptive_kl/kl_length_corr"),
         "late_truncated": late_mean(run, "completions/clipped_ratio"),
         "delta_general_loglik": general[-1] - general[0] if general else math.nan,
@@ -428,12 +424,12 @@ def activity(run: VariantRun) -> dict[str, float]:
     above the step before, and the largest logged β."""
     betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
     steps = [h["step"] for h in run.history if "adaptive_kl/current_beta" in h]
-    raw = _mean(h.get("adaptive_kl/raw_kl") for h in run.history)
+    raw = finite_mean(h.get("adaptive_kl/raw_kl") for h in run.history)
     changes = list(zip(betas, betas[1:]))  # (β before, β after) of each logged step after the first
     first_lower = next((step for step, beta in zip(steps, betas) if beta < betas[0]), math.nan) if betas else math.nan
     return {
-        "clip_fraction": _mean(h.get("adaptive_kl/clip_fraction") for h in run.history),
-        "kept": _mean(h.get("adaptive_kl/adapted_kl") for h in run.history) / raw if raw > 0 else math.nan,
+        "clip_fraction": finite_mean(h.get("adaptive_kl/clip_fraction") for h in run.history),
+        "kept": finite_mean(h.get("adaptive_kl/adapted_kl") for h in run.history) / raw if raw > 0 else math.nan,
         "final_beta": betas[-1] if betas else run.config.get("beta", math.nan),
         "lowered": float(sum(after < before for before, after in changes)) if betas else math.nan,
         "first_lower": float(first_lower),

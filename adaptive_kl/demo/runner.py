@@ -196,9 +196,9 @@ def make_config(variant: Variant, settings: DemoSettings, output_dir: str):
     if foreign:
         raise ValueError(foreign_fields_message(foreign, trainer, config_cls))
     if adaptive:  # the shared defaults of one method (dynamic's threshold, ...) are left out of the others
-        from ..trainers.kl_fields import unread_field_values
+        from ..trainers.kl_fields import unread_parameters
 
-        unread = set(unread_field_values(fields, config_cls)) - set(chosen)
+        unread = set(unread_parameters(fields, config_cls)) - set(chosen)
         fields = {name: value for name, value in fields.items() if name not in unread}
     return config_cls(output_dir=output_dir, **fields)
 

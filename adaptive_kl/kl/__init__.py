@@ -37,7 +37,6 @@ from .placement import (
     leave_one_out_advantages,
     sequence_kl_penalty,
     total_rewards,
-    zero_penalty,
 )
 from .term import kl_term_and_sequence_sums
 
@@ -69,7 +68,6 @@ __all__ = [
     "token_sum_normalizer",
     "total_rewards",
     "transform_kl",
-    "zero_penalty",
     "zero_std_groups",
     "zero_std_group_fraction",
 ]

@@ -64,14 +64,6 @@ def sequence_kl_penalty(
         return beta * per_sequence
 
 
-def zero_penalty(rows: int, logps_dtype: torch.dtype, device=None) -> torch.Tensor:
-    """The `(rows,)` penalty of a batch scored without the reference (β_t = 0 for every step it serves): exactly 0, in
-    the dtype `sequence_kl_penalty` would give from log-probabilities of `logps_dtype` (float32, or float64 for
-    float64 ones: half precision is upcast before the estimate), so that the penalized rewards, and their advantages,
-    are those of the full path bit for bit (in bfloat16 they would round)."""
-    return torch.zeros(rows, dtype=torch.promote_types(logps_dtype, torch.float32), device=device)
-
-
 def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
     """The total reward TRL logs as `reward`: Σ_k w_k·r_k over the reward functions that scored the completion, NaN
     where none did.

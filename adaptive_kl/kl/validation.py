@@ -18,10 +18,6 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_positive_int(value) -> bool:
-    return is_int(value) and value >= 1
-
-
 def is_finite_number(value) -> bool:
     """A finite real number, not a bool."""
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)

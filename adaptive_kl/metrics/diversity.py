@@ -45,11 +45,6 @@ def _num_groups(num_items: int, num_generations: int) -> int:
     return num_items // num_generations
 
 
-def _as_list(ids) -> list[int]:
-    """A completion's ids as a list: tensor or array elements would hash by identity, not by value."""
-    return ids.tolist() if hasattr(ids, "tolist") else ids
-
-
 def unique_fraction(completion_ids: Sequence[Sequence[int]], num_generations: int) -> float:
     """Mean over groups of (distinct completions in the group) / `num_generations`.
 
@@ -62,9 +57,9 @@ def unique_fraction(completion_ids: Sequence[Sequence[int]], num_generations: in
     """
     num_groups = _num_groups(len(completion_ids), num_generations)
     g = num_generations
-    fractions = [
-        len({tuple(_as_list(ids)) for ids in completion_ids[k * g : (k + 1) * g]}) / g for k in range(num_groups)
-    ]
+    # As lists: a tensor's or an array's elements would hash by identity, not by value
+    lists = [ids.tolist() if hasattr(ids, "tolist") else ids for ids in completion_ids]
+    fractions = [len({tuple(ids) for ids in lists[k * g : (k + 1) * g]}) / g for k in range(num_groups)]
     return sum(fractions) / len(fractions) if fractions else math.nan
 
 
@@ -93,7 +88,8 @@ def distinct_n(completion_ids: Sequence[Sequence[int]], num_generations: int, n:
         if total:
             distinct = set()
             for ids in group:
-                ids = _as_list(ids)  # its n-grams: tuples of n consecutive ids (for n = 1, the ids themselves)
+                ids = ids.tolist() if hasattr(ids, "tolist") else ids  # as in `unique_fraction`
+                # its n-grams: tuples of n consecutive ids (for n = 1, the ids themselves)
                 distinct.update(zip(*(ids[i:] for i in range(n))) if n > 1 else ids)
             ratios.append(len(distinct) / total)
     return sum(ratios) / len(ratios) if ratios else math.nan

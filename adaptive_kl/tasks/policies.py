@@ -17,18 +17,14 @@ from ..models import MissingModelError, smollm2_path
 NAMED_POLICIES = {"smollm2": smollm2_path}
 
 
-def is_named_policy(model: str | None) -> bool:
-    return model in NAMED_POLICIES and not os.path.exists(model)
-
-
 def resolve_policy(model: str) -> str:
     """A path or hub id for `from_pretrained`: a named policy's local checkpoint (converted on first use), else
-    `model` itself.
+    `model` itself (a path that exists wins over a policy of its name).
 
     Raises:
         MissingModelError: a named policy whose package is not installed (the message has the install command).
     """
-    return NAMED_POLICIES[model]() if is_named_policy(model) else model
+    return NAMED_POLICIES[model]() if model in NAMED_POLICIES and not os.path.exists(model) else model
 
 
-__all__ = ["MissingModelError", "NAMED_POLICIES", "is_named_policy", "resolve_policy"]
+__all__ = ["MissingModelError", "NAMED_POLICIES", "resolve_policy"]

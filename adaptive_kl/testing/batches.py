@@ -20,7 +20,9 @@ def fabricated_inputs(trainer, seed: int = 0) -> dict:
     vocab = trainer.model.config.vocab_size
     prompt_ids = torch.randint(3, vocab, (batch, prompt_len), generator=g)
     completion_ids = torch.randint(3, vocab, (batch, completion_len), generator=g)
-    completion_mask = mask_after(torch.tensor([6, 4, 1, 3]), completion_len)
+    completion_mask = torch.tensor(
+        [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]]
+    )  # (batch, completion_len)
     advantages = torch.randn(batch, generator=g)
     return scored_micro_batch(trainer, prompt_ids, completion_ids, completion_mask, advantages, g, micro_batches=2)
 
@@ -36,28 +38,21 @@ def grouped_inputs(trainer, num_prompts: int, completion_length: int, seed: int 
     group = trainer.num_generations
     rows, vocab = num_prompts * group, trainer.model.config.vocab_size
     pad = trainer.processing_class.pad_token_id
-    prompt_ids = not_pad(torch.randint(3, vocab - 1, (num_prompts, 8), generator=g), pad)
-    prompt_ids = prompt_ids.repeat_interleave(group, dim=0)
+    prompt_ids = torch.randint(3, vocab - 1, (num_prompts, 8), generator=g)
     lengths = torch.randint(completion_length // 2, completion_length + 1, (rows,), generator=g)
     lengths[0] = completion_length
-    completion_mask = mask_after(lengths, completion_length)
-    completion_ids = not_pad(torch.randint(3, vocab - 1, (rows, completion_length), generator=g), pad)
+    completion_ids = torch.randint(3, vocab - 1, (rows, completion_length), generator=g)
+    if pad is not None:  # ids drawn below the vocabulary's last, the pad id and those above moved up: none is the pad
+        prompt_ids += (prompt_ids >= pad).long()
+        completion_ids += (completion_ids >= pad).long()
+    prompt_ids = prompt_ids.repeat_interleave(group, dim=0)
+    completion_mask = (torch.arange(completion_length) < lengths[:, None]).long()  # (rows, T): 1 up to `lengths`
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad)
     rewards = torch.randn(num_prompts, group, generator=g)
     advantages = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
     return scored_micro_batch(
         trainer, prompt_ids, completion_ids, completion_mask, advantages.flatten(), g, micro_batches
     )
-
-
-def mask_after(lengths: torch.Tensor, width: int) -> torch.Tensor:
-    """`(B, width)` 1 for the first `lengths[b]` positions of each row, 0 after."""
-    return (torch.arange(width)[None, :] < lengths[:, None]).long()
-
-
-def not_pad(ids: torch.Tensor, pad: int | None) -> torch.Tensor:
-    """`ids` drawn below the vocabulary's last id, with the pad id moved up by one: no real token is the pad."""
-    return ids if pad is None else ids + (ids >= pad).long()
 
 
 def scored_micro_batch(trainer, prompt_ids, completion_ids, completion_mask, advantages, g, micro_batches) -> dict:

@@ -22,7 +22,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.utils import logging
 
-from ..kl.validation import is_finite_number, is_positive_int
+from ..kl.validation import is_finite_number, is_int
 from .generation import generate
 from .hooks import metric_store
 
@@ -70,9 +70,9 @@ class KLHealthCallback(TrainerCallback):
             raise ValueError(f"high must be a finite number > low ({low!r}), got {high!r}.")
         if not isinstance(key, str) or not key:
             raise ValueError(f"key must be the name of a logged metric (a non-empty string), got {key!r}.")
-        if not isinstance(grace_steps, int) or isinstance(grace_steps, bool) or grace_steps < 0:
+        if not (is_int(grace_steps) and grace_steps >= 0):
             raise ValueError(f"grace_steps must be an int >= 0, got {grace_steps!r}.")
-        if not is_positive_int(window):
+        if not (is_int(window) and window >= 1):
             raise ValueError(f"window must be an int >= 1, got {window!r}.")
         self.low, self.high, self.key, self.grace_steps = float(low), float(high), key, grace_steps
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
@@ -255,11 +255,11 @@ class RetentionCallback(TrainerCallback):
         prefix: str = "retention",
         kl_to_start: bool = False,
     ):
-        if not is_positive_int(eval_steps):
+        if not (is_int(eval_steps) and eval_steps >= 1):
             raise ValueError(f"eval_steps must be an int >= 1, got {eval_steps!r}.")
         if metric not in RETENTION_METRICS:
             raise ValueError(f"metric must be one of {RETENTION_METRICS}, got {metric!r}.")
-        if not is_positive_int(batch_size):
+        if not (is_int(batch_size) and batch_size >= 1):
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}.")
         if not isinstance(prefix, str) or not prefix:
             raise ValueError(f"prefix must be a non-empty string, got {prefix!r}.")
@@ -287,7 +287,7 @@ class RetentionCallback(TrainerCallback):
         if metric == "accuracy":
             if not callable(score_fn):
                 raise ValueError(f"score_fn must be a callable for metric='accuracy', got {score_fn!r}.")
-            if not is_positive_int(max_new_tokens):
+            if not (is_int(max_new_tokens) and max_new_tokens >= 1):
                 raise ValueError(f"max_new_tokens must be an int >= 1 for metric='accuracy', got {max_new_tokens!r}.")
             try:  # the parameters of `score_fn` without a default (keyword-passable ones only); none when unknown
                 parameters = inspect.signature(score_fn).parameters.values()

@@ -321,7 +321,7 @@ class AdaptiveKLFields:
     def warn_unread_parameters(self) -> None:
         """Warns once (at construction) for each parameter of `PARAMETER_READERS` set to other than its default while
         nothing reads it, naming what would make it take effect."""
-        for name in unread_parameters(self):
+        for name in unread_parameters(vars(self), type(self)):
             reader = PARAMETER_READERS[name][1]
             needs = f"beta > 0 and {reader}" if self.beta == 0 else reader
             warnings.warn(
@@ -336,23 +336,19 @@ def field_defaults(config_cls: type) -> dict:
     return {f.name: f.default for f in fields(config_cls) if f.default is not MISSING}
 
 
-def unread_parameters(config) -> list[str]:
-    """The parameters of `PARAMETER_READERS` that `config` (a config built on `AdaptiveKLFields`, or anything with its
-    fields and `kl_methods`) sets to other than their defaults while nothing reads them."""
+def unread_parameters(values: dict, config_cls: type) -> list[str]:
+    """The parameters of `PARAMETER_READERS` set to other than their defaults while nothing reads them, in the config
+    of `config_cls` (built on `AdaptiveKLFields`) these field values build, every other field at its default. It
+    takes values, not a config, so that code assembling a config's fields from several sources can ask before
+    building it (which would warn)."""
+    config = SimpleNamespace(**{**field_defaults(config_cls), **values})
+    config.kl_methods = parse_kl_adaptation_method(config.kl_adaptation_method)  # what the readers look at
     defaults = field_defaults(AdaptiveKLFields)
     return [
         name
         for name, (is_read, _) in PARAMETER_READERS.items()
         if getattr(config, name) != defaults[name] and not (config.beta > 0 and is_read(config))
     ]
-
-
-def unread_field_values(values: dict, config_cls: type) -> list[str]:
-    """`unread_parameters` of the `config_cls` these field values would build (every other field at its default),
-    without building it (which would warn): for code that assembles a config's fields from several sources."""
-    config = SimpleNamespace(**{**field_defaults(config_cls), **values})
-    config.kl_methods = parse_kl_adaptation_method(config.kl_adaptation_method)
-    return unread_parameters(config)
 
 
 def check_reference_resets(config) -> None:
@@ -500,7 +496,13 @@ def check_adaptive_horizon(config) -> None:
         return
     _, largest = adaptive_reach(steps, horizon=config.kl_horizon, num_sequences=sequences_per_step)
     if largest - 1 < ADAPTIVE_MIN_REACH:
-        horizon = adaptive_horizon_for(steps, sequences_per_step)
+        # The horizon at which β, its error at the clip on every step, moves by a factor of 10 in `steps` / 2 steps:
+        # H = 0.2·n / (1 − 0.1^(2/steps)), rounded down; never below the least horizon the config accepts (more than
+        # 0.2·n), which in runs of 2 steps or fewer moves β less
+        horizon = max(
+            int(ADAPTIVE_ERROR_CLIP * sequences_per_step / (1 - 0.1 ** (2 / steps))),
+            int(ADAPTIVE_ERROR_CLIP * sequences_per_step) + 1,
+        )
         _, reach = adaptive_reach(steps, horizon=horizon, num_sequences=sequences_per_step)
         warnings.warn(
             f"kl_horizon={config.kl_horizon} with {sequences_per_step} sequences per optimizer step moves beta by at "
@@ -510,16 +512,6 @@ def check_adaptive_horizon(config) -> None:
             UserWarning,
             stacklevel=4,
         )
-
-
-def adaptive_horizon_for(steps: int, sequences_per_step: int) -> int:
-    """The horizon at which the 'adaptive' controller, its error at the clip on every step, moves β by a factor of
-    10 in `steps` / 2 steps: H = 0.2·n / (1 − 0.1^(2/steps)), rounded down; never below the least horizon the config
-    accepts (more than 0.2·n, else one step could make β negative), which in runs of 2 steps or fewer moves β less."""
-    return max(
-        int(ADAPTIVE_ERROR_CLIP * sequences_per_step / (1 - 0.1 ** (2 / steps))),
-        int(ADAPTIVE_ERROR_CLIP * sequences_per_step) + 1,
-    )
 
 
 def check_training_arguments(config) -> None:

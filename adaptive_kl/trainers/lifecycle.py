@@ -35,7 +35,7 @@ from transformers.trainer_callback import ExportableState
 from ..kl.controller import BetaController
 from ..kl.groups import zero_std_group_fraction
 from ..kl.metrics import STAT_NAMES, kl_metrics, statistics_of_sequences
-from ..kl.placement import sequence_kl_penalty, total_rewards, zero_penalty
+from ..kl.placement import sequence_kl_penalty, total_rewards
 from .hooks import (
     HostScoring,
     check_host_attributes,
@@ -320,10 +320,12 @@ class AdaptiveKLRun:
 
     def _kl_penalty(self, policy_logps, ref_logps, mask, beta: float, logps_dtype: torch.dtype) -> torch.Tensor:
         """The `(B,)` detached penalties β_t·Σ_t f(k) of this process's sequences; for a batch scored without the
-        reference (`ref_logps` is `None`: β_t = 0), the zero penalty in the dtype the full path would have from
-        log-probabilities of `logps_dtype`, so that the run is bitwise the one without the skip, on every dtype."""
+        reference (`ref_logps` is `None`: β_t = 0 for every step it serves), exactly 0 in the dtype the full path would
+        have from log-probabilities of `logps_dtype` (float32, or float64 for float64 ones: `sequence_kl_penalty`
+        upcasts half precision before the estimate), so that the penalized rewards and their advantages are those of
+        the run without the skip, bit for bit, on every dtype (in bfloat16 they would round)."""
         if ref_logps is None:
-            return zero_penalty(len(mask), logps_dtype, mask.device)
+            return torch.zeros(len(mask), dtype=torch.promote_types(logps_dtype, torch.float32), device=mask.device)
         return sequence_kl_penalty(policy_logps, ref_logps, mask, beta=beta, **self.kl_options)
 
     def _penalize(self, output: dict, rewards, penalty: torch.Tensor, mode: str, advantages_of=None):

@@ -129,15 +129,8 @@ def add_reference_adapter(model) -> None:
     devices = [model.device] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # its random init is overwritten: leave sampling's streams alone
         model.add_adapter(REFERENCE_ADAPTER, model.peft_config[active])
-    model.set_adapter(active)  # PEFT marks only the active adapter trainable
-    freeze_reference_adapter(model)
+    model.set_adapter(active)  # PEFT marks only the active adapter trainable: `"ref"` is frozen
     copy_policy_to_reference(model, None)
-
-
-def freeze_reference_adapter(model) -> None:
-    """Keeps the `"ref"` adapter of a PEFT `model` out of training (`requires_grad=False`)."""
-    for _, reference, _ in reference_parameter_pairs(model, None):
-        reference.requires_grad_(False)
 
 
 def restore_trained_adapter(model, checkpoint: str) -> None:
@@ -152,8 +145,7 @@ def restore_trained_adapter(model, checkpoint: str) -> None:
         return
     active = model.active_adapter
     model.load_adapter(checkpoint, active, is_trainable=True)
-    model.set_adapter(active)
-    freeze_reference_adapter(model)
+    model.set_adapter(active)  # and `"ref"` frozen again
 
 
 def reference_parameter_pairs(policy, ref_model) -> list[tuple[str, torch.Tensor, torch.Tensor]]:

@@ -21,7 +21,7 @@ import inspect
 import re
 import sys
 from contextlib import contextmanager
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from types import ModuleType
 
 import torch
@@ -162,6 +162,7 @@ _CAPTURE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("adaptive
 _LOGP_GRADIENTS: contextvars.ContextVar[list | None] = contextvars.ContextVar("adaptive_kl_logp_grads", default=None)
 
 
+@dataclass(eq=False)  # hashed by identity, as the class it stands in for
 class CapturingEfficientGRPO:
     """Stands in for `UnslothEfficientGRPO` in the generated module; every attribute but `apply` is the original's.
 
@@ -170,8 +171,7 @@ class CapturingEfficientGRPO:
     `recording_logp_gradients()` is open, it also hooks the call's per-token log-probabilities (stock's and ours).
     """
 
-    def __init__(self, original):
-        self.original = original
+    original: type  # the generated module's `UnslothEfficientGRPO`
 
     def apply(self, *args):
         gradients = _LOGP_GRADIENTS.get()

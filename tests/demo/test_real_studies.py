@@ -409,11 +409,10 @@ def test_the_second_frontiers_controller_target_and_order_are_the_stated_ones(sc
 
 def test_the_bounded_controllers_arms_are_new_commands_at_the_stated_horizon(script, tmp_path, monkeypatch):
     """Step 3's arms run after every seed of step 2's; the bounded stepwise is not step 2's command (its ceiling is
-    written out), and `adaptive`'s horizon is the one the config names for 100 steps of this run's 8 sequences, at
-    which the config does not warn that β cannot move."""
+    written out), and `adaptive`'s horizon is the one the config names for 100 steps of this run's 8 sequences (where
+    a horizon that cannot move β warns), at which the config does not warn that β cannot move."""
+    import dataclasses
     import warnings
-
-    from adaptive_kl.trainers.kl_fields import adaptive_horizon_for
 
     monkeypatch.setattr("adaptive_kl.demo.arguments.check_model", lambda *args: None)
     frontier = script.STUDIES["frontier"]
@@ -428,8 +427,11 @@ def test_the_bounded_controllers_arms_are_new_commands_at_the_stated_horizon(scr
         config = make_config(variant, settings, str(tmp_path))
     sequences = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.world_size
     assert (config.kl_controller, config.kl_horizon, config.beta_max, config.max_steps) == ("adaptive", 35, 0.2, 100)
-    assert adaptive_horizon_for(config.max_steps, sequences) == 35
     assert not [w for w in caught if "kl_horizon" in str(w.message)]
+    slow = dataclasses.replace(variant, overrides={**variant.overrides, "kl_horizon": 10_000})
+    assert sequences == 8
+    with pytest.warns(UserWarning, match=r"kl_horizon=10000 with 8 sequences .* kl_horizon=35 lets it move beta"):
+        make_config(slow, settings, str(tmp_path))
 
 
 def test_a_study_that_summarizes_its_own_seeds_leaves_out_runs_made_there_for_another(script, tmp_path):

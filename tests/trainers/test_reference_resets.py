@@ -193,6 +193,9 @@ def test_a_resumed_run_resets_at_the_same_steps(saved_run, tiny_model_dir, tmp_p
             assert got[t][key] == expected[t][key], (t, key)
         assert got[t]["adaptive_kl/raw_kl"] == pytest.approx(expected[t]["adaptive_kl/raw_kl"], rel=1e-5, abs=1e-9)
     assert resumed.reference_resets.state_dict() == uninterrupted.reference_resets.state_dict()
+    if peft_config is not None:  # the trained adapter loaded again, and `"ref"` still frozen
+        model = resumed.accelerator.unwrap_model(resumed.model)
+        assert all(p.requires_grad != (".ref." in n) for n, p in model.named_parameters() if "lora_" in n)
 
 
 def test_the_saved_reference_is_the_policy_of_the_last_reset(saved_run):

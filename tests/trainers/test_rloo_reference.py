@@ -271,7 +271,7 @@ def test_skipped_reference_leaves_the_run_bitwise_unchanged(tiny_model_dir, tmp_
 @pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])
 def test_skipped_reference_is_bitwise_on_bf16_weights(tiny_model_dir, tmp_path, normalize):
     """bf16 weights, whose log-probabilities TRL scores in float32: a skipped batch's zero penalty is in the dtype the
-    full path's has (`kl.placement.zero_penalty`), so the advantages, gradients and weights are its to the bit."""
+    full path's has (`AdaptiveKLRun._kl_penalty`), so the advantages, gradients and weights are its to the bit."""
     fields = dict(normalize_advantages=normalize, model_init_kwargs={"dtype": "bfloat16"})
     skipped = zero_beta_run(tiny_model_dir, tmp_path, "skip", **fields)
     full = zero_beta_run(tiny_model_dir, tmp_path, "full", skip_zero_beta_reference=False, **fields)

@@ -87,7 +87,7 @@ def test_skipped_reference_with_kl_in_the_reward(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("placement", ["loss", "reward"])
 def test_skipped_reference_is_bitwise_on_bf16_weights(tiny_model_dir, tmp_path, placement):
     """bf16 weights, whose log-probabilities TRL scores in float32: a skipped batch's zero penalty is in the dtype the
-    full path's penalty has (`kl.placement.zero_penalty`), so the penalized rewards, advantages, gradients and
+    full path's penalty has (`AdaptiveKLRun._kl_penalty`), so the penalized rewards, advantages, gradients and
     weights are the full path's to the bit (a zero penalty in the weights' bf16 would round the rewards)."""
     fields = dict(
         kl_placement=placement,

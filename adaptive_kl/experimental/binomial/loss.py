@@ -80,11 +80,6 @@ def _position_chunks(batch: int, length: int, vocab: int):
             yield b, t0, min(t0 + step, length)
 
 
-def _logsumexp_without(z: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """logsumexp of each row of `z` `(n, V)` with the entry at `index` `(n,)` left out: log(1 − p) + logsumexp(z)."""
-    return z.scatter(-1, index.unsqueeze(-1), float("-inf")).logsumexp(-1)
-
-
 class _TokenLogProbs(torch.autograd.Function):
     """(logits, token_ids, temperature) -> the four `BinomialLogProbs` fields; see `token_log_probs_from_logits`."""
 
@@ -102,9 +97,10 @@ class _TokenLogProbs(torch.autograd.Function):
             chunk_lse = z.logsumexp(-1)
             z_max, idx_max = z.max(-1)
             log_p[b, t0:t1] = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - chunk_lse
-            log1m_p[b, t0:t1] = _logsumexp_without(z, ids) - chunk_lse
             log_p_max[b, t0:t1] = z_max - chunk_lse
-            log1m_p_max[b, t0:t1] = _logsumexp_without(z, idx_max) - chunk_lse
+            for log1m, index in ((log1m_p, ids), (log1m_p_max, idx_max)):  # (n,) each
+                # log(1 − p) = logsumexp of the row with the token left out, minus the row's logsumexp
+                log1m[b, t0:t1] = z.scatter(-1, index.unsqueeze(-1), float("-inf")).logsumexp(-1) - chunk_lse
             lse[b, t0:t1] = chunk_lse
             argmax[b, t0:t1] = idx_max
         ctx.save_for_backward(logits, token_ids, argmax, log1m_p, log1m_p_max, lse)

@@ -49,7 +49,8 @@ class HostHooks:
     - `_before_scoring(mode)`: before the host generates and scores a batch of `mode`; whether the batch needs the
       reference log-probabilities (default: yes). When not, the host scores it with β = 0, which skips the reference
       forward, and its output has no `ref_per_token_logps`;
-    - `_on_scored(scoring)`: after it, with the batch as the host scored it (`HostScoring`).
+    - `_on_scored(scoring)`: after it, with the batch as the host scored it (`HostScoring`). It has no default: every
+      subclass defines it.
 
     A subclass names its model-card tag in its bases: `class MyTrainer(HostHooks, GRPOTrainer, hub_tag="my-tag")`.
     """
@@ -65,9 +66,6 @@ class HostHooks:
 
     def _before_scoring(self, mode: str) -> bool:
         return True
-
-    def _on_scored(self, scoring: HostScoring) -> None:
-        pass
 
     # --- the host's methods -----------------------------------------------------------------------------------------
 
