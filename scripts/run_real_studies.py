@@ -13,9 +13,12 @@ Each run is one `adaptive-kl compare --model smollm2 --variant ... --seed S` int
 (the run, in full). A run whose `runs.json` exists is finished and skipped; one without it (killed mid-way) goes on
 from its latest checkpoint: every run saves one every `CHECKPOINT_EVERY` steps (`--save-every`, `--resume`: a resumed
 run reports what the uninterrupted one does, tests/demo/test_resume.py), so a session that ends loses at most that
-many steps of each run in flight. After every finished run, the study's `summary.md`, `metrics.csv` and plots are
-rewritten from all the runs found so far, with the seeds each variant has. Runs are ordered seed by seed (every
-variant's seed 0, then seed 1, ...), so partial results stay balanced.
+many steps of each run in flight. A finished run or a checkpoint is reused only when it was trained with the setup of
+the command the runner gives it (`sweep.setup_conflicts`, as `adaptive-kl frontier` checks; runs made before runs
+recorded their command are taken as they are): otherwise the runner stops before training, naming the options that
+differ (`--restart-changed` trains them again, their directories moved aside). After every finished run, the study's
+`summary.md`, `metrics.csv` and plots are rewritten from all the runs found so far, with the seeds each variant has.
+Runs are ordered seed by seed (every variant's seed 0, then seed 1, ...), so partial results stay balanced.
 
 A run in flight is claimed by its runner (`running.pid` in its directory, holding the runner's process id), so a
 second runner started later on the same machine (more cores free, say) takes the next unclaimed run instead of
@@ -39,9 +42,12 @@ from adaptive_kl.demo.run_files import has_runs  # noqa: E402
 from adaptive_kl.demo.sweep import (  # noqa: E402
     CLAIM_FILE,  # noqa: F401 (the tests')
     SweepRun,
+    conflicts_message,
     provenance_lines,
     run_devices,
     run_sweep,
+    set_aside,
+    setup_conflicts,
 )
 
 
@@ -600,6 +606,12 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
     )
     parser.add_argument("--summarize", action="store_true", help="only rewrite the summaries from finished runs")
     parser.add_argument(
+        "--restart-changed",
+        action="store_true",
+        help="train again the runs trained with another setup than the runner's command for them (their directories "
+        "are moved to <out>/replaced/); without it the runner stops before training, naming the options that differ",
+    )
+    parser.add_argument(
         "--stop-file",
         metavar="PATH",
         help="start no further run once PATH exists: the runs in flight finish and are summarized, the runner ends "
@@ -628,11 +640,21 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
             )
         wanted = {variant_key(v) for v in args.variants}
         planned = [run for run in planned if variant_key(run.variant) in wanted]
+    # A reused variant's run is made (once) in the study it comes from.
+    sources = list(dict.fromkeys(source_run(run, studies) for run in planned))
+    conflicts = setup_conflicts(
+        [(label(run), os.path.join(REPOSITORY, run.directory(args.out)), execute_argv(run, args.out, studies)[3:])
+         for run in sources],
+        unrecorded_ok=True,
+    )  # fmt: skip
+    if conflicts and (args.summarize or not args.restart_changed):
+        parser.error(conflicts_message(conflicts, args.out, "--restart-changed"))
+    if conflicts:
+        folder = set_aside([directory for directory, _ in conflicts], os.path.join(REPOSITORY, args.out))
+        print(f"{len(conflicts)} runs of another setup moved to {folder}, to be trained again", flush=True)
     codes = []
     if not args.summarize:
-        # A reused variant's run is made (once) in the study it comes from.
-        todo = list(dict.fromkeys(source_run(run, studies) for run in planned))
-        todo = [run for run in todo if not finished(run, args.out)]
+        todo = [run for run in sources if not finished(run, args.out)]
         print(f"{len(todo)} runs to do; finished runs are skipped.", flush=True)
         by_label = {label(run): run for run in todo}
         codes = run_sweep(

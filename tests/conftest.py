@@ -72,7 +72,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin (`-p no:xdist`) it is never called
 def pytest_xdist_make_scheduler(config, log):
     """`-n`'s default distribution (`--dist load`) as a worker frees up, test by test in collection order, but each
-    file of `module_fixture_files` as one unit."""
+    file of `module_fixture_files` as one unit. `LoadScopeScheduling._split_scope` is pytest-xdist's own, not public:
+    pyproject.toml's dev extra admits only the versions it was tested on (3.8)."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling

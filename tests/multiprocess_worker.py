@@ -11,8 +11,10 @@ the prompt's group, not of a random draw: sampling consumes each process's rando
 the two runs different data. Everything else (log-probabilities, rewards, advantages, the loss, the KL term, β) is the
 trainer's own.
 
-Usage: python multiprocess_worker.py MODEL_DIR OUT_DIR PER_DEVICE_BATCH
-Writes OUT_DIR/<config>-rank<i>.json and OUT_DIR/<config>-params-rank<i>.pt.
+Usage: python multiprocess_worker.py MODEL_DIR OUT_DIR PER_DEVICE_BATCH [SPLIT]
+Writes OUT_DIR/<config>-rank<i>.json and OUT_DIR/<config>-params-rank<i>.pt. SPLIT (default 1) splits each process's
+batch of a step into that many more micro-batches (the per-device batch divided by it, the accumulation multiplied):
+the same global batch, summed in another order, the control whose spread is the float32 rounding of each quantity.
 """
 
 from __future__ import annotations
@@ -61,14 +63,15 @@ CONFIGS = {
     # decided on the rewards of every process.
     # The package's own term (the mask), with TRL's entropy bonus where TRL has it: its `policy_loss` then carries our
     # term, averaged over the processes as TRL averages its loss. The bonus is a per-process token mean, which a split
-    # over processes changes: at 1e-6 that leaves the loss and gradients within the comparison's tolerance.
+    # changes: at 1e-12 it moves the loss by some 1e-14, far below its rounding, so the loss and gradients compare as
+    # the split-invariant quantities they are without it.
     "mask": dict(
         kl_mask_zero_std_groups=True,
         kl_controller="adaptive",
         target_kl=0.1,
         kl_horizon=100,
         reward="tied-half",
-        **({"entropy_coef": 1e-6} if "entropy_coef" in GRPOConfig.__dataclass_fields__ else {}),
+        **({"entropy_coef": 1e-12} if "entropy_coef" in GRPOConfig.__dataclass_fields__ else {}),
     ),  # fmt: skip
     # RLOO: `dynamic` on the global mean reward, its penalty in the reward (gathered across processes).
     "rloo-dynamic": dict(
@@ -178,9 +181,11 @@ class StepEnd(TrainerCallback):
         self.trainer.recorder.state[state.global_step] = self.trainer.beta_controller.state_dict()
 
 
-def train(name: str, fields: dict, model_dir: str, out_dir: str, per_device_batch: int) -> None:
+def train(name: str, fields: dict, model_dir: str, out_dir: str, per_device_batch: int, split: int) -> None:
     recorder = Recorder()
     fields = dict(fields)
+    fields["gradient_accumulation_steps"] = fields.get("gradient_accumulation_steps", 1) * split
+    per_device_batch //= split
     rloo = fields.pop("trainer", "grpo") == "rloo"
     recorder.tied_prompts = fields.pop("reward", None) == TIED_PROMPTS
     config_cls, trainer_cls = (
@@ -232,11 +237,12 @@ def train(name: str, fields: dict, model_dir: str, out_dir: str, per_device_batc
 
 def main() -> None:
     model_dir, out_dir, per_device_batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    split = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL
     install_cpu_scorer_if_needed()
     torch.set_num_threads(1)
     for name, fields in CONFIGS.items():
-        train(name, fields, model_dir, out_dir, per_device_batch)
+        train(name, fields, model_dir, out_dir, per_device_batch, split)
     if torch.distributed.is_initialized():  # leave together: a rank exiting while gloo serves the other aborts it
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

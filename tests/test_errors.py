@@ -56,11 +56,13 @@ class Context:
         self.stderr = ""
 
     def command(self, *argv: str) -> str:
-        """`"<exit status>: <last line of stderr>"` (progress bars of dataset loading may come before it)."""
+        """`"<exit status>: <the error>"`: stderr from its last `adaptive-kl: error:` line on (progress bars of dataset
+        loading may come before it; a list of what differs may follow it), else its last line."""
         status = main(list(argv))
         self.stderr = self.capsys.readouterr().err
         lines = self.stderr.strip().splitlines()
-        return f"{status}: {lines[-1] if lines else ''}"
+        starts = [i for i, line in enumerate(lines) if line.startswith("adaptive-kl: error: ")]
+        return f"{status}: {chr(10).join(lines[starts[-1] if starts else -1 :]) if lines else ''}"
 
     def write(self, name: str, text: str) -> str:
         path = self.tmp / name
@@ -81,6 +83,21 @@ class Context:
         )  # fmt: skip
         merged = {k: v for k, v in {**base, **fields}.items() if v is not None}
         return self.write("recipe.yaml", json.dumps(merged))  # JSON is YAML
+
+    def trained(self, kind: str, setup: dict) -> None:
+        """Leaves in the scratch directory what a run trained with `setup` leaves: the checkpoint of the compare run
+        of `--variant beta=0.1` (`kind="checkpoint"`), or the frontier's finished run of β = 0, seed 0."""
+        if kind == "checkpoint":
+            record = dict(seconds=1.0, resumed_at=[], evaluations=[], samples=[], retention={}, kl_health={})
+            state = {"stateful_callbacks": {"RunRecord": {"args": {}, "attributes": {**record, "setup": setup}}}}
+            checkpoint = self.tmp / "runs" / "beta-0.1" / "checkpoint-2"
+            checkpoint.mkdir(parents=True)
+            (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+            return
+        run = dict(name="beta=0", config={}, history=[], evaluations=[], wall_time=1.0, provenance={"setup": setup})
+        finished = self.tmp / "runs" / "beta_0" / "seed-0"
+        finished.mkdir(parents=True)
+        (finished / "runs.json").write_text(json.dumps([run]))
 
     def grpo(self, *argv: str, **fields) -> str:
         return self.command("grpo", "--config", self.recipe(**fields), *argv)
@@ -147,6 +164,16 @@ CASES = {
         *("frontier", "--reward-funcs", "format_reward", "--n-validation", "16", "--out", str(c.tmp), "--dataset"),
         c.jsonl("train.jsonl", [{"prompt": f"Q: {i}+1? A: ", "answer": str(i + 1)} for i in range(16)]),
     ),
+    "compare-resume-another-setup": lambda c, m: (
+        c.trained("checkpoint", {"--steps": 4, "--gsm8k-path": "openai/gsm8k", "variant": "beta=0.1", "seed": 0}),
+        c.command(
+            "compare", "--variant", "beta=0.1", "--steps", "5", "--save-every", "2", "--resume", "--out", str(c.tmp)
+        ),
+    )[1],
+    "frontier-another-setup": lambda c, m: (
+        c.trained("finished", {"--steps": 4, "--gsm8k-path": "openai/gsm8k", "variant": "beta=0", "seed": 0}),
+        c.command("frontier", "--steps", "5", "--betas", "0", "--seeds", "0", "--out", str(c.tmp)),
+    )[1],
     "grpo-unknown-recipe-key": lambda c, m: c.grpo(kl_estimater="k2"),
     "grpo-unknown-flag": lambda c, m: c.grpo("--learnig_rate", "1e-5"),
     "grpo-missing-recipe": lambda c, m: (m.chdir(c.tmp), c.command("grpo", "--config", "missing.yaml"))[1],

@@ -232,3 +232,34 @@ def test_the_tests_are_laid_out_like_the_package():
     cutting_across = ["test_benchmarks.py", "test_docs.py", "test_errors.py", "test_gpu_check.py", "test_layout.py",
                       "test_notebooks.py"]  # fmt: skip
     assert top_level == sorted(cutting_across), top_level
+
+
+def test_ci_runs_every_test_that_reads_the_host_on_both_trl_versions():
+    """`.ci/run` runs some tests on the newest TRL only (`ONCE`): none of those it leaves out of the TRL 1.15 leg
+    imports TRL, but the docs' checks (the docs describe the newest TRL), so a test whose outcome can depend on the
+    host's version (the formula sheet against TRL's `nanstd`, ...) runs on both."""
+    import re
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, ".ci", "run")) as f:
+        once = re.search(r'^ONCE="(.*?)"', f.read(), flags=re.M | re.S)[1]
+    left_out = re.findall(r"--ignore=(\S+)", once)
+    files = [
+        os.path.relpath(path, repo)
+        for ignored in left_out
+        for path in (
+            [os.path.join(repo, ignored)]
+            if ignored.endswith(".py")
+            else [
+                os.path.join(root, name) for root, _, names in os.walk(os.path.join(repo, ignored)) for name in names
+            ]
+        )
+        if os.path.basename(path).startswith("test_") and path.endswith(".py")
+    ]
+    assert "tests/kl/test_term.py" in files and "tests/metrics/test_diversity.py" in files  # the parse found them
+    reading_trl = [
+        path
+        for path in files
+        if re.search(r"^\s*(from|import) trl\b", open(os.path.join(repo, path)).read(), flags=re.M)
+    ]
+    assert reading_trl == ["tests/test_docs.py"], reading_trl

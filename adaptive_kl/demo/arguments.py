@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 
 from ..usage import UsageError, check_local_path, check_model
@@ -380,19 +381,108 @@ def _variants(opts: argparse.Namespace, extra: list[str], seeds: list[str]) -> t
     return fixed, variants, title
 
 
-def build(argv: list[str] | None = None):
-    """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
-    run."""
-    from .resume import latest_checkpoint, saved_record
-    from .runner import DemoSettings, check_variants, for_model, variant_output_dir, variant_trainer
-
-    # `adaptive-kl` with these two subcommands alone (the command's own parser, `adaptive_kl.console`, lists `grpo`
-    # too and hands `demo` and `compare` here).
+def _parser() -> argparse.ArgumentParser:
+    """`adaptive-kl` with the two subcommands `demo` and `compare` alone (the command's own parser,
+    `adaptive_kl.console`, lists `grpo` too and hands these two here)."""
     parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     add_demo_parser(commands)
     add_compare_parser(commands)
-    opts, extra = parser.parse_known_args(argv)
+    return parser
+
+
+# The options that say how a run is executed (where it writes, its progress bar, its checkpoints) or which of a
+# command's variants it is, not what it trains: a run's setup leaves them out (its variant's name and seed stand for
+# the last two), and gives `--set` by field.
+NOT_SETUP = ("command", "out", "no_progress", "save_every", "resume", "variant", "seed", "set")
+
+
+def shared_setup(opts: argparse.Namespace) -> dict:
+    """What every run of a parsed `demo`/`compare` command line is trained with, as a run records it (JSON): each
+    option that says what to train, by its name, as the command line gives it, and `--set FIELD` by field (their
+    order does not matter). With a run's variant name and seed (`run_setup`), the setup that a finished run and each
+    checkpoint record, and that a rerun must match to reuse them."""
+    setup = {
+        f"--{name.replace('_', '-')}": value
+        for name, value in vars(opts).items()
+        if name not in NOT_SETUP and value is not None and value is not False
+    }
+    for assignment in opts.set:
+        name, _, value = assignment.partition("=")
+        setup[f"--set {name.strip().replace('-', '_')}"] = value.strip()
+    return json.loads(json.dumps(setup))  # as runs.json and a checkpoint keep it (a tuple becomes a list)
+
+
+def run_setup(shared: dict, variant: str, seed: int) -> dict:
+    """The setup of one run: the command's `shared_setup`, its variant's name and its seed."""
+    return {**shared, "variant": variant, "seed": seed}
+
+
+def variant_name(spec: str) -> str:
+    """How `compare` names the variant of a `--variant` spec: `"beta=0.1 kl-estimator=k1"` → `"beta=0.1,
+    kl_estimator=k1"` (`variants.listed_variants`)."""
+    return ", ".join(
+        f"{name.replace('-', '_')}={text}" for name, _, text in (part.partition("=") for part in spec.split())
+    )
+
+
+def command_setup(argv: list[str]) -> dict:
+    """The setup of the one run a `compare` command line trains (`argv` from `compare` on, with one `--variant` and
+    one `--seed`: a sweep's run), read from the command line alone; ValueError for a command of several runs."""
+    opts, extra = _parser().parse_known_args(argv)
+    seeds = opts.seed.split(",")
+    if opts.command != "compare" or len(opts.variant) != 1 or extra or len(seeds) != 1:
+        raise ValueError(f"not the command of one run (one --variant, one --seed): {' '.join(argv)}")
+    return run_setup(shared_setup(opts), variant_name(opts.variant[0]), int(seeds[0]))
+
+
+def setup_differences(here: dict, there: dict) -> list[str]:
+    """What differs between two runs' setups, an option each: `--steps: 4 here, 5 there` (`not given` where one setup
+    lacks the option)."""
+
+    def shown(setup: dict, key: str) -> str:
+        value = setup.get(key)
+        if key not in setup:
+            return "not given"
+        return "given" if value is True else " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    keys = dict.fromkeys([*here, *there])
+    return [f"{key}: {shown(here, key)} here, {shown(there, key)} there" for key in keys
+            if (key in here, here.get(key)) != (key in there, there.get(key))]  # fmt: skip
+
+
+def check_resumed_setups(variants: list, settings) -> None:
+    """Each checkpoint `--resume` would continue was saved by a run of this command's setup (`RunRecord` keeps it):
+    `UsageError` naming the options that differ, or the checkpoint saved before runs recorded their setup, and
+    `ValueError` for a checkpoint that `compare --save-every` did not save."""
+    from .resume import checkpoint_setup
+    from .runner import variant_output_dir
+
+    for variant in variants:
+        found = checkpoint_setup(variant_output_dir(settings.out, variant.name))
+        if found is None:
+            continue
+        checkpoint, saved = found
+        expected = run_setup(settings.setup, variant.name, variant.overrides.get("seed", settings.seed))
+        if saved is None:
+            raise UsageError(
+                f"--resume would continue {checkpoint}, saved before checkpoints recorded the setup of their run, so "
+                "whether this command trained it cannot be checked: remove it, or drop --resume"
+            )
+        differences = setup_differences(expected, saved)
+        if differences:
+            raise UsageError(
+                f"--resume would continue {checkpoint}, trained with another setup ({'; '.join(differences)}): "
+                "give the options it was trained with, or another --out to train this one afresh"
+            )
+
+
+def build(argv: list[str] | None = None):
+    """Parses the command line into `(settings, variants, title, progress)`; bad input raises `UsageError` before any
+    run."""
+    from .runner import DemoSettings, check_variants, for_model, variant_trainer
+
+    opts, extra = _parser().parse_known_args(argv)
     if opts.command == "demo" and extra:
         raise UsageError(f"unrecognized arguments: {' '.join(extra)} (varying fields is what `compare` does)")
     seeds = [v.strip() for v in opts.seed.split(",") if v.strip()]
@@ -401,7 +491,7 @@ def build(argv: list[str] | None = None):
     fixed, variants, title = _variants(opts, extra, seeds)
     settings = for_model(DemoSettings(
         out=opts.out, model=opts.model, unsloth=opts.unsloth, gsm8k_path=opts.gsm8k_path, seed=int(seeds[0]),
-        fixed=fixed,
+        fixed=fixed, setup=shared_setup(opts),
     ))  # fmt: skip
     if opts.task is not None:
         settings.task = opts.task
@@ -430,13 +520,8 @@ def build(argv: list[str] | None = None):
     _check_output(settings.out)
     try:
         check_variants(variants, settings)
-        # Every checkpoint a variant would resume from holds this command's record of the run (`saved_record` raises
-        # naming the file otherwise): a bad one is refused before any run starts.
-        if settings.resume:
-            for variant in variants:
-                checkpoint = latest_checkpoint(variant_output_dir(variant, settings))
-                if checkpoint is not None:
-                    saved_record(checkpoint[0])
+        if settings.resume:  # a checkpoint of another setup, or not saved by this command, is refused now
+            check_resumed_setups(variants, settings)
     except ValueError as error:
         raise UsageError(str(error)) from None
     return settings, variants, title, not opts.no_progress

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         ]
     )
     for run in runs:
-        run.provenance = provenance(run, settings.seed, command, commit)
+        run.provenance = provenance(run, settings, command, commit)
     paths = write_report(runs, settings.out, title, notes)
     save_runs(runs, settings.out)
     write_completions(runs, os.path.join(settings.out, "completions.md"))
@@ -88,15 +88,18 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def provenance(run, default_seed: int, command: str, commit: dict) -> dict:
+def provenance(run, settings, command: str, commit: dict) -> dict:
     """What `runs.json` records of where `run` ran, so that a study can check each run against its own command: its
-    seed, the full command line, the package's git commit (and whether its source differed from it), the versions,
-    the device and the date."""
+    seed, the full command line, its setup (what a rerun must match to reuse it: `arguments.run_setup`), the package's
+    git commit (and whether its source differed from it), the versions, the device and the date."""
     from ..metrics.environment import device_name, versions
+    from .arguments import run_setup
 
+    seed = run.config.get("seed", settings.seed)
     return {
-        "seed": run.config.get("seed", default_seed),
+        "seed": seed,
         "command": command,
+        "setup": run_setup(settings.setup, run.name, seed),
         **commit,
         "versions": versions(),
         "device": device_name(),

@@ -3,7 +3,7 @@
     adaptive-kl frontier --model smollm2 --steps 100 --betas 0,0.02,0.05,0.1,0.2 --seeds 0,1,2 \\
         --variant 'beta=0.2 kl_adaptation_method=clip' --out my-frontier --jobs 2
     adaptive-kl frontier --model smollm2 --quick          # a smoke run: 2 steps, β = 0 and 0.2, 2 seeds
-    adaptive-kl frontier --out my-frontier --summarize    # rewrite the summary from the runs so far
+    adaptive-kl frontier --model smollm2 --quick --summarize   # the same sweep's summary, rewritten from its runs
 
 Runs `adaptive-kl compare` once per β of the line and per `--variant`, on each seed (`sweep`), into
 `<out>/runs/<variant>/seed-<s>/`, and writes `<out>/summary.md` (with `frontier.png`) after every run: constant β's
@@ -11,9 +11,12 @@ table of drift (the held-out KL to the start) and reward with what each β kept 
 reward minus the line's at its drift, on its own seed) with its interval and Holm's adjustment, the secondaries at
 matched drift, and what each method did (`demo.frontier`). Every option of `compare` that says what to train
 (`--model`, `--task`, `--steps`, `--set`, ...) goes to each run unchanged. A finished run is never redone, a killed
-one goes on from its latest checkpoint, and each run's `runs.json` records the command that made it: run the same
-command again to resume, or with more `--seeds` or `--variant`s to extend. Where GPUs are visible, each job runs
-on one of its own (`job_devices`); the first run's first steps give an estimate of the sweep's time (`SweepClock`).
+one goes on from its latest checkpoint, and each run's `runs.json` records the command that made it and its setup:
+run the same command again to resume, or with more `--seeds` or `--variant`s to extend. A finished run or a
+checkpoint of another setup (the same directory, other options) is never reused: the command stops before training,
+naming what differs, unless `--restart-changed` (`sweep.setup_conflicts`). Where GPUs are visible, each job runs on
+one of its own (`job_devices`); the first steps of a run from step 0 give an estimate of the sweep's time
+(`SweepClock`).
 
 Importing this module imports no TRL, so that `--unsloth` can import Unsloth first.
 """
@@ -93,6 +96,12 @@ def add_frontier_parser(commands: argparse._SubParsersAction) -> None:
     frontier.add_argument("--no-progress", action="store_true", help="no progress bar")
     frontier.add_argument("--summarize", action="store_true", help="only rewrite the summary from the finished runs")
     frontier.add_argument(
+        "--restart-changed",
+        action="store_true",
+        help="train again the runs in --out that were trained with another setup (their directories are moved to "
+        "<out>/replaced/, not deleted); without it the command stops before training, naming the options that differ",
+    )
+    frontier.add_argument(
         "--stop-file", metavar="PATH", help="start no further run once PATH exists (the runs in flight finish)"
     )
 
@@ -148,49 +157,63 @@ def job_devices(jobs: int, share: bool) -> list[str] | None:
     return [gpus[job % len(gpus)] for job in range(jobs)]
 
 
-# The sweep's time is estimated once its first run has logged this many steps, and again when that run ends.
+# The sweep's time is estimated once a run that started at step 0 has logged this many steps, and again when the first
+# such run succeeds.
 ESTIMATE_AFTER_STEPS = 3
 STEP_LINE = re.compile(r"^step (\d+)/(\d+)$")
 
 
 @dataclass
 class SweepClock:
-    """Estimates a sweep's time from the first run's output (`sweep.execute`'s `watch`): after its first
-    `ESTIMATE_AFTER_STEPS` logged steps (`step k/N` lines, `runner.VariantProgressCallback`), the time a run takes as
-    the time to its first step, then a step's time over the remaining steps; when it ends, its whole time. Each times
-    the runs still to do in turns of `jobs`. Prints each estimate once; `estimates` keeps them (seconds)."""
+    """Estimates a sweep's time from clean measurements of its runs' output (`sweep.execute`'s `watch`): only a run
+    that starts at step 0 (its first `step k/N` line, `runner.VariantProgressCallback`, is step 1) is timed, never
+    one resumed from a checkpoint, whose first steps are not its first. After such a run's first
+    `ESTIMATE_AFTER_STEPS` steps, a run's time is the time to its first step, then a step's time over the remaining
+    steps; when the first such run succeeds (exit 0), its whole time. A run that fails gives no estimate. Each times
+    the runs still to do in turns of `jobs`. Prints each estimate once (and, at `start`, that none can be made yet);
+    `estimates` keeps them (seconds)."""
 
     runs: int
     jobs: int
     eval_every: int
-    first: str | None = None  # the label of the run the estimates read
-    steps: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds since its start) of its lines
+    steps: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # per run: its first (step, seconds)
     estimates: list[float] = field(default_factory=list)
+    ended: bool = False  # the estimate from a whole run is made
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def watch(self, label: str, line: str | None, seconds: float) -> None:
+    def start(self) -> None:
+        if self.runs:
+            print(
+                f"No estimate of the sweep's time yet: it comes once a run that starts at step 0 has logged "
+                f"{ESTIMATE_AFTER_STEPS} steps.",
+                flush=True,
+            )
+
+    def watch(self, label: str, line: str | None, seconds: float, code: int | None = None) -> None:
         with self.lock:
-            self.first = self.first or label
-            if label != self.first or len(self.estimates) == 2:
-                return
-            if line is None:  # the first run ended
-                self._estimate(seconds, f"the first run took {_duration(seconds)}")
+            steps = self.steps.setdefault(label, [])
+            from_start = bool(steps) and steps[0][0] == 1  # a run resumed from a checkpoint logs a later step first
+            if line is None:  # the run ended
+                if code == 0 and from_start and not self.ended:
+                    self.ended = True
+                    self._estimate(seconds, f"a whole run from step 0 took {_duration(seconds)}")
                 return
             match = STEP_LINE.match(line.strip())
-            if match is None or self.estimates:
+            if match is None or len(steps) >= ESTIMATE_AFTER_STEPS:
                 return
             step, max_steps = int(match[1]), int(match[2])
-            self.steps.append((step, seconds))
-            if len(self.steps) == min(ESTIMATE_AFTER_STEPS, max_steps):
-                (first, at_first), (last, at_last) = self.steps[0], self.steps[-1]
-                per_step = (at_last - at_first) / (last - first) if last > first else at_last / last
-                run = at_first + (max_steps - first) * per_step
-                self._estimate(
-                    run,
-                    f"from the first run's first {len(self.steps)} steps: {_duration(at_first)} to its step {first} "
-                    f"(loading, the step-0 evaluation), then {per_step:.1f} s a step; evaluations every "
-                    f"{self.eval_every} steps come on top",
-                )
+            steps.append((step, seconds))
+            if self.estimates or steps[0][0] != 1 or len(steps) < min(ESTIMATE_AFTER_STEPS, max_steps):
+                return
+            (first, at_first), (last, at_last) = steps[0], steps[-1]
+            per_step = (at_last - at_first) / (last - first) if last > first else at_last / last
+            run = at_first + (max_steps - first) * per_step
+            self._estimate(
+                run,
+                f"from a run's first {len(steps)} steps: {_duration(at_first)} to its step {first} (loading, the "
+                f"step-0 evaluation), then {per_step:.1f} s a step; evaluations every {self.eval_every} steps come "
+                "on top",
+            )
 
     def _estimate(self, run: float, basis: str) -> None:
         turns = -(-self.runs // self.jobs)
@@ -269,7 +292,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
     add_frontier_parser(parser.add_subparsers(dest="command", required=True))
     opts = parser.parse_args(argv)
-    from .sweep import SweepRun
+    from .sweep import SweepRun, conflicts_message, set_aside, setup_conflicts
 
     try:
         if opts.unsloth:  # the runs' commands are checked here, which builds their configs: Unsloth first
@@ -288,9 +311,22 @@ def main(argv: list[str]) -> int:
         settings = None
         for variant in [*line, *methods]:
             settings, *_ = build(SweepRun(variant, seeds[0]).command(args, opts.out)[3:])
+        if opts.restart_changed and opts.summarize:
+            raise UsageError("--restart-changed trains runs again; --summarize trains none: keep one")
+        # A finished run or a checkpoint is reused only where this command would train the same (a directory's name
+        # says only the variant and the seed)
+        conflicts = setup_conflicts([
+            (f"{run.variant}, seed {run.seed}", run.directory(opts.out), run.command(args, opts.out)[3:])
+            for run in runs
+        ])  # fmt: skip
+        if conflicts and not opts.restart_changed:
+            raise UsageError(conflicts_message(conflicts, opts.out, "--restart-changed"))
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2
+    if conflicts:
+        folder = set_aside([directory for directory, _ in conflicts], opts.out)
+        print(f"{len(conflicts)} runs of another setup moved to {folder}, to be trained again", flush=True)
     command = "adaptive-kl " + shlex.join(argv)
     frontier = frontier_of(line, settings)
     codes = []
@@ -301,6 +337,7 @@ def main(argv: list[str]) -> int:
         todo = [run for run in runs if not has_runs(run.directory(opts.out))]
         print(f"{len(runs)} runs, {len(runs) - len(todo)} finished; {len(todo)} to do in {opts.out}", flush=True)
         clock = SweepClock(len(todo), opts.jobs, settings.eval_every)
+        clock.start()
         codes = run_sweep(
             [(f"{run.variant}, seed {run.seed}", run.command(args, opts.out, opts.save_every),
               run.directory(opts.out)) for run in todo],

@@ -34,6 +34,7 @@ class RunRecord(TrainerCallback, ExportableState):
     kl_health: object = None  # its `KLHealthCallback`
     seconds_before: float = 0.0
     resumed_at: list[int] = field(default_factory=list)  # the steps this run was resumed at, oldest first
+    setup: dict | None = None  # what the run is trained with (`arguments.run_setup`): a resume must match it
 
     def seconds(self) -> float:
         return self.seconds_before + time.perf_counter() - self.started
@@ -46,6 +47,7 @@ class RunRecord(TrainerCallback, ExportableState):
             "samples": self.validation.samples,
             "retention": {retention.prefix: retention.history for retention in self.retentions},
             "kl_health": self.kl_health.state_dict(),
+            "setup": self.setup,
         }
         return {"args": {}, "attributes": attributes}
 
@@ -68,8 +70,8 @@ RECORD_ATTRIBUTES = ("seconds", "resumed_at", "evaluations", "samples", "retenti
 
 
 def saved_record(checkpoint: str) -> dict:
-    """The `RunRecord` attributes saved in `checkpoint`; ValueError naming the file when it has none (a checkpoint
-    this command did not save) or lacks some."""
+    """The `RunRecord` attributes saved in `checkpoint` (`setup` None in one saved before runs recorded it);
+    ValueError naming the file when it has none (a checkpoint this command did not save) or lacks some."""
     path = os.path.join(checkpoint, TRAINER_STATE_FILE)
     try:
         with open(path) as f:
@@ -85,7 +87,14 @@ def saved_record(checkpoint: str) -> dict:
             f"{', '.join(missing)}): the checkpoint was not saved by `adaptive-kl compare/demo --save-every`. Remove "
             "it, or drop --resume."
         )
-    return record
+    return {**record, "setup": saved_attribute(saved, "setup")}
+
+
+def checkpoint_setup(output_dir: str) -> tuple[str, dict | None] | None:
+    """`(path, setup)` of the latest complete checkpoint in `output_dir`: the setup its run was trained with (None for
+    one saved before runs recorded it); None without a checkpoint. ValueError for one `compare` did not save."""
+    checkpoint = latest_checkpoint(output_dir)
+    return None if checkpoint is None else (checkpoint[0], saved_record(checkpoint[0])["setup"])
 
 
 def latest_checkpoint(output_dir: str) -> tuple[str, int] | None:

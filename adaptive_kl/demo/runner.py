@@ -33,6 +33,7 @@ from ..tasks.recipe import held_out_reward, resolve_reward_func, train_and_held_
 from ..trainers.callbacks import KLHealthCallback, RetentionCallback
 from ..trainers.generation import generate, prompt_texts
 from ..trainers.scorer import install_cpu_scorer_if_needed
+from .arguments import run_setup
 from .budgets import HUB_LORA, HUB_LORA_LEARNING_RATE, HUB_MODEL, POLICY_DEMOS
 from .embedded import EMBEDDED_TASK, embedded_datasets, embedded_policy_path
 from .resume import RunRecord, latest_checkpoint
@@ -68,6 +69,9 @@ class DemoSettings:
     # The LoRA the command line asked for (`--lora`: {} for the defaults, or some of `r`, `lora_alpha`,
     # `target_modules`); None: none asked for
     lora: dict | None = None
+    # What every run is trained with, as its command line gave it (`arguments.shared_setup`): each run records it,
+    # with its variant and seed, in its checkpoints and runs.json, so that a rerun reuses only runs of its own setup
+    setup: dict = field(default_factory=dict)
 
     @property
     def policy_demo(self) -> dict | None:
@@ -378,7 +382,7 @@ class VariantRun:
 
 def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRun:
     """Trains one variant from the same starting policy, seed and data as every other variant."""
-    args = make_config(variant, settings, variant_output_dir(variant, settings))
+    args = make_config(variant, settings, variant_output_dir(settings.out, variant.name))
     install_cpu_scorer_if_needed("cpu" if args.use_cpu else None)  # TRL 1.15's fused scorer: a GPU, or a stand-in
     model, tokenizer = load_policy(settings)
     demo = settings.policy_demo
@@ -447,7 +451,8 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     ]
     for retention in retentions:
         trainer.add_callback(retention)
-    record = RunRecord(start, validation_callback, retentions, kl_health)
+    setup = run_setup(settings.setup, variant.name, variant.overrides.get("seed", settings.seed))
+    record = RunRecord(start, validation_callback, retentions, kl_health, setup=setup)
     trainer.add_callback(record)
     checkpoint = latest_checkpoint(args.output_dir) if settings.resume else None
     if checkpoint is not None:
@@ -480,17 +485,17 @@ def merged_by_step(*histories: list[dict]) -> list[dict]:
     return [merged[step] for step in sorted(merged)]
 
 
-def variant_output_dir(variant: Variant, settings: DemoSettings) -> str:
-    """`<out>/runs/<variant name as a file name>`: the trainer's output directory for the variant."""
-    slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in variant.name.replace(", ", "__").replace("=", "-"))
-    return os.path.join(settings.out, "runs", slug)
+def variant_output_dir(out: str, name: str) -> str:
+    """`<out>/runs/<variant name as a file name>`: the trainer's output directory for the variant named `name`."""
+    slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in name.replace(", ", "__").replace("=", "-"))
+    return os.path.join(out, "runs", slug)
 
 
 def check_variants(variants: list[Variant], settings: DemoSettings) -> None:
     """Builds every variant's config, so that an invalid one raises (naming the variant) before any run starts."""
     for variant in variants:
         try:
-            make_config(variant, settings, variant_output_dir(variant, settings))
+            make_config(variant, settings, variant_output_dir(settings.out, variant.name))
         except (ValueError, TypeError, NotImplementedError) as error:
             raise ValueError(f"variant {variant.name!r}: {error}") from None
 

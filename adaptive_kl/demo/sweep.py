@@ -7,18 +7,21 @@ runs for each study.
     codes = run_sweep(todo, jobs=2)
 
 A run writes `<root>/runs/<variant>/seed-<s>/` (`SweepRun.directory`): its `runs.json` (the run in full, with the
-command that made it), `summary.md`, `metrics.csv`, `completions.md` and `run.log`. A run whose `runs.json` exists is
-finished and never redone; one killed mid-way goes on from its latest checkpoint (`--save-every N --resume`: a
-resumed run reports what the uninterrupted one does), so a kill loses at most N steps of each run in flight. A run in
-flight is claimed by its sweep's process (`running.pid` in its directory), so that a second sweep started later over
-the same directory (more cores free, say) takes the next run instead of repeating one; a claim left by a process that
-no longer lives is taken over.
+command that made it and its setup), `summary.md`, `metrics.csv`, `completions.md` and `run.log`. A run whose
+`runs.json` exists is finished and never redone; one killed mid-way goes on from its latest checkpoint (`--save-every N
+--resume`: a resumed run reports what the uninterrupted one does), so a kill loses at most N steps of each run in
+flight. Either is reused only when it was trained with the setup of the command that would reuse it
+(`setup_conflicts`: every option but how it is executed; a directory's name says only the variant and the seed). A
+run in flight is claimed by its sweep's process (`running.pid` in its directory), so that a second sweep started later
+over the same directory (more cores free, say) takes the next run instead of repeating one; a claim left by a process
+that no longer lives is taken over.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import shlex
 import subprocess
 import sys
 import threading
@@ -27,7 +30,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .run_files import has_runs
+from .arguments import command_setup, setup_differences
+from .resume import checkpoint_setup
+from .run_files import has_runs, load_runs
+from .runner import variant_output_dir
 
 
 CLAIM_FILE = "running.pid"
@@ -56,6 +62,74 @@ class SweepRun:
         if save_every is not None:
             command += ["--save-every", str(save_every), "--resume"]
         return command
+
+
+def recorded_setup(directory: str, variant: str) -> tuple[str, dict | None] | None:
+    """What a sweep's run directory holds that a rerun would reuse, and the setup it was trained with: `("finished
+    run", setup)` from its runs.json (for a run that recorded none, the setup of the command it recorded; None
+    without one), or `(checkpoint path, setup)` for a run killed after a checkpoint; None when it holds neither.
+    `variant` is the run's variant as `compare` names it (its checkpoints' directory)."""
+    if has_runs(directory):
+        (run,) = load_runs(directory)
+        recorded = run.provenance
+        if "setup" not in recorded and "command" in recorded:
+            try:
+                return "finished run", command_setup(shlex.split(recorded["command"])[1:])
+            except ValueError:  # a command of several runs: not one of a sweep
+                return "finished run", None
+        return "finished run", recorded.get("setup")
+    return checkpoint_setup(variant_output_dir(directory, variant))
+
+
+def setup_conflicts(runs: list[tuple[str, str, list[str]]], unrecorded_ok: bool = False) -> list[tuple[str, str]]:
+    """`(directory, why)` of each of the sweep's `runs` (`(label, directory, its compare command from "compare" on)`)
+    whose directory holds a finished run or a checkpoint that was not trained with the setup of that command, so that
+    reusing it would mix two setups: one that recorded another setup (why: the options that differ), one that
+    recorded none (unless `unrecorded_ok`: runs made before runs recorded their command), or a checkpoint that
+    `compare` did not save."""
+    conflicts = []
+    for label, directory, argv in runs:
+        expected = command_setup(argv)
+        try:
+            found = recorded_setup(directory, expected["variant"])
+        except ValueError as error:
+            conflicts.append((directory, f"{label}: {error}"))
+            continue
+        if found is None:
+            continue
+        where, setup = found
+        if setup is None:
+            if not unrecorded_ok:
+                conflicts.append((directory, f"{label} ({where}): made before runs recorded their setup"))
+            continue
+        differences = setup_differences(expected, setup)
+        if differences:
+            conflicts.append((directory, f"{label} ({where}): {'; '.join(differences)}"))
+    return conflicts
+
+
+def conflicts_message(conflicts: list[tuple[str, str]], root: str, restart_option: str) -> str:
+    """Why a sweep stops before training (`setup_conflicts`), and how to go on."""
+    lines = "\n".join(f"  - {why}" for _, why in conflicts)
+    return (
+        f"{len(conflicts)} run{'s' if len(conflicts) > 1 else ''} in {root} would be reused or resumed, but "
+        f"{'were' if len(conflicts) > 1 else 'was'} trained with another setup than this command's: give the options "
+        f"they were trained with, use another --out, or add {restart_option} to train them again with this command "
+        f"(their directories are moved to {os.path.join(root, REPLACED)}, not deleted). What differs ('here' is this "
+        f"command, 'there' the run):\n{lines}"
+    )
+
+
+REPLACED = "replaced"
+
+
+def set_aside(directories: list[str], root: str) -> str:
+    """Moves each of `directories` (runs under `root`) to `<root>/replaced/<date-time>/`, under the same path as below
+    `root`, so that the sweep trains them again and nothing is deleted; returns that folder."""
+    folder = os.path.join(root, REPLACED, time.strftime("%Y%m%d-%H%M%S"))
+    for directory in directories:
+        os.renames(directory, os.path.join(folder, os.path.relpath(directory, root)))
+    return folder
 
 
 def claim(directory: str) -> bool:
@@ -109,12 +183,12 @@ def execute(
     cwd: str | None = None,
     label: str = "",
     device: str | None = None,
-    watch: Callable[[str, str | None, float], None] | None = None,
+    watch: Callable[..., None] | None = None,
 ) -> int:
     """Runs `argv` with `threads` torch threads (and only the GPU `device` visible, where given), its output appended
     to `directory/run.log` (a resumed run's log goes on after the killed one's); prints when it starts and ends.
-    `watch(label, line, seconds since the start)` sees each line of the output as it comes, then `line=None` at the
-    end. Returns its exit status."""
+    `watch(label, line, seconds since the start)` sees each line of the output as it comes, then `line=None` and the
+    exit status at the end (`watch(label, None, seconds, code)`). Returns its exit status."""
     os.makedirs(directory, exist_ok=True)
     # Runs side by side must not fight over cores; unbuffered, so that each line is seen when it is written
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
@@ -134,7 +208,7 @@ def execute(
         code = process.wait()
     seconds = time.perf_counter() - start
     if watch is not None:
-        watch(label, None, seconds)
+        watch(label, None, seconds, code)
     print(f"[{time.strftime('%H:%M:%S')}] {label}: exit {code} after {seconds / 60:.1f} min", flush=True)
     return code
 
@@ -149,7 +223,7 @@ def run_sweep(
     stop_file: str | None = None,
     progress: bool = True,
     devices: list[str] | None = None,
-    watch: Callable[[str, str | None, float], None] | None = None,
+    watch: Callable[..., None] | None = None,
 ) -> list[int]:
     """Executes each `(label, argv, directory)` of `todo` not finished yet, `jobs` side by side with `threads` torch
     threads each (default: the cores shared by the jobs), skipping a run another live sweep has claimed; calls

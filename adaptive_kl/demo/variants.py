@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..experimental.binomial.config import BinomialKLConfig
 from ..trainers.config import AdaptiveKLGRPOConfig
 from ..trainers.rloo_config import AdaptiveKLRLOOConfig
+from .arguments import variant_name
 
 
 # The five methods of the demo, in the order the tables and plots list them.
@@ -166,7 +167,7 @@ def listed_variants(specs: list[str], seeds: list[str] | None = None) -> list[Va
         assignments = spec.split()
         if not assignments:
             raise ValueError("--variant needs FIELD=VALUE assignments, e.g. --variant 'kl_placement=reward beta=0.1'")
-        overrides, labels = {}, []
+        overrides = {}
         for assignment in assignments:
             name, sep, text = assignment.partition("=")
             name = name.replace("-", "_")
@@ -177,8 +178,7 @@ def listed_variants(specs: list[str], seeds: list[str] | None = None) -> list[Va
             if _is_container_field(name):
                 raise ValueError(f"{name} takes a list or mapping; set it for every variant with --set '{name}=[...]'")
             overrides[name] = parse_field_value(name, text)
-            labels.append(f"{name}={text}")
-        variants.append(Variant(", ".join(labels), overrides))
+        variants.append(Variant(variant_name(spec), overrides))
     _refuse_duplicates(variants)
     if seeds and len(seeds) > 1:
         variants = [

@@ -120,8 +120,12 @@ class KLHealthCallback(TrainerCallback):
             )
         middle = float(f"{(self.low + self.high) / 2:.3g}")  # the band's middle, as a reader would write it
         settings = {"kl_controller": "stepwise", "target_kl": middle, "beta_max": float(f"{4 * beta:.3g}")}
+        constant = "keep it constant"
+        if args.kl_scaling != "none":  # a schedule lowers β at every step: the KL grows as it falls
+            constant = f"hold it constant (kl_scaling='none'; kl_scaling={args.kl_scaling!r} lowers it at every step)"
+            settings = {"kl_scaling": "none", **settings}
         return (
-            f"Raise beta (now {beta:g}) and keep it constant: in the package's frontier studies no adaptive method or "
+            f"Raise beta (now {beta:g}) and {constant}: in the package's frontier studies no adaptive method or "
             "target-KL controller was detected earning more reward than a constant beta at the same drift, and "
             "`adaptive-kl frontier` measures the drift each constant beta gives on your model. Only where the KL "
             "itself must stay in the band, a target-KL controller can steer it ("

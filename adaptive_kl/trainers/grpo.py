@@ -23,6 +23,7 @@ from trl import GRPOTrainer
 
 from ..kl.aggregation import TOKEN_SUM_LOSS_TYPES, token_sum_normalizer
 from ..kl.groups import zero_std_groups
+from ..kl.metrics import STAT_INDEX
 from ..kl.placement import group_advantages
 from ..kl.term import kl_term_and_sequence_sums
 from ..metrics.diversity import diversity_metrics
@@ -36,6 +37,7 @@ from .hooks import (
     check_carries_gradient,
     check_host,
     completion_loss_mask,
+    one_pass_log,
 )
 from .inputs import check_train_dataset
 from .lifecycle import AdaptiveKLRun, ScoredBatch
@@ -47,6 +49,20 @@ from .unsloth import (
     unsupported_unsloth,
     with_keyword_only,
 )
+
+
+# The rows of `kl.metrics.kl_sequence_sums` that TRL's `kl` reads
+TOKENS, HOST_KL = STAT_INDEX["tokens"], STAT_INDEX["host_kl"]
+
+
+def policy_loss_with_term(logged: float, share: torch.Tensor, host_loss: torch.Tensor, gather) -> float:
+    """TRL's `policy_loss` of a micro-batch whose host loss ran without the KL term, with the term: `logged` is the
+    host's (its policy loss averaged over the processes by `gather` and `nanmean`, a process whose loss is NaN left
+    out), `share` this process's term as TRL's loss carries it; the term is averaged over the processes that TRL's
+    mean counts (the share of a process whose `host_loss` is NaN is left out too), as TRL averages its loss, term
+    included."""
+    share = torch.where(torch.isnan(host_loss.detach()), torch.nan, share.detach())
+    return logged + gather(share).nanmean().item()
 
 
 class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adaptive-kl"):
@@ -161,9 +177,7 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
         if keep is not None:  # decided on the task rewards: those groups keep 0 advantages
             penalty = torch.where(keep, penalty, torch.zeros_like(penalty))
         scale = self.scale_rewards
-        self._penalize(
-            output, batch.rewards, penalty, mode, lambda reward: group_advantages(reward, group_size, scale)
-        )
+        self._penalize(scoring, batch.rewards, penalty, lambda reward: group_advantages(reward, group_size, scale))
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         metrics = self._metrics["train" if self.model.training else "eval"]
@@ -174,50 +188,49 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
     # --- the KL term -------------------------------------------------------------------------------------------------
 
     def _loss_and_kl_sums(self, model, inputs, return_outputs, num_items_in_batch, mode, beta):
-        metrics = self._metrics[mode]
-        logged_kl, logged_policy_loss = len(metrics.get("kl", ())), len(metrics.get("policy_loss", ()))
         backend_capture = capturing_efficient_grpo if self._unsloth_module is not None else None
-        with self.host_loss_scoring(backend_capture, beta=beta if self.host_kl_term else 0.0) as captured:
-            loss = super(AdaptiveKLRun, self).compute_loss(model, inputs, return_outputs, num_items_in_batch)  # host's
-        if "ref_per_token_logps" not in inputs:  # scored without the reference: β_t = 0, the term adds exactly 0
-            return loss, None
-        training = torch.is_grad_enabled() and mode == "train"
-        if self.host_kl_term:  # the host's own term, at β_t, is in the loss and in its logs: the KL is only measured
-            policy_logps = self.captured_policy_logps(captured, training).detach()
-            old_logps = inputs.get("old_per_token_logps")  # None on-policy, where the bias correction's ratio is 1
-            _, sums = kl_term_and_sequence_sums(
-                policy_logps, inputs["ref_per_token_logps"], completion_loss_mask(inputs).to(policy_logps.dtype),
-                **self.kl_transform_options, old_per_token_logps=old_logps,
-                use_bias_correction=self.args.use_bias_correction_kl and old_logps is not None,
-                importance_sampling_level=self.importance_sampling_level, with_term=False,
-            )  # fmt: skip
-            return loss, sums
-        host_inputs = self._host_kl_inputs(captured, inputs, mode, training)
-        if self.kl_in_reward:  # the KL is in the advantages: measured here, without a graph (and without the ratio)
-            with torch.no_grad():
+        # Where the host's loss runs without its KL term, TRL's `kl` and `policy_loss` of the micro-batch are written
+        # here, once, as TRL writes them with its term (`one_pass_log`)
+        metrics = self._metrics[mode]
+        logged_here = {"kl": metrics, "policy_loss": metrics} if self.logs_host_kl else {}
+        with one_pass_log(logged_here) as log:
+            with self.host_loss_scoring(backend_capture, beta=beta if self.host_kl_term else 0.0) as captured:
+                loss = super(AdaptiveKLRun, self).compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            if "ref_per_token_logps" not in inputs:  # scored without the reference: β_t = 0, the term adds exactly 0
+                return loss, None
+            training = torch.is_grad_enabled() and mode == "train"
+            if self.host_kl_term:  # the host's own term, at β_t, is in the loss and its logs: the KL is only measured
+                policy_logps = self.captured_policy_logps(captured, training).detach()
+                old_logps = inputs.get("old_per_token_logps")  # None on-policy, where the bias correction's ratio is 1
                 _, sums = kl_term_and_sequence_sums(
-                    **{**host_inputs, "use_bias_correction": False}, **self.kl_options, with_term=False
-                )
-        else:
-            kl_term, sums = kl_term_and_sequence_sums(**host_inputs, **self.kl_options)
-            weighted = beta * kl_term
-            loss = loss + weighted  # Unsloth's backward ignores its incoming gradient: add, never scale
-            policy_losses = metrics.get("policy_loss")
-            if policy_losses is not None and len(policy_losses) > logged_policy_loss:
-                # TRL's `policy_loss` (logged with its entropy bonus on) is its loss before the bonus, KL term
-                # included, and before its division by the accumulation steps (after it for the token-sum types,
-                # whose normalizer holds them); the host's ran without the term, which we add as TRL averages it
-                share = weighted.detach()
-                if host_inputs["loss_type"] not in TOKEN_SUM_LOSS_TYPES:
-                    share = share * host_inputs["accumulation_steps"]
-                policy_losses[-1] += self.accelerator.gather(share).nanmean().item()
-        # TRL's `kl` of this micro-batch, as its loss logs it: the token mean of its k3 (bias-corrected like the loss),
-        # over every process. A host that logged one with β = 0 (Unsloth's logs 0) has it replaced.
-        if "kl" in metrics:
-            del metrics["kl"][logged_kl:]
-        tokens, host_kl = self.sum_over_processes(sums[[0, 4]].sum(-1)).tolist()  # rows of `kl_sequence_sums`
-        metrics["kl"].append(host_kl / max(tokens, 1.0))
-        return loss, sums
+                    policy_logps, inputs["ref_per_token_logps"], completion_loss_mask(inputs).to(policy_logps.dtype),
+                    **self.kl_transform_options, old_per_token_logps=old_logps,
+                    use_bias_correction=self.args.use_bias_correction_kl and old_logps is not None,
+                    importance_sampling_level=self.importance_sampling_level, with_term=False,
+                )  # fmt: skip
+                return loss, sums
+            host_inputs = self._host_kl_inputs(captured, inputs, mode, training)
+            if self.kl_in_reward:  # the KL is in the advantages: measured, without a graph (and without the ratio)
+                with torch.no_grad():
+                    _, sums = kl_term_and_sequence_sums(
+                        **{**host_inputs, "use_bias_correction": False}, **self.kl_options, with_term=False
+                    )
+            else:
+                kl_term, sums = kl_term_and_sequence_sums(**host_inputs, **self.kl_options)
+                weighted = beta * kl_term
+                if log.host("policy_loss"):  # TRL logs it with its entropy bonus on
+                    # TRL's `policy_loss` is its loss before the bonus, KL term included, and before its division by
+                    # the accumulation steps (after it for the token-sum types, whose normalizer holds them)
+                    token_sum = host_inputs["loss_type"] in TOKEN_SUM_LOSS_TYPES
+                    share = weighted * (1.0 if token_sum else host_inputs["accumulation_steps"])
+                    (logged,) = log.host("policy_loss")
+                    log.write("policy_loss", [policy_loss_with_term(logged, share, loss, self.accelerator.gather)])
+                loss = loss + weighted  # Unsloth's backward ignores its incoming gradient: add, never scale
+            # TRL's `kl` of this micro-batch, as its loss logs it: the token mean of its k3 (bias-corrected like the
+            # loss), over every process. A host that logged one with β = 0 (Unsloth's logs 0) has it replaced.
+            tokens, host_kl = self.sum_over_processes(sums[[TOKENS, HOST_KL]].sum(-1)).tolist()
+            log.write("kl", [host_kl / max(tokens, 1.0)])
+            return loss, sums
 
     def _host_kl_inputs(self, captured: dict, inputs: dict, mode: str, training: bool) -> dict:
         """The log-probabilities, mask and aggregation of the host's loss that the KL term shares, read per

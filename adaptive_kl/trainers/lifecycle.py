@@ -41,7 +41,6 @@ from .hooks import (
     check_host_attributes,
     host_built_without_reference,
     host_models,
-    replace_logged_advantages,
     resolve_args,
 )
 from .reference import (
@@ -328,20 +327,22 @@ class AdaptiveKLRun:
             return torch.zeros(len(mask), dtype=torch.promote_types(logps_dtype, torch.float32), device=mask.device)
         return sequence_kl_penalty(policy_logps, ref_logps, mask, beta=beta, **self.kl_options)
 
-    def _penalize(self, output: dict, rewards, penalty: torch.Tensor, mode: str, advantages_of=None):
+    def _penalize(self, scoring: HostScoring, rewards, penalty: torch.Tensor, advantages_of=None):
         """Gathers this process's `(B,)` `penalty` in the global order of the `(N,)` `rewards` and logs its mean
         (`adaptive_kl/reward_penalty`, whoever subtracts it). With `advantages_of` ((N,) rewards → advantages), the
-        advantages of `output` become those of the penalized rewards, which it returns (else None)."""
+        advantages of the scored batch become those of the penalized rewards, in its output and in the completions
+        table; returns the penalized rewards (else None)."""
         penalties = self.accelerator.gather(penalty)
-        self._metrics[mode]["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
+        self._metrics[scoring.mode]["adaptive_kl/reward_penalty"].append(penalties.nanmean().item())
         if advantages_of is None:
             return None
         penalized = rewards.to(penalties.dtype) - penalties
         advantages = advantages_of(penalized)
+        output = scoring.output
         rows = len(output["completion_ids"])  # this process's rows, sliced as TRL slices its advantages
         start = self.accelerator.process_index * rows
         output["advantages"] = advantages[start : start + rows].to(output["advantages"].dtype)
-        replace_logged_advantages(self, advantages)
+        scoring.log.write("advantages", advantages.tolist())
         return penalized
 
     def _warn_once(self, key: str, message: str) -> None:

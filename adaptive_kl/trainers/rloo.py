@@ -69,20 +69,20 @@ class AdaptiveKLRLOOTrainer(AdaptiveKLRun, HostHooks, RLOOTrainer, hub_tag="adap
         if ref_logps is not None:  # for the KL statistics of its micro-batches (without: scored without the reference)
             output[SAMPLING_LOGPS], output[REFERENCE_LOGPS] = policy_logps, ref_logps
         if self.host_penalty:  # the host subtracted this penalty itself: logged, not applied
-            self._penalize(output, batch.rewards, penalty, mode)
+            self._penalize(scoring, batch.rewards, penalty)
             return
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         rewards, normalize = batch.rewards, self.normalize_advantages
         if self.reward_clip_range:  # the host clamps the task reward, then subtracts its penalty: so do we
             rewards = rewards.clamp(min=self.reward_clip_range[0], max=self.reward_clip_range[1])
         penalized = self._penalize(
-            output, rewards, penalty, mode, lambda rewards: leave_one_out_advantages(rewards, group_size, normalize)
+            scoring, rewards, penalty, lambda rewards: leave_one_out_advantages(rewards, group_size, normalize)
         )
         # TRL logs the zero-std groups of the rewards it penalized with its own fixed β; ours are those the advantages
         # use, whatever the path (with or without the reference skipped, any method), as TRL counts them.
         std = group_reward_std(penalized, group_size)
         zero_std = torch.isclose(std, torch.zeros_like(std)).float().mean()  # a float32 mean, as TRL's
-        self._metrics[mode]["frac_reward_zero_std"][-1] = zero_std.item()
+        scoring.log.write("frac_reward_zero_std", [zero_std.item()])
 
     def _named_logps(self, scoring: HostScoring) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`(policy, reference)` `(B, T)` log-probabilities of the batch (TRL's RLOO keeps only their sums): it scores

@@ -1,7 +1,8 @@
 """`adaptive-kl frontier` end to end on the embedded policy: a sweep killed in a run's third step resumes that run from
-its checkpoint without redoing the finished ones; its summary reads the method against the line; the studies' runner
-finds every run of the sweep as its own (the same commands, nothing to do) and writes the same frontier; a sweep on a
-user's own dataset and reward functions; bad input is refused naming the option before any run."""
+its checkpoint without redoing the finished ones; the same sweep run again with another option trains nothing of the
+other setup and says why; its summary reads the method against the line; the studies' runner finds every run of the
+sweep as its own (the same commands, nothing to do) and writes the same frontier; a sweep on a user's own dataset and
+reward functions; bad input is refused naming the option before any run."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import importlib.util
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,9 +27,8 @@ from adaptive_kl.demo.run_files import load_runs
 
 ARGS = ["--steps", "4", "--eval-every", "2", "--n-validation", "8"]
 METHOD = "beta=0.1 kl_adaptation_method=clip"
-# A line of one β (with the start's point, two points) is enough to read the method against: each run is a process of
-# its own, most of whose time is spent starting.
-SWEEP = [*ARGS, "--betas", "0", "--variant", METHOD, "--seeds", "0,1", "--save-every", "1", "--no-progress"]
+# A line of two β (with the start's point, three points), so that a method is read between two of them.
+SWEEP = [*ARGS, "--betas", "0,0.1", "--variant", METHOD, "--seeds", "0,1", "--save-every", "1", "--no-progress"]
 METHOD_DIRECTORY = "beta_0.1__kl_adaptation_method_clip"  # the method's runs, as `SweepRun.directory` names them
 
 
@@ -52,12 +53,13 @@ def past_step_one(run: str) -> bool:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """A sweep killed (SIGKILL, the whole process group) once the second run has a checkpoint of step 2 or later, then
-    run again to the end: `(its directory, the finished run's runs.json mtime before the second start)`. On a quiet
-    machine a step takes a fraction of a second and each checkpoint replaces the one before: the test looks often,
-    for any checkpoint from step 2 on, and stops the group the moment it sees one."""
+    run again to the end: `(its directory, the finished run's runs.json mtime before the second start, a copy of the
+    directory as the kill left it)`. On a quiet machine a step takes a fraction of a second and each checkpoint
+    replaces the one before: the test looks often, for any checkpoint from step 2 on, and stops the group the moment
+    it sees one."""
     out = str(tmp_path_factory.mktemp("frontier") / "tiny")
     killed = frontier(out, start_new_session=True)
-    second = os.path.join(out, "runs", METHOD_DIRECTORY, "seed-0")
+    second = os.path.join(out, "runs", "beta_0.1", "seed-0")
     deadline = time.monotonic() + 600
     while not past_step_one(second):
         assert killed.poll() is None and time.monotonic() < deadline, killed.communicate()[0][-3000:]
@@ -68,33 +70,78 @@ def sweep(tmp_path_factory):
     first = os.path.join(out, "runs", "beta_0", "seed-0", "runs.json")
     assert os.path.isfile(first) and not os.path.exists(os.path.join(second, "runs.json"))
     finished_at = os.path.getmtime(first)
+    as_killed = shutil.copytree(out, out + "-as-killed", ignore=shutil.ignore_patterns("running.pid"))
     again = frontier(out)
     output = again.communicate(timeout=900)[0]
     assert again.returncode == 0, output[-3000:]
-    assert "4 runs, 1 finished; 3 to do" in output
-    # The first run of the 3 (the resumed one: 2 steps to go) ends before its 3rd step: estimated from its whole time
-    assert re.search(r"Estimate: ~\d+ s a run, 3 runs 1 at a time: ~\d+ s for the sweep \(the first run took", output)
-    return out, finished_at
+    assert "6 runs, 1 finished; 5 to do" in output
+    # The resumed run, which goes first, is not timed: the estimate comes from the next run's first steps from step 0
+    assert "No estimate of the sweep's time yet" in output
+    estimates = re.findall(r"Estimate: ~\d+ s a run, 5 runs 1 at a time: ~\d+ s for the sweep \((.*?) ", output)
+    assert estimates == ["from", "a"], output[-3000:]  # a run's first 3 steps, then a whole run from step 0
+    return out, finished_at, as_killed
 
 
 def test_a_killed_sweep_resumes_its_run_in_flight_and_redoes_no_finished_one(sweep):
-    out, finished_at = sweep
+    out, finished_at, _ = sweep
     assert os.path.getmtime(os.path.join(out, "runs", "beta_0", "seed-0", "runs.json")) == finished_at
-    (resumed,) = load_runs(os.path.join(out, "runs", METHOD_DIRECTORY, "seed-0"))
+    (resumed,) = load_runs(os.path.join(out, "runs", "beta_0.1", "seed-0"))
     assert resumed.resumed_at and resumed.resumed_at[0] >= 2 and len(resumed.history) == 4
-    (uninterrupted,) = load_runs(os.path.join(out, "runs", METHOD_DIRECTORY, "seed-1"))
+    (uninterrupted,) = load_runs(os.path.join(out, "runs", "beta_0.1", "seed-1"))
     assert uninterrupted.resumed_at == []
-    # Each run records the command that made it, and its seed.
+    # Each run records the command that made it, its seed and its setup.
     assert resumed.provenance["command"].startswith("adaptive-kl compare --steps 4 --eval-every 2")
     assert resumed.provenance["seed"] == 0
+    assert resumed.provenance["setup"] == {
+        "--steps": 4, "--eval-every": 2, "--n-validation": 8, "--gsm8k-path": "openai/gsm8k", "variant": "beta=0.1",
+        "seed": 0,
+    }  # fmt: skip
+
+
+def files_of(directory: str) -> dict[str, float]:
+    """Every file under `directory`, with its modification time."""
+    return {
+        os.path.join(root, name): os.path.getmtime(os.path.join(root, name))
+        for root, _, names in os.walk(directory)
+        for name in names
+    }
+
+
+def test_a_rerun_with_another_option_trains_nothing_of_the_other_setup_and_says_why(sweep, tmp_path):
+    """The killed sweep (β = 0's seed 0 finished, β = 0.1's seed 0 killed after a checkpoint) run again with another
+    `--steps` stops before training, naming both runs and the option, and leaves every file as it was; with
+    `--restart-changed` (here on seed 0 of β = 0 and the method) the finished run of the other setup is moved aside,
+    not deleted, and trained again with this command's setup, and the checkpoint outside the plan stays."""
+    out = str(tmp_path / "tiny")
+    shutil.copytree(sweep[2], out)
+    before = files_of(out)
+    changed = frontier(out, "--steps", "3")  # the last --steps wins
+    output = changed.communicate(timeout=300)[0]
+    assert changed.returncode == 2, output[-3000:]
+    assert "2 runs in " in output and "were trained with another setup than this command's" in output
+    assert "  - beta=0, seed 0 (finished run): --steps: 3 here, 4 there" in output
+    checkpoint = re.search(r"  - beta=0\.1, seed 0 \((.*checkpoint-\d+)\): --steps: 3 here, 4 there", output)
+    assert checkpoint and os.path.isdir(checkpoint[1]), output[-3000:]
+    assert "--restart-changed" in output and files_of(out) == before  # nothing trained, moved or written
+    again = frontier(out, "--steps", "3", "--betas", "0", "--seeds", "0", "--restart-changed")
+    output = again.communicate(timeout=600)[0]
+    assert again.returncode == 0, output[-3000:]
+    assert "1 runs of another setup moved to" in output and "2 runs, 0 finished; 2 to do" in output
+    (moved,) = glob.glob(os.path.join(out, "replaced", "*", "runs", "beta_0", "seed-0", "runs.json"))
+    assert load_runs(os.path.dirname(moved))[0].provenance["setup"]["--steps"] == 4
+    for directory in ("beta_0", METHOD_DIRECTORY):
+        (run,) = load_runs(os.path.join(out, "runs", directory, "seed-0"))
+        assert run.provenance["setup"]["--steps"] == 3 and [entry["step"] for entry in run.history] == [1, 2, 3]
+    assert os.path.isdir(checkpoint[1])  # β = 0.1 is not in this plan: its checkpoint is left where it was
 
 
 def test_the_summary_reads_the_method_against_the_line_of_its_own_seeds(sweep):
-    out, _ = sweep
+    out, *_ = sweep
     summary = open(os.path.join(out, "summary.md")).read()
-    assert "Seeds so far: beta=0: 2; beta=0.1, kl_adaptation_method=clip: 2." in summary
+    assert "Seeds so far: beta=0: 2; beta=0.1: 2; beta=0.1, kl_adaptation_method=clip: 2." in summary
     table = summary[summary.index("## Constant β's frontier") :]
     assert "| start | 2 | 0.0000 ± 0.0000 |" in table and "| 0 | 2 |" in table  # the start's point, then β = 0's
+    assert "| 0.1 | 2 |" in table
     assert "- for a held-out KL to start (final) under" in summary  # what each β kept the drift under
     methods = summary[summary.index("## Methods against the frontier") :]
     row = next(line for line in methods.splitlines() if line.startswith("| beta=0.1, kl_adaptation_method=clip | 2 |"))
@@ -103,14 +150,14 @@ def test_the_summary_reads_the_method_against_the_line_of_its_own_seeds(sweep):
     assert os.path.isfile(os.path.join(out, "frontier.png"))
     # Run again: nothing to do, the summary rewritten from the same runs.
     again = frontier(out)
-    assert "4 runs, 4 finished; 0 to do" in again.communicate(timeout=300)[0] and again.returncode == 0
+    assert "6 runs, 6 finished; 0 to do" in again.communicate(timeout=300)[0] and again.returncode == 0
 
 
 def test_the_studies_runner_finds_the_sweeps_runs_as_its_own_and_writes_the_same_frontier(sweep, monkeypatch):
     """One implementation: a study with the sweep's arguments, variants, seeds and frontier has nothing to do in the
     sweep's directory (every run is where it would put it, made by the command it would run: no provenance problem),
     and its summary's frontier sections and picture are the sweep's."""
-    out, _ = sweep
+    out, *_ = sweep
     spec = importlib.util.spec_from_file_location(
         "run_real_studies", os.path.join(REPO, "scripts", "run_real_studies.py")
     )
@@ -120,11 +167,11 @@ def test_the_studies_runner_finds_the_sweeps_runs_as_its_own_and_writes_the_same
     monkeypatch.setattr(script, "CHECKPOINT_EVERY", 1)  # the sweep's --save-every
     studies = {
         "tiny": {
-            "variants": ["beta=0", METHOD],
+            "variants": ["beta=0", "beta=0.1", METHOD],
             "args": ARGS,
             "seeds": "0,1",
             "frontier": {
-                "line": ["beta=0"],
+                "line": ["beta=0", "beta=0.1"],
                 "x": "final_kl_to_start",
                 "y": "late_reward",
                 "secondary": ["final_accuracy", "length_drift", "delta_retention"],
@@ -160,11 +207,11 @@ def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)  # as a user runs it: the module imported from the working directory
     out = str(tmp_path / "sweep")
     argv = ["frontier", "--dataset", "mine.jsonl", "--reward-funcs", "format_reward", "sweep_rewards:brief"]
-    argv += ["--steps", "2", "--eval-every", "2", "--n-validation", "4", "--betas", "0", "--seeds", "0"]
+    argv += ["--steps", "2", "--eval-every", "2", "--n-validation", "4", "--betas", "0,0.1", "--seeds", "0"]
     argv += ["--set", "reward_weights=[1.0, 2.0]"]  # weighted as the trainer weights them
     assert main([*argv, "--variant", METHOD, "--out", out, "--no-progress"]) == 0
     held_out = train["prompt"][36:]
-    for variant in ("beta_0", METHOD_DIRECTORY):
+    for variant in ("beta_0", "beta_0.1", METHOD_DIRECTORY):
         (run,) = load_runs(os.path.join(out, "runs", variant, "seed-0"))
         assert all("rewards/format_reward/mean" in h and "rewards/brief/mean" in h for h in run.history)
         assert [e["step"] for e in run.evaluations] == [0, 2] and [e["step"] for e in run.retention] == [0, 2]
@@ -266,29 +313,40 @@ def test_with_several_gpus_each_job_runs_on_its_own_and_stacking_is_refused_unle
     assert job_devices(2, share=False) is None  # no GPU: the jobs share the cores
 
 
-def test_the_sweep_s_time_is_estimated_from_the_first_run_s_first_steps_and_again_when_it_ends(capsys):
-    """A run of 100 steps that reached its step 1 after 30 s and its step 3 after 34 s: 30 + 99 × 2 s = 228 s a run;
-    7 runs, 2 at a time, in 4 turns: 912 s. Its end at 250 s: 1000 s. Another run's lines change nothing."""
+def test_the_sweep_s_time_is_estimated_from_clean_runs_only(capsys):
+    """No number from a run resumed from a checkpoint (its first step is not step 1: here one resumed at 198 of 200
+    steps, which ends at once), nor from a run that fails (after 3.5 s), whichever goes first; it says so until there
+    is one. A run from step 0 that reached its step 1 after 30 s and its step 3 after 34 s: 30 + 99 × 2 s = 228 s a
+    run; 7 runs, 2 at a time, in 4 turns: 912 s. Its success at 250 s: 1000 s. Another run's lines change nothing."""
     from adaptive_kl.demo.frontier_command import SweepClock
 
     clock = SweepClock(runs=7, jobs=2, eval_every=20)
+    clock.start()
+    clock.watch("beta=0.2, seed 1", "step 199/200\n", 20.0)
+    clock.watch("beta=0.2, seed 1", "step 200/200\n", 22.0)
+    clock.watch("beta=0.2, seed 1", None, 25.0, 0)
+    clock.watch("beta=0.1, seed 1", "step 1/100\n", 3.0)
+    clock.watch("beta=0.1, seed 1", None, 3.5, 1)
+    assert clock.estimates == []
     clock.watch("beta=0, seed 0", "Loading the model\n", 5.0)
     clock.watch("beta=0, seed 0", "step 1/100\n", 30.0)
     clock.watch("beta=0.1, seed 0", "step 1/100\n", 31.0)
     clock.watch("beta=0.1, seed 0", "step 2/100\n", 60.0)
-    clock.watch("beta=0.1, seed 0", "step 3/100\n", 90.0)
     clock.watch("beta=0, seed 0", "step 2/100\n", 32.0)
     assert clock.estimates == []
     clock.watch("beta=0, seed 0", "step 3/100\n", 34.0)
     assert clock.estimates == [pytest.approx(912.0)]
+    clock.watch("beta=0.1, seed 0", "step 3/100\n", 90.0)
     clock.watch("beta=0, seed 0", "step 4/100\n", 36.0)
-    clock.watch("beta=0, seed 0", None, 250.0)
+    clock.watch("beta=0, seed 0", None, 250.0, 0)
+    clock.watch("beta=0.1, seed 0", None, 400.0, 0)
     assert clock.estimates == [pytest.approx(912.0), pytest.approx(1000.0)]
     printed = capsys.readouterr().out.splitlines()
     assert printed == [
-        "Estimate: ~4 min a run, 7 runs 2 at a time: ~15 min for the sweep (from the first run's first 3 steps: 30 s "
-        "to its step 1 (loading, the step-0 evaluation), then 2.0 s a step; evaluations every 20 steps come on top).",
-        "Estimate: ~4 min a run, 7 runs 2 at a time: ~17 min for the sweep (the first run took 4 min).",
+        "No estimate of the sweep's time yet: it comes once a run that starts at step 0 has logged 3 steps.",
+        "Estimate: ~4 min a run, 7 runs 2 at a time: ~15 min for the sweep (from a run's first 3 steps: 30 s to its "
+        "step 1 (loading, the step-0 evaluation), then 2.0 s a step; evaluations every 20 steps come on top).",
+        "Estimate: ~4 min a run, 7 runs 2 at a time: ~17 min for the sweep (a whole run from step 0 took 4 min).",
     ]
 
 

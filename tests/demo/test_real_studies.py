@@ -149,6 +149,56 @@ def test_variants_limits_the_runs_and_an_unknown_one_is_refused_naming_the_allow
     assert "allowed: 'beta=0', 'beta=0.1 kl_estimator=k2'" in error
 
 
+def test_a_run_of_another_setup_stops_the_runner_before_training(script, tmp_path, capsys):
+    """The study run again with another option (its `args`) finds its finished run trained otherwise: the runner stops
+    before training, naming it and the option, and touches nothing; with `--restart-changed` the run is moved aside
+    (not deleted) and trained with the study's command."""
+    out = str(tmp_path / "studies")
+    argv = ["--seeds", "0", "--variants", "beta=0", "--out", out]
+    assert script.main(argv, studies=TINY) == 0
+    (run,) = script.planned_runs(TINY, ["tiny"], [0])[:1]
+    finished = os.path.join(out, *os.path.relpath(run.directory(out), out).split(os.sep), "runs.json")
+    before = os.path.getmtime(finished)
+    changed = {"tiny": {**TINY["tiny"], "args": [*TINY["tiny"]["args"], "--steps", "3"]}}  # the last --steps wins
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        script.main(argv, studies=changed)
+    assert stopped.value.code == 2 and os.path.getmtime(finished) == before
+    err = capsys.readouterr().err
+    assert "tiny: beta=0, seed 0 (finished run): --steps: 3 here, 2 there" in err
+    assert script.main([*argv, "--restart-changed"], studies=changed) == 0
+    assert load_runs(os.path.dirname(finished))[0].provenance["setup"]["--steps"] == 3
+    (moved,) = [os.path.join(root, name) for root, _, names in os.walk(os.path.join(out, "replaced")) for name in names
+                if name == "runs.json"]  # fmt: skip
+    assert load_runs(os.path.dirname(moved))[0].provenance["setup"]["--steps"] == 2
+
+
+# The committed runs that recorded their command (the others were made before runs recorded one)
+COMPARED_RUNS = 83
+
+
+def test_the_runner_reuses_every_committed_run_as_its_own(script):
+    """Every committed run of the studies, finished before runs recorded their setup, has the setup of the command the
+    runner gives it (read from its recorded command; runs made before provenance are taken as they are): the runner's
+    check, which refuses another setup, finds nothing to refuse."""
+    from adaptive_kl.demo.arguments import command_setup
+    from adaptive_kl.demo.sweep import recorded_setup, setup_conflicts
+
+    out, studies = script.STUDIES_DIR, script.STUDIES
+    runs = []
+    for name in studies:
+        seeds = sorted(set(script.study_seeds(studies, name)) | script.found_seeds(name, out, studies))
+        runs += [script.source_run(run, studies) for run in script.planned_runs(studies, [name], seeds)]
+    checked = [
+        (script.label(run), os.path.join(REPO, run.directory(out)), script.execute_argv(run, out, studies)[3:])
+        for run in dict.fromkeys(runs)
+    ]
+    assert sum(os.path.isfile(os.path.join(directory, "runs.json")) for _, directory, _ in checked) >= 138
+    assert setup_conflicts(checked, unrecorded_ok=True) == []
+    recorded = [recorded_setup(directory, command_setup(argv)["variant"]) for _, directory, argv in checked]
+    assert sum(found is not None and found[1] is not None for found in recorded) == COMPARED_RUNS
+
+
 def test_a_reused_variant_is_the_same_command_as_the_run_it_reuses(script, tmp_path, monkeypatch):
     """The methods study's `none`, β = 0 and k1 per token are the length study's runs, not rerun: both commands give
     the same settings (steps, evaluations, model, task) and build the same trainer config."""

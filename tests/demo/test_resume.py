@@ -83,20 +83,56 @@ def test_the_report_says_where_it_resumed(runs):
     assert "resumed from checkpoints (kl_controller=adaptive, target_kl=0.001, beta_max=0.2 at step 3)" in summary
 
 
-def test_a_checkpoint_without_the_record_is_refused_before_any_run(runs, capsys, tmp_path):
-    _, killed, _ = runs
+def copied_checkpoint(killed: str, out, edit) -> str:
+    """The killed run's checkpoint where a command writing to `out` finds it, its `trainer_state.json` alone, as
+    `edit` (given the state's `RunRecord` entry) leaves it; its path."""
     (variant_dir,) = os.listdir(os.path.join(killed, "runs"))
     (checkpoint,) = [n for n in os.listdir(os.path.join(killed, "runs", variant_dir)) if "checkpoint" in n]
-    damaged = tmp_path / "runs" / variant_dir / checkpoint
-    damaged.mkdir(parents=True)
+    copied = out / "runs" / variant_dir / checkpoint
+    copied.mkdir(parents=True)
     with open(os.path.join(killed, "runs", variant_dir, checkpoint, "trainer_state.json")) as f:
         state = json.load(f)
-    del state["stateful_callbacks"]["RunRecord"]
-    (damaged / "trainer_state.json").write_text(json.dumps(state))
+    edit(state["stateful_callbacks"])
+    (copied / "trainer_state.json").write_text(json.dumps(state))
+    return str(copied)
+
+
+def test_a_checkpoint_without_the_record_is_refused_before_any_run(runs, capsys, tmp_path):
+    _, killed, _ = runs
+    copied_checkpoint(killed, tmp_path, lambda callbacks: callbacks.pop("RunRecord"))
     assert main([*ARGV, "--resume", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "trainer_state.json has no complete record of the run" in err and "drop --resume" in err
     assert not os.path.exists(tmp_path / "runs.json")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--steps", "5"], "trained with another setup (--steps: 5 here, 4 there)"),
+        (["--seed", "1"], "trained with another setup (seed: 1 here, 0 there)"),
+        (["--set", "kl_estimator=k2"], "trained with another setup (--set kl_estimator: k2 here, not given there)"),
+        ([], "saved before checkpoints recorded the setup of their run"),  # a checkpoint of an earlier version
+    ],
+    ids=["steps", "seed", "set", "unrecorded"],
+)
+def test_a_checkpoint_of_another_setup_is_refused_before_any_run(runs, capsys, tmp_path, extra, message):
+    """The killed run's checkpoint resumed by a command that would train otherwise (another option, seed or field;
+    the last --steps and --seed win) is refused before any run, naming what differs; so is one saved before runs
+    recorded their setup. Nothing is written."""
+    _, killed, _ = runs
+
+    def edit(callbacks):
+        recorded = callbacks["RunRecord"]["attributes"]
+        assert recorded["setup"]["--steps"] == 4
+        if not extra:
+            del recorded["setup"]
+
+    copied = copied_checkpoint(killed, tmp_path, edit)
+    assert main([*ARGV, *extra, "--save-every", "3", "--resume", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and copied in err
+    assert sorted(os.listdir(tmp_path)) == ["runs"] and os.listdir(copied) == ["trainer_state.json"]
 
 
 @pytest.mark.parametrize(

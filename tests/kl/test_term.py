@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import adapted_kl_term
+from tiny import NOISE_FACTOR, adapted_kl_term
 
 from adaptive_kl.kl.aggregation import token_sum_normalizer
 from adaptive_kl.kl.metrics import STAT_INDEX
@@ -96,9 +96,45 @@ def test_clip_length_normalized_is_mean_of_sequence_means_whatever_the_loss_type
     assert stats[STAT_INDEX["clipped"]].item() == ((k3 > c) * mask).sum().item() > 0
 
 
+def trl_style_term(logps, ref, old, mask, keep, loss_type, options, dtype):
+    """The term written out independently of the package: each estimate from its formula, times the importance ratio
+    as TRL's loss weights its KL (`use_bias_correction_kl`), bounded, transformed, the sequences of `keep` only, and
+    aggregated as TRL's `GRPOTrainer._compute_loss` aggregates its per-token loss (or, `length_normalized`, the mean
+    of the sequences' token means), in `dtype`, differentiable through `logps`."""
+    logps, ref, old, mask = (t.to(dtype) for t in (logps, ref, old, mask))
+    r = logps - ref
+    k3 = torch.exp(-r) + r - 1
+    estimates = {"k1": r, "k2": r**2 / 2, "k3": k3, "k3+": k3.detach() + (r**2 / 2 - (r**2 / 2).detach())}
+    k = estimates[options["estimator"]]
+    if options.get("use_bias_correction"):
+        log_ratio = logps - old
+        if options.get("importance_sampling_level") == "sequence":
+            log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        k = k * torch.exp(log_ratio)
+    if "kl_bound" in options:
+        k = k.clamp(-options["kl_bound"], options["kl_bound"])
+    transform = options.get("transform")
+    f = k.clamp(max=options["clip_threshold"]) if transform == "clip" else k
+    f = torch.sigmoid(k - options["target"]) * k if transform == "sigmoid" else f
+    f = f * keep.to(dtype).unsqueeze(-1)
+    lengths = mask.sum(-1).clamp(min=1.0)
+    accumulation, rows = 3.0, len(mask)
+    if options.get("length_normalized") or loss_type == "grpo":
+        return ((f * mask).sum(-1) / lengths).mean() / accumulation
+    if loss_type == "bnpo":
+        return (f * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
+    if loss_type == "dr_grpo":
+        return (f * mask).sum() / (rows * 9) / accumulation
+    if loss_type == "dapo":
+        return (f * mask).sum() / 37.0
+    return (f * mask).sum(-1).mean() / accumulation  # luspo
+
+
 # Whatever the tokens outside the mask hold (finite log-probabilities far from the reference's, a reference of
 # −inf), they reach no term, gradient or per-sequence sum: all three are, to the bit, those of the same batch with
-# clean values there, in float32 where rounding would show.
+# clean values there, in float32 where rounding would show. The term and its gradient are TRL's aggregation of the
+# masked term, written out independently (`trl_style_term`), within the noise floor of float32: the oracle's own
+# distance between float32 and float64 (at least float32's resolution of the value).
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
 @pytest.mark.parametrize(
     "options",
@@ -141,6 +177,18 @@ def test_tokens_outside_the_mask_reach_nothing(loss_type, options):
     assert torch.equal(term, clean_term) and torch.equal(grad, clean_grad) and torch.equal(sums, clean_sums)
     assert torch.equal(measured, sums)  # measured alone, the same sums
     assert not grad[outside].any()  # no gradient outside the mask
+    oracle = {}
+    for dtype in (torch.float32, torch.float64):
+        leaf = logps.clone().to(dtype).requires_grad_()
+        value = trl_style_term(leaf, ref, old, mask, keep, loss_type, options, dtype)
+        oracle[dtype] = (value.detach(), torch.autograd.grad(value, leaf)[0])
+    (value32, grad32), (value64, grad64) = oracle[torch.float32], oracle[torch.float64]
+    eps = torch.finfo(torch.float32).eps
+    value_floor = max(abs(value32.double() - value64).item(), eps * abs(value64).item())
+    grad_floor = max((grad32.double() - grad64).abs().max().item(), eps * grad64.abs().max().item())
+    assert abs(term.double() - value64).item() <= NOISE_FACTOR * value_floor
+    assert (grad.double() - grad64).abs().max().item() <= NOISE_FACTOR * grad_floor
+    assert abs(value64).item() > 1e3 * value_floor  # the oracle is not a rounding-level quantity
 
 
 @pytest.mark.parametrize(

@@ -272,20 +272,18 @@ def test_demo_settings_for_the_named_policy(smollm2_dir, tmp_path):
 
 
 def test_frontier_and_compare_quick_on_the_real_model_with_the_lora_options(smollm2_dir, tmp_path):
-    """`adaptive-kl frontier --model smollm2 --lora --lora-r 8 --lora-alpha 16 --quick --betas 0.2 --seeds 0`: the
-    quick line's β = 0.2 point on one seed (with the start's point, a line; the tiny model's sweep in
-    tests/demo/test_frontier_command.py has the β = 0 point, on two seeds), its run a `compare --quick` of its own (on
-    4 validation problems, not `--quick`'s 8, and training on completions of at most 32 tokens, not 64) training only
-    the LoRA the options name (its checkpoint holds that adapter alone, moved from its start), the sweep's time
-    estimated as it goes, and the summary's table of β against drift with the start's point. One torch thread
-    (`--threads 1`), as each pytest worker has: the sweep's default, the machine's cores, would contend with the other
-    worker (2.5x slower beside a busy core).
+    """`adaptive-kl frontier --model smollm2 --lora --lora-r 8 --lora-alpha 16 --quick --seeds 0`: the quick line (β =
+    0 and 0.2) on one seed, each run a `compare --quick` of its own (on 4 validation problems, not `--quick`'s 8, and
+    training on completions of at most 32 tokens, not 64) training only the LoRA the options name (its checkpoint
+    holds that adapter alone, moved from its start), the sweep's time estimated as it goes, and the summary's table of
+    β against drift with the start's point. One torch thread (`--threads 1`), as each pytest worker has: the sweep's
+    default, the machine's cores, would contend with the other worker (2.5x slower beside a busy core).
 
     The β = 0.2 run is then read as `compare --model smollm2 --quick` writes its report: it trains with LoRA on the
     chat task (its graded reward beside the task's: no group ties) at its β, with the step-0 validation of the card's
     kind (strict and lenient accuracy, format, length) and the held-out KL; every step has a gradient; retention on
     general chat prompts (the starting policy's own greedy answers) is scored from step 0 on. The limit is a guard
-    against a hang, far above the ~1.5 min it takes beside a busy core."""
+    against a hang, far above the ~3 min it takes beside a busy core."""
     import csv
     import json
     import subprocess
@@ -296,27 +294,29 @@ def test_frontier_and_compare_quick_on_the_real_model_with_the_lora_options(smol
     out = tmp_path / "frontier"
     result = subprocess.run(
         [sys.executable, "-m", "adaptive_kl", "frontier", "--model", "smollm2", "--lora", "--lora-r", "8",
-         "--lora-alpha", "16", "--quick", "--n-validation", "4", "--set", "max_completion_length=32", "--betas", "0.2",
-         "--seeds", "0", "--threads", "1", "--save-every", "2", "--out", str(out), "--no-progress"],
+         "--lora-alpha", "16", "--quick", "--n-validation", "4", "--set", "max_completion_length=32", "--seeds", "0",
+         "--threads", "1", "--save-every", "2", "--out", str(out), "--no-progress"],
         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=HANG_TIMEOUT,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "1 runs, 0 finished; 1 to do" in result.stdout
-    assert "Estimate: ~" in result.stdout and "for the sweep (the first run took" in result.stdout
-    run_out = out / "runs" / "beta_0.2" / "seed-0"  # its own report, as `compare` writes it: read below
-    (checkpoint,) = (run_out / "runs").glob("*/checkpoint-2")
-    adapter_config = json.loads((checkpoint / "adapter_config.json").read_text())
-    assert (adapter_config["r"], adapter_config["lora_alpha"]) == (8, 16)
-    assert not list(checkpoint.glob("model*.safetensors"))  # the adapter alone: the base model did not train
-    adapter = load_file(str(checkpoint / "adapter_model.safetensors"))
-    assert all("lora_" in name for name in adapter)
-    lora_a = [tensor for name, tensor in adapter.items() if "lora_A" in name]
-    assert lora_a and all(tensor.shape[0] == 8 for tensor in lora_a)
-    assert any(tensor.abs().max() > 0 for name, tensor in adapter.items() if "lora_B" in name)
+    assert "2 runs, 0 finished; 2 to do" in result.stdout
+    assert "for the sweep (from a run's first 2 steps" in result.stdout
+    assert "for the sweep (a whole run from step 0 took" in result.stdout
+    for beta in ("beta_0", "beta_0.2"):
+        (checkpoint,) = (out / "runs" / beta / "seed-0" / "runs").glob("*/checkpoint-2")
+        adapter_config = json.loads((checkpoint / "adapter_config.json").read_text())
+        assert (adapter_config["r"], adapter_config["lora_alpha"]) == (8, 16)
+        assert not list(checkpoint.glob("model*.safetensors"))  # the adapter alone: the base model did not train
+        adapter = load_file(str(checkpoint / "adapter_model.safetensors"))
+        assert all("lora_" in name for name in adapter)
+        lora_a = [tensor for name, tensor in adapter.items() if "lora_A" in name]
+        assert lora_a and all(tensor.shape[0] == 8 for tensor in lora_a)
+        assert any(tensor.abs().max() > 0 for name, tensor in adapter.items() if "lora_B" in name)
     summary = (out / "summary.md").read_text()
-    assert "Seeds so far: beta=0.2: 1." in summary
+    assert "Seeds so far: beta=0: 1; beta=0.2: 1." in summary
     table = summary[summary.index("## Constant β's frontier") :]
-    assert "| start | 1 | 0.0000 |" in table and "| 0.2 | 1 |" in table
+    assert "| start | 1 | 0.0000 |" in table and "| 0 | 1 |" in table and "| 0.2 | 1 |" in table
+    run_out = out / "runs" / "beta_0.2" / "seed-0"  # its own report, as `compare` writes it: read below
     from adaptive_kl.demo.run_files import load_runs
 
     (run,) = load_runs(str(run_out))

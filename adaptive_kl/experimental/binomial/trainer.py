@@ -42,7 +42,6 @@ from ...trainers.hooks import (
     check_host,
     check_host_attributes,
     completion_loss_mask,
-    replace_logged_advantages,
     resolve_args,
     unsupported_trl,
 )
@@ -88,7 +87,7 @@ class BinomialKLTrainer(HostHooks, GRPOTrainer, hub_tag="binomial-kl"):
         rows = len(scoring.output["completion_ids"])
         start = self.accelerator.process_index * rows
         scoring.output["advantages"] = rewards[start : start + rows]
-        replace_logged_advantages(self, rewards)
+        scoring.log.write("advantages", rewards.tolist())
 
     # --- loss --------------------------------------------------------------------------------------------------------
 

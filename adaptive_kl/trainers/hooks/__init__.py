@@ -47,5 +47,5 @@ from .mixin import (  # noqa: F401 (the seam's names, importable from the packag
     host_built_without_reference,
     host_models,
     metric_store,
-    replace_logged_advantages,
+    one_pass_log,
 )

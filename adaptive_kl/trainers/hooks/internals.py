@@ -115,7 +115,7 @@ HOST_INTERNALS = (
     HostInternal("_metrics", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
                  "{'train'|'eval': {name: [values]}}: what is appended, TRL averages and logs"),
     HostInternal("_logs", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "the completions table: its 'advantages' become those the loss uses (`replace_logged_advantages`)"),
+                 "the completions table: its 'advantages' become those the loss uses (`one_pass_log`)"),
     HostInternal("_buffered_inputs", "trl.GRPOTrainer", ("grpo",), "attribute",
                  "the generation buffer: a list of micro-batches, None before the first (the binomial trainer)"),
     HostInternal("beta", BOTH_HOSTS, ("grpo", "rloo"), "attribute",

@@ -5,7 +5,7 @@ table of those names, and its checks, are `internals`').
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,52 @@ MULTIMODAL_INPUTS = (
 )  # fmt: skip
 
 
+@dataclass
+class PassLog:
+    """What one pass of the host (a generation batch scored, a micro-batch's loss) logs under some names, written once
+    by the trainer (`one_pass_log`): `host(name)` is what the host logged under `name` in this pass, `write(name,
+    entries)` what the pass logs instead.
+
+    Attributes:
+        stores (`dict[str, dict]`): name → the host's store that logs it (TRL's `_metrics[mode]`, or its completions
+            table `_logs`).
+    """
+
+    stores: dict[str, dict]
+    written: dict[str, list] = field(default_factory=dict)
+
+    def host(self, name: str) -> list:
+        return list(self.stores[name].get(name, ()))
+
+    def write(self, name: str, entries) -> None:
+        self.written[name] = list(entries)
+
+
+@contextmanager
+def one_pass_log(stores: dict[str, dict]):
+    """Sets aside the host's entries under each name of `stores` (name → the store that logs it) while the host runs
+    inside, so that what it logs meanwhile is this pass's alone, and yields the pass's `PassLog`. At the end each name
+    holds its earlier entries and then the pass's (those written, else the host's), under the same key: no entry of
+    the host's lists is edited by its position."""
+    earlier = {}
+    for name, store in stores.items():
+        if name in store:
+            earlier[name], store[name] = store[name], []
+    log = PassLog(stores)
+    try:
+        yield log
+    finally:
+        for name, store in stores.items():
+            entries = log.written[name] if name in log.written else list(store.get(name, ()))
+            if name in earlier:
+                earlier[name].extend(entries)  # a bounded deque (the completions table) keeps its bound
+                store[name] = earlier[name]
+            elif entries:
+                store[name] = entries
+            else:
+                store.pop(name, None)
+
+
 @dataclass(frozen=True)
 class HostScoring:
     """One generation batch as the host scored it: what `HostHooks._on_scored` hands the trainer.
@@ -32,6 +78,8 @@ class HostScoring:
             batch, in order; which is which is the host's own layout (GRPO keeps them in its output, RLOO does not).
         reference_scored (`bool`): whether the host scored the reference (its β is not 0 and `_before_scoring` asked
             for it).
+        log (`PassLog`): the batch's `advantages` in the completions table and `frac_reward_zero_std`, as the host
+            logged them, which the trainer may write instead (the advantages its loss uses, ...).
     """
 
     output: dict
@@ -39,6 +87,7 @@ class HostScoring:
     rewards_per_func: torch.Tensor
     logps: tuple[torch.Tensor, ...]
     reference_scored: bool
+    log: PassLog
 
 
 class HostHooks:
@@ -90,19 +139,22 @@ class HostHooks:
         # TRL scores the reference only when its β is not 0, and reads β nowhere else while scoring a batch
         scores_reference = self._before_scoring(mode) and self.beta != 0.0
         self._rewards_per_func, self._generation_scorings = None, []
-        try:
-            with nullcontext() if scores_reference else self._host_beta(0.0):
-                output = super()._generate_and_score_completions(inputs)
-            logps = tuple(self._generation_scorings)
-        finally:
-            self._generation_scorings = None
-        rewards_per_func, self._rewards_per_func = self._rewards_per_func, None
-        if rewards_per_func is None:
-            raise unsupported_trl(
-                f"{type(self).__name__} could not capture the rewards of a generation batch: the host's "
-                "_generate_and_score_completions no longer calls _calculate_rewards"
-            )
-        self._on_scored(HostScoring(output, mode, rewards_per_func, logps, reference_scored=scores_reference))
+        # What the trainer may log in place of the host's: the batch's advantages and fraction of tied groups
+        logged_here = {"advantages": self._logs, "frac_reward_zero_std": self._metrics[mode]}
+        with one_pass_log(logged_here) as log:
+            try:
+                with nullcontext() if scores_reference else self._host_beta(0.0):
+                    output = super()._generate_and_score_completions(inputs)
+                logps = tuple(self._generation_scorings)
+            finally:
+                self._generation_scorings = None
+            rewards_per_func, self._rewards_per_func = self._rewards_per_func, None
+            if rewards_per_func is None:
+                raise unsupported_trl(
+                    f"{type(self).__name__} could not capture the rewards of a generation batch: the host's "
+                    "_generate_and_score_completions no longer calls _calculate_rewards"
+                )
+            self._on_scored(HostScoring(output, mode, rewards_per_func, logps, scores_reference, log))
         return output
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
@@ -181,15 +233,6 @@ def metric_store(trainer, mode: str) -> dict[str, list[float]]:
     """`trainer`'s metrics of `mode` ("train" or "eval"): name → values, which TRL averages and logs at the next `log`
     (prefixing "eval_" in evaluation). For code that takes any GRPO or RLOO trainer (the callbacks, the tests)."""
     return trainer._metrics[mode]
-
-
-def replace_logged_advantages(trainer, advantages: torch.Tensor) -> None:
-    """Replaces the last `len(advantages)` entries of TRL's `_logs["advantages"]` (a bounded deque that TRL just
-    extended with its own advantages), so that the completions table shows the advantages the loss uses."""
-    logged = trainer._logs["advantages"]
-    for _ in range(min(len(advantages), len(logged))):
-        logged.pop()
-    logged.extend(advantages.tolist())
 
 
 @dataclass(frozen=True)
