@@ -42,13 +42,12 @@ from adaptive_kl.demo.run_files import has_runs  # noqa: E402
 from adaptive_kl.demo.sweep import (  # noqa: E402
     CLAIM_FILE,  # noqa: F401 (the tests')
     SweepRun,
-    conflicts_message,
     provenance_lines,
+    reuse_only_own_setups,
     run_devices,
     run_sweep,
-    set_aside,
-    setup_conflicts,
 )
+from adaptive_kl.usage import UsageError  # noqa: E402
 
 
 if TYPE_CHECKING:
@@ -642,16 +641,16 @@ def main(argv: list[str] | None = None, studies: dict | None = None) -> int:
         planned = [run for run in planned if variant_key(run.variant) in wanted]
     # A reused variant's run is made (once) in the study it comes from.
     sources = list(dict.fromkeys(source_run(run, studies) for run in planned))
-    conflicts = setup_conflicts(
-        [(label(run), os.path.join(REPOSITORY, run.directory(args.out)), execute_argv(run, args.out, studies)[3:])
-         for run in sources],
-        unrecorded_ok=True,
-    )  # fmt: skip
-    if conflicts and (args.summarize or not args.restart_changed):
-        parser.error(conflicts_message(conflicts, args.out, "--restart-changed"))
-    if conflicts:
-        folder = set_aside([directory for directory, _ in conflicts], os.path.join(REPOSITORY, args.out))
-        print(f"{len(conflicts)} runs of another setup moved to {folder}, to be trained again", flush=True)
+    if args.summarize and args.restart_changed:
+        parser.error("--restart-changed trains runs again; --summarize trains none: keep one")
+    labelled = [
+        (label(run), os.path.join(REPOSITORY, run.directory(args.out)), execute_argv(run, args.out, studies)[3:])
+        for run in sources
+    ]
+    try:  # runs made before runs recorded their command are the studies' own
+        reuse_only_own_setups(labelled, os.path.join(REPOSITORY, args.out), args.restart_changed, unrecorded_ok=True)
+    except UsageError as error:
+        parser.error(str(error))
     codes = []
     if not args.summarize:
         todo = [run for run in sources if not finished(run, args.out)]

@@ -165,13 +165,19 @@ CASES = {
         c.jsonl("train.jsonl", [{"prompt": f"Q: {i}+1? A: ", "answer": str(i + 1)} for i in range(16)]),
     ),
     "compare-resume-another-setup": lambda c, m: (
-        c.trained("checkpoint", {"--steps": 4, "--gsm8k-path": "openai/gsm8k", "variant": "beta=0.1", "seed": 0}),
+        c.trained(
+            "checkpoint",
+            {"command": "compare", "--steps": 4, "--gsm8k-path": "openai/gsm8k", "variant": "beta=0.1", "seed": 0},
+        ),
         c.command(
             "compare", "--variant", "beta=0.1", "--steps", "5", "--save-every", "2", "--resume", "--out", str(c.tmp)
         ),
     )[1],
     "frontier-another-setup": lambda c, m: (
-        c.trained("finished", {"--steps": 4, "--gsm8k-path": "openai/gsm8k", "variant": "beta=0", "seed": 0}),
+        c.trained(
+            "finished",
+            {"command": "compare", "--steps": 4, "--gsm8k-path": "openai/gsm8k", "variant": "beta=0", "seed": 0},
+        ),
         c.command("frontier", "--steps", "5", "--betas", "0", "--seeds", "0", "--out", str(c.tmp)),
     )[1],
     "grpo-unknown-recipe-key": lambda c, m: c.grpo(kl_estimater="k2"),

@@ -12,7 +12,9 @@ Importing this module imports no TRL (`build` does), so that `--unsloth` can imp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import json
 import os
 
@@ -397,19 +399,24 @@ def _parser() -> argparse.ArgumentParser:
 NOT_SETUP = ("command", "out", "no_progress", "save_every", "resume", "variant", "seed", "set")
 
 
-def shared_setup(opts: argparse.Namespace) -> dict:
-    """What every run of a parsed `demo`/`compare` command line is trained with, as a run records it (JSON): each
-    option that says what to train, by its name, as the command line gives it, and `--set FIELD` by field (their
-    order does not matter). With a run's variant name and seed (`run_setup`), the setup that a finished run and each
-    checkpoint record, and that a rerun must match to reuse them."""
-    setup = {
-        f"--{name.replace('_', '-')}": value
+def shared_setup(opts: argparse.Namespace, extra: list[str] = ()) -> dict:
+    """What every run of a parsed `demo`/`compare` command line is trained with, as a run records it (JSON): the
+    subcommand, each option that says what to train, by its name, as the command line gives it, `--set FIELD` by
+    field (their order does not matter), and the names of `compare`'s varied fields (`extra`; a grid of one field
+    names its variants by value alone: `none` of `--kl_scaling` is not `none` of `--kl_adaptation_method`). With a
+    run's variant name and seed (`run_setup`), the setup that a finished run and each checkpoint record, and that a
+    rerun must match to reuse them."""
+    setup = {"command": opts.command}
+    setup.update(
+        (f"--{name.replace('_', '-')}", value)
         for name, value in vars(opts).items()
         if name not in NOT_SETUP and value is not None and value is not False
-    }
+    )
     for assignment in opts.set:
         name, _, value = assignment.partition("=")
         setup[f"--set {name.strip().replace('-', '_')}"] = value.strip()
+    if extra:
+        setup["varied"] = sorted(_varied_fields(extra))
     return json.loads(json.dumps(setup))  # as runs.json and a checkpoint keep it (a tuple becomes a list)
 
 
@@ -428,12 +435,20 @@ def variant_name(spec: str) -> str:
 
 def command_setup(argv: list[str]) -> dict:
     """The setup of the one run a `compare` command line trains (`argv` from `compare` on, with one `--variant` and
-    one `--seed`: a sweep's run), read from the command line alone; ValueError for a command of several runs."""
-    opts, extra = _parser().parse_known_args(argv)
+    one `--seed`: a sweep's run; the seed a `seed=` of the variant gives, else `--seed`'s, as `build` reads it), from
+    the command line alone; ValueError for a command of several runs or one this version cannot read."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's own message: the ValueError says it
+            opts, extra = _parser().parse_known_args(argv)
+    except SystemExit:
+        raise ValueError(f"not a command this version reads: {' '.join(argv)}") from None
     seeds = opts.seed.split(",")
     if opts.command != "compare" or len(opts.variant) != 1 or extra or len(seeds) != 1:
         raise ValueError(f"not the command of one run (one --variant, one --seed): {' '.join(argv)}")
-    return run_setup(shared_setup(opts), variant_name(opts.variant[0]), int(seeds[0]))
+    fields = {
+        name.replace("-", "_"): text for name, _, text in (part.partition("=") for part in opts.variant[0].split())
+    }
+    return run_setup(shared_setup(opts), variant_name(opts.variant[0]), int(fields.get("seed", seeds[0])))
 
 
 def setup_differences(here: dict, there: dict) -> list[str]:
@@ -491,7 +506,7 @@ def build(argv: list[str] | None = None):
     fixed, variants, title = _variants(opts, extra, seeds)
     settings = for_model(DemoSettings(
         out=opts.out, model=opts.model, unsloth=opts.unsloth, gsm8k_path=opts.gsm8k_path, seed=int(seeds[0]),
-        fixed=fixed, setup=shared_setup(opts),
+        fixed=fixed, setup=shared_setup(opts, extra),
     ))  # fmt: skip
     if opts.task is not None:
         settings.task = opts.task

@@ -292,11 +292,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="adaptive-kl", allow_abbrev=False)
     add_frontier_parser(parser.add_subparsers(dest="command", required=True))
     opts = parser.parse_args(argv)
-    from .sweep import SweepRun, conflicts_message, set_aside, setup_conflicts
-
     try:
         if opts.unsloth:  # the runs' commands are checked here, which builds their configs: Unsloth first
             import_unsloth()
+        from .sweep import SweepRun, reuse_only_own_setups
+
         for name in ("jobs", "save_every"):
             if getattr(opts, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(opts, name)}")
@@ -314,19 +314,13 @@ def main(argv: list[str]) -> int:
         if opts.restart_changed and opts.summarize:
             raise UsageError("--restart-changed trains runs again; --summarize trains none: keep one")
         # A finished run or a checkpoint is reused only where this command would train the same (a directory's name
-        # says only the variant and the seed)
-        conflicts = setup_conflicts([
-            (f"{run.variant}, seed {run.seed}", run.directory(opts.out), run.command(args, opts.out)[3:])
-            for run in runs
-        ])  # fmt: skip
-        if conflicts and not opts.restart_changed:
-            raise UsageError(conflicts_message(conflicts, opts.out, "--restart-changed"))
+        # says only the variant and the seed): the last check, since --restart-changed moves runs aside
+        labelled = [(f"{run.variant}, seed {run.seed}", run.directory(opts.out), run.command(args, opts.out)[3:])
+                    for run in runs]  # fmt: skip
+        reuse_only_own_setups(labelled, opts.out, opts.restart_changed)
     except UsageError as error:
         print(f"adaptive-kl: error: {error}", file=sys.stderr)
         return 2
-    if conflicts:
-        folder = set_aside([directory for directory, _ in conflicts], opts.out)
-        print(f"{len(conflicts)} runs of another setup moved to {folder}, to be trained again", flush=True)
     command = "adaptive-kl " + shlex.join(argv)
     frontier = frontier_of(line, settings)
     codes = []

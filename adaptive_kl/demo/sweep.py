@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..usage import UsageError
 from .arguments import command_setup, setup_differences
 from .resume import checkpoint_setup
 from .run_files import has_runs, load_runs
@@ -64,6 +65,9 @@ class SweepRun:
         return command
 
 
+FINISHED = "finished run"
+
+
 def recorded_setup(directory: str, variant: str) -> tuple[str, dict | None] | None:
     """What a sweep's run directory holds that a rerun would reuse, and the setup it was trained with: `("finished
     run", setup)` from its runs.json (for a run that recorded none, the setup of the command it recorded; None
@@ -74,10 +78,10 @@ def recorded_setup(directory: str, variant: str) -> tuple[str, dict | None] | No
         recorded = run.provenance
         if "setup" not in recorded and "command" in recorded:
             try:
-                return "finished run", command_setup(shlex.split(recorded["command"])[1:])
-            except ValueError:  # a command of several runs: not one of a sweep
-                return "finished run", None
-        return "finished run", recorded.get("setup")
+                return FINISHED, command_setup(shlex.split(recorded["command"])[1:])
+            except ValueError:  # a command of several runs, or one this version no longer reads
+                return FINISHED, None
+        return FINISHED, recorded.get("setup")
     return checkpoint_setup(variant_output_dir(directory, variant))
 
 
@@ -85,10 +89,13 @@ def setup_conflicts(runs: list[tuple[str, str, list[str]]], unrecorded_ok: bool 
     """`(directory, why)` of each of the sweep's `runs` (`(label, directory, its compare command from "compare" on)`)
     whose directory holds a finished run or a checkpoint that was not trained with the setup of that command, so that
     reusing it would mix two setups: one that recorded another setup (why: the options that differ), one that
-    recorded none (unless `unrecorded_ok`: runs made before runs recorded their command), or a checkpoint that
-    `compare` did not save."""
+    recorded none (a checkpoint always; a finished run unless `unrecorded_ok`: runs made before runs recorded their
+    command), or a checkpoint that `compare` did not save. A run in flight in another live sweep is that sweep's
+    (`claim`): not read, and never moved."""
     conflicts = []
     for label, directory, argv in runs:
+        if _claimed_by_live_process(os.path.join(directory, CLAIM_FILE)):
+            continue
         expected = command_setup(argv)
         try:
             found = recorded_setup(directory, expected["variant"])
@@ -99,7 +106,7 @@ def setup_conflicts(runs: list[tuple[str, str, list[str]]], unrecorded_ok: bool 
             continue
         where, setup = found
         if setup is None:
-            if not unrecorded_ok:
+            if not (unrecorded_ok and where == FINISHED):
                 conflicts.append((directory, f"{label} ({where}): made before runs recorded their setup"))
             continue
         differences = setup_differences(expected, setup)
@@ -108,28 +115,30 @@ def setup_conflicts(runs: list[tuple[str, str, list[str]]], unrecorded_ok: bool 
     return conflicts
 
 
-def conflicts_message(conflicts: list[tuple[str, str]], root: str, restart_option: str) -> str:
-    """Why a sweep stops before training (`setup_conflicts`), and how to go on."""
-    lines = "\n".join(f"  - {why}" for _, why in conflicts)
-    return (
-        f"{len(conflicts)} run{'s' if len(conflicts) > 1 else ''} in {root} would be reused or resumed, but "
-        f"{'were' if len(conflicts) > 1 else 'was'} trained with another setup than this command's: give the options "
-        f"they were trained with, use another --out, or add {restart_option} to train them again with this command "
-        f"(their directories are moved to {os.path.join(root, REPLACED)}, not deleted). What differs ('here' is this "
-        f"command, 'there' the run):\n{lines}"
-    )
-
-
 REPLACED = "replaced"
 
 
-def set_aside(directories: list[str], root: str) -> str:
-    """Moves each of `directories` (runs under `root`) to `<root>/replaced/<date-time>/`, under the same path as below
-    `root`, so that the sweep trains them again and nothing is deleted; returns that folder."""
+def reuse_only_own_setups(runs: list[tuple[str, str, list[str]]], root: str, restart: bool, **options) -> None:
+    """Before a sweep trains: where a run of `runs` (`setup_conflicts`) holds another setup, `UsageError` saying which
+    and how to go on, unless `restart` (`--restart-changed`): then their directories move to
+    `<root>/replaced/<date-time>/`, under the same path as below `root`, so that the sweep trains them again and
+    nothing is deleted."""
+    conflicts = setup_conflicts(runs, **options)
+    if not conflicts:
+        return
+    if not restart:
+        lines = "\n".join(f"  - {why}" for _, why in conflicts)
+        raise UsageError(
+            f"{len(conflicts)} run{'s' if len(conflicts) > 1 else ''} in {root} would be reused or resumed, but "
+            f"{'were' if len(conflicts) > 1 else 'was'} trained with another setup than this command's: give the "
+            "options they were trained with, use another --out, or add --restart-changed to train them again with "
+            f"this command (their directories are moved to {os.path.join(root, REPLACED)}, not deleted). What "
+            f"differs ('here' is this command, 'there' the run):\n{lines}"
+        )
     folder = os.path.join(root, REPLACED, time.strftime("%Y%m%d-%H%M%S"))
-    for directory in directories:
+    for directory, _ in conflicts:
         os.renames(directory, os.path.join(folder, os.path.relpath(directory, root)))
-    return folder
+    print(f"{len(conflicts)} runs of another setup moved to {folder}, to be trained again", flush=True)
 
 
 def claim(directory: str) -> bool:

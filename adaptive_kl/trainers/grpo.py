@@ -59,8 +59,9 @@ def policy_loss_with_term(logged: float, share: torch.Tensor, host_loss: torch.T
     """TRL's `policy_loss` of a micro-batch whose host loss ran without the KL term, with the term: `logged` is the
     host's (its policy loss averaged over the processes by `gather` and `nanmean`, a process whose loss is NaN left
     out), `share` this process's term as TRL's loss carries it; the term is averaged over the processes that TRL's
-    mean counts (the share of a process whose `host_loss` is NaN is left out too), as TRL averages its loss, term
-    included."""
+    mean counts, as TRL averages its loss, term included: the share of a process whose `host_loss` (the host's
+    returned loss) is NaN is left out too. That loss is NaN where its policy loss is; it differs from TRL's choice
+    only where the entropy bonus or the auxiliary loss alone is NaN, or the term alone on one process."""
     share = torch.where(torch.isnan(host_loss.detach()), torch.nan, share.detach())
     return logged + gather(share).nanmean().item()
 
@@ -218,13 +219,14 @@ class AdaptiveKLGRPOTrainer(AdaptiveKLRun, HostHooks, GRPOTrainer, hub_tag="adap
             else:
                 kl_term, sums = kl_term_and_sequence_sums(**host_inputs, **self.kl_options)
                 weighted = beta * kl_term
-                if log.host("policy_loss"):  # TRL logs it with its entropy bonus on
+                logged = log.host("policy_loss")
+                if logged:  # TRL logs it with its entropy bonus on
                     # TRL's `policy_loss` is its loss before the bonus, KL term included, and before its division by
                     # the accumulation steps (after it for the token-sum types, whose normalizer holds them)
                     token_sum = host_inputs["loss_type"] in TOKEN_SUM_LOSS_TYPES
                     share = weighted * (1.0 if token_sum else host_inputs["accumulation_steps"])
-                    (logged,) = log.host("policy_loss")
-                    log.write("policy_loss", [policy_loss_with_term(logged, share, loss, self.accelerator.gather)])
+                    (host_mean,) = logged  # one entry a micro-batch
+                    log.write("policy_loss", [policy_loss_with_term(host_mean, share, loss, self.accelerator.gather)])
                 loss = loss + weighted  # Unsloth's backward ignores its incoming gradient: add, never scale
             # TRL's `kl` of this micro-batch, as its loss logs it: the token mean of its k3 (bias-corrected like the
             # loss), over every process. A host that logged one with β = 0 (Unsloth's logs 0) has it replaced.

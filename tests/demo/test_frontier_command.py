@@ -93,8 +93,8 @@ def test_a_killed_sweep_resumes_its_run_in_flight_and_redoes_no_finished_one(swe
     assert resumed.provenance["command"].startswith("adaptive-kl compare --steps 4 --eval-every 2")
     assert resumed.provenance["seed"] == 0
     assert resumed.provenance["setup"] == {
-        "--steps": 4, "--eval-every": 2, "--n-validation": 8, "--gsm8k-path": "openai/gsm8k", "variant": "beta=0.1",
-        "seed": 0,
+        "command": "compare", "--steps": 4, "--eval-every": 2, "--n-validation": 8, "--gsm8k-path": "openai/gsm8k",
+        "variant": "beta=0.1", "seed": 0,
     }  # fmt: skip
 
 
@@ -255,6 +255,22 @@ def test_bad_input_is_refused_naming_the_option_before_any_run(extra, message, t
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not glob.glob(os.path.join(out, "runs", "*", "*", "runs.json"))
+
+
+def test_unsloth_is_imported_before_anything_imports_trl():
+    """`frontier --unsloth` imports Unsloth (`usage.import_unsloth`, replaced here by a check in a fresh interpreter)
+    before any module that loads TRL, as Unsloth requires: the sweep's modules load TRL, so they come after it."""
+    code = (
+        "import sys\n"
+        "from adaptive_kl.demo import frontier_command\n"
+        "from adaptive_kl.usage import UsageError\n"
+        "def check(option='--unsloth'):\n"
+        "    raise UsageError('TRL came first' if 'trl' in sys.modules else 'Unsloth first')\n"
+        "frontier_command.import_unsloth = check\n"
+        "sys.exit(frontier_command.main(['frontier', '--unsloth', '--model', 'm', '--out', 'o']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 2 and "adaptive-kl: error: Unsloth first" in result.stderr, result.stderr[-2000:]
 
 
 def test_the_page_names_every_option_and_its_commands_parse():
