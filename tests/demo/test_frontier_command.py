@@ -257,6 +257,41 @@ def test_bad_input_is_refused_naming_the_option_before_any_run(extra, message, t
     assert not glob.glob(os.path.join(out, "runs", "*", "*", "runs.json"))
 
 
+def test_a_runs_setup_is_what_its_command_trains(tmp_path):
+    """A run's setup leaves out how it is executed and the order of its `--set`s, reads the last of a repeated option
+    and a `--variant`'s own `seed=` as `compare` does; a grid of one field, whose variants are named by value alone,
+    records the field; a run in flight in another live sweep (its claim) is not read."""
+    import json
+
+    from adaptive_kl.demo.arguments import _parser, command_setup, setup_differences, shared_setup
+    from adaptive_kl.demo.sweep import CLAIM_FILE, setup_conflicts
+
+    first = ["compare", "--steps", "3", "--steps", "4", "--set", "kl-estimator=k2", "--set", "kl_scaling=log"]
+    again = ["compare", "--set", "kl_scaling=log", "--set", "kl_estimator=k2", "--steps", "4", "--out", "elsewhere"]
+    variant = ["--variant", "beta=0.1 seed=3", "--seed", "0"]
+    setup = command_setup([*first, *variant, "--out", "o", "--save-every", "2", "--resume", "--no-progress"])
+    assert setup == command_setup([*again, *variant])
+    assert setup["seed"] == 3 and setup["variant"] == "beta=0.1, seed=3" and setup["--steps"] == 4
+    assert setup_differences(setup, {**setup, "--steps": 5}) == ["--steps: 4 here, 5 there"]
+    assert setup_differences({**setup, "--lora": True}, setup) == ["--lora: given here, not given there"]
+    scaling, method = (_parser().parse_known_args(["compare", f"--{field}", "none,sqrt"]) for field in
+                       ("kl_scaling", "kl_adaptation_method"))  # fmt: skip
+    assert shared_setup(*scaling)["varied"] == ["kl_scaling"] and shared_setup(*method)["varied"] == [
+        "kl_adaptation_method"
+    ]
+    directory = tmp_path / "runs" / "beta_0.1__seed_3" / "seed-0"
+    directory.mkdir(parents=True)
+    run = dict(name="beta=0.1, seed=3", config={}, history=[], evaluations=[], wall_time=1.0,
+               provenance={"setup": {**setup, "--steps": 5}})  # fmt: skip
+    (directory / "runs.json").write_text(json.dumps([run]))
+    argv = [*first, *variant]
+    assert [why for _, why in setup_conflicts([("r", str(directory), argv)])] == [
+        "r (finished run): --steps: 4 here, 5 there"
+    ]
+    (directory / CLAIM_FILE).write_text(str(os.getpid()))  # a live process has it
+    assert setup_conflicts([("r", str(directory), argv)]) == []
+
+
 def test_unsloth_is_imported_before_anything_imports_trl():
     """`frontier --unsloth` imports Unsloth (`usage.import_unsloth`, replaced here by a check in a fresh interpreter)
     before any module that loads TRL, as Unsloth requires: the sweep's modules load TRL, so they come after it."""
