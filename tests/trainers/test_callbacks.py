@@ -248,10 +248,12 @@ def reference_loglik(model, tokenizer, prompts, completions, dtype=torch.float64
 LOGLIK_KEYS = ("retention/loglik", "retention/seq_loglik")
 
 
-def loglik_noise_floors(trainer) -> dict[str, float]:
-    """The noise floor of the two log-likelihood means, the larger of two measured spreads: their float32 reference
-    against their float64 one (the rounding of the log-softmax and the sums), and the callback's own values over
-    batch sizes 1, 2 and 5 and both padding sides (the rounding of padded, batched forwards)."""
+@pytest.fixture(scope="module")
+def loglik_reference(trainer) -> tuple[dict[str, float], dict[str, float]]:
+    """`(means, floors)` of the two log-likelihood means, measured once on the module's model: their float64 reference
+    (`reference_loglik`), and their noise floor, the larger of two measured spreads: their float32 reference against
+    the float64 one (the rounding of the log-softmax and the sums), and the callback's own values over batch sizes 1,
+    2 and 5 and both padding sides (the rounding of padded, batched forwards)."""
     tokenizer = trainer.processing_class
     args = (trainer.model, tokenizer, SFT["prompt"], SFT["completion"])
     float32, float64 = reference_loglik(*args, dtype=torch.float32), reference_loglik(*args)
@@ -269,23 +271,22 @@ def loglik_noise_floors(trainer) -> dict[str, float]:
         for i, key in enumerate(LOGLIK_KEYS)
     }
     assert all(0 < floor < 1e-5 for floor in floors.values()), floors  # rounding, and measured
-    return floors
+    return dict(zip(LOGLIK_KEYS, float64)), floors
 
 
 @pytest.mark.parametrize("padding_side", ["left", "right"])
 @pytest.mark.parametrize("batch_size", [1, 2, 32])
-def test_loglik_matches_unpadded_forward(trainer, padding_side, batch_size, monkeypatch):
+def test_loglik_matches_unpadded_forward(trainer, loglik_reference, padding_side, batch_size, monkeypatch):
     tokenizer = trainer.processing_class
     monkeypatch.setattr(tokenizer, "padding_side", padding_side)
     callback = RetentionCallback(trainer, Dataset.from_dict(SFT), batch_size=batch_size)
     scores = callback.evaluate()
-    token_mean, seq_mean = reference_loglik(trainer.model, tokenizer, SFT["prompt"], SFT["completion"])
-    floors = loglik_noise_floors(trainer)
-    assert set(scores) == {"retention/loglik", "retention/seq_loglik"}
-    assert abs(scores["retention/loglik"] - token_mean) <= NOISE_FACTOR * floors["retention/loglik"]
-    assert abs(scores["retention/seq_loglik"] - seq_mean) <= NOISE_FACTOR * floors["retention/seq_loglik"]
+    means, floors = loglik_reference
+    assert set(scores) == set(LOGLIK_KEYS)
+    for key in LOGLIK_KEYS:
+        assert abs(scores[key] - means[key]) <= NOISE_FACTOR * floors[key], key
     # the two means differ here (lengths differ), so each is checked against its own definition
-    assert abs(token_mean - seq_mean) > 1e-3
+    assert abs(means["retention/loglik"] - means["retention/seq_loglik"]) > 1e-3
     assert tokenizer.padding_side == padding_side
 
 
@@ -531,7 +532,7 @@ torch.distributed.destroy_process_group()
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
     reason="torch.distributed with the gloo backend is not available",
 )
-def test_two_processes_shard_and_reduce_to_the_global_value(trainer, tiny_model_dir, tmp_path):
+def test_two_processes_shard_and_reduce_to_the_global_value(trainer, loglik_reference, tiny_model_dir, tmp_path):
     import json
 
     from tiny import launch_two_processes
@@ -540,8 +541,7 @@ def test_two_processes_shard_and_reduce_to_the_global_value(trainer, tiny_model_
     script.write_text(TWO_PROCESS_WORKER.format(tests=TESTS, sft=SFT, model_dir=tiny_model_dir, out=str(tmp_path)))
     launch_two_processes(str(script))
     results = [json.loads((tmp_path / f"scores{i}.json").read_text()) for i in range(2)]
-    token_mean, seq_mean = reference_loglik(trainer.model, trainer.processing_class, SFT["prompt"], SFT["completion"])
-    floors = loglik_noise_floors(trainer)
+    means, floors = loglik_reference
     # The KL to the start on one process, its rows split into batches of 1, 2 and 5: the spread is its noise floor
     one_process = []
     original = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
@@ -556,8 +556,8 @@ def test_two_processes_shard_and_reduce_to_the_global_value(trainer, tiny_model_
     kl_floor = max(one_process) - min(one_process)
     assert 0 < kl_floor < 1e-5 * one_process[1] and one_process[1] > 1e-3
     for scores in results:
-        assert abs(scores["retention/loglik"] - token_mean) <= NOISE_FACTOR * floors["retention/loglik"]
-        assert abs(scores["retention/seq_loglik"] - seq_mean) <= NOISE_FACTOR * floors["retention/seq_loglik"]
+        for key in LOGLIK_KEYS:
+            assert abs(scores[key] - means[key]) <= NOISE_FACTOR * floors[key], key
         assert scores["retention/accuracy"] == pytest.approx(2.0)  # mean of 0..4: every row once, padding left out
         assert abs(scores["retention/kl_to_start"] - one_process[1]) <= NOISE_FACTOR * kl_floor
     assert results[0] == results[1]
