@@ -332,6 +332,26 @@ STUDIES = {
         "beside": "frontier",  # its summary also draws both frontiers side by side (issue 69)
     },
 }  # fmt: skip
+# The drift controller on the second frontier (issue 107), stated before its runs: in frontier_sum's setting and seeds,
+# `kl_controller=drift` from β = 0.1 (the line's middle) with a ceiling of 1 (5x the line's strongest β), compare's
+# floor 0.004 and the defaults (measured every 5 steps on the first 32 of the 64 held-out solutions the frontier's
+# drift is read on), at two targets read off the constant-β line's mean final drift: a small one at β = 0.2's
+# (0.1287 → 0.13) and a large one between β = 0.04's and 0.02's (0.5406 and 0.6707 → 0.6). Primary endpoints, one per
+# target: D, as in frontier_sum, against seed s's line (reused from it), Holm across the two. Beside them, every run's
+# final drift over its target (goal: within ±20%) and the seeds' spread of final drift beside constant β's.
+DRIFT_BASE = "beta=0.1 kl_controller=drift beta_max=1"
+DRIFT_ARMS = [f"{DRIFT_BASE} target_drift={target}" for target in ("0.13", "0.6")]
+STUDIES["drift_sum"] = {
+    "variants": [*SUM_LINE, *DRIFT_ARMS],
+    # The line's runs are frontier_sum's (three of them the β study's): the same commands, not rerun.
+    "reused": {
+        variant: STUDIES["frontier_sum"]["reused"].get(variant, ("frontier_sum", variant)) for variant in SUM_LINE
+    },
+    "frontier": STUDIES["frontier_sum"]["frontier"],
+    "args": BETA_ARGS,
+    "seeds": "0,1,2,3,4",
+    "setting": "Format + correct sum, 64 tokens, the drift controller (`drift_sum`)",
+}
 DEFAULT_SEEDS = "0,1,2"
 
 

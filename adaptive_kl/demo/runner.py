@@ -411,6 +411,13 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         reward_weights=args.reward_weights,
     )
     kl_health = KLHealthCallback()
+    drift_controlled = getattr(args, "kl_controller", "fixed") == "drift"  # the binomial-KL config has no controller
+    solutions = None  # the held-out reference solutions, where the task has them
+    if "solution" in validation.column_names:
+        # After their prompts rendered as the trainer renders them for generation (`prompt_texts`: a conversation's
+        # chat template ends with the assistant's prompt).
+        texts, _ = prompt_texts(tokenizer, validation["prompt"])
+        solutions = Dataset.from_dict({"prompt": texts, "completion": validation["solution"]})
     start = time.perf_counter()
     _, trainer_cls = trainer_classes(variant_trainer(variant, settings))
     trainer = trainer_cls(
@@ -419,6 +426,9 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
         reward_funcs=rewards,
         args=args,
         train_dataset=train,
+        # The drift controller measures on the texts the frontier's drift is read on (the user's held-out prompts:
+        # the trainer scores the starting policy's answers to them, as `own_answers_dataset` does)
+        eval_dataset=(validation if solutions is None else solutions) if drift_controlled else None,
         peft_config=peft_config,
         callbacks=[validation_callback, kl_health, VariantProgressCallback(bar, variant.name)],
     )
@@ -431,13 +441,8 @@ def run_variant(variant: Variant, settings: DemoSettings, bar=None) -> VariantRu
     start_policy = trainer.accelerator.unwrap_model(trainer.model)
     if settings.task == "dataset":
         held_out = own_answers_dataset(start_policy, tokenizer, validation["prompt"], max_new_tokens)
-    elif "solution" in validation.column_names:
-        # The held-out reference solutions, after their prompts rendered as the trainer renders them for generation
-        # (`prompt_texts`: a conversation's chat template ends with the assistant's prompt).
-        texts, _ = prompt_texts(tokenizer, validation["prompt"])
-        held_out = Dataset.from_dict({"prompt": texts, "completion": validation["solution"]})
     else:
-        held_out = None
+        held_out = solutions
     general = None
     if settings.task == "chat":
         prompts = general_chat_prompts(settings.n_validation)

@@ -1,4 +1,5 @@
-"""The coefficient β_t: step scaling, reward- or saturation-triggered decay and target-KL controllers.
+"""The coefficient β_t: step scaling, reward- or saturation-triggered decay, target-KL controllers and the drift
+controller.
 
 β_t = β_base(t) · α(t) for optimizer step t = 1, 2, …; β_t is constant within a step. The pure update rules are
 module-level functions; `BetaController` composes them and carries the state that checkpoints save and restore.
@@ -13,7 +14,8 @@ from .validation import is_finite_number
 
 
 KL_SCALINGS = ("none", "linear", "sqrt", "log", "exp")
-KL_CONTROLLERS = ("fixed", "adaptive", "stepwise")
+KL_CONTROLLERS = ("fixed", "adaptive", "stepwise", "drift")
+KL_TARGET_CONTROLLERS = ("adaptive", "stepwise")  # those that read the training KL (`target_kl`)
 DYNAMIC_TRIGGERS = ("reward", "saturation")
 DEFAULT_KL_SCALING_RATE = 0.99  # γ of kl_scaling="exp": α halves in about 69 steps
 
@@ -23,6 +25,11 @@ ADAPTIVE_ERROR_CLIP = 0.2
 # "Tutorial 15: KL Divergence and Policy Regularization"; no published source).
 STEPWISE_HIGH, STEPWISE_LOW = 1.5, 0.5
 STEPWISE_UP, STEPWISE_DOWN = 1.5, 0.75
+# Drift controller (docs/design.md, "The drift controller"): the path's power, and the most one measurement moves β.
+# On SmolLM2 LoRA (docs/studies/real/frontier_sum) a constant β had drifted, by a quarter of the run, 0.57–1.0 of its
+# final drift (mean over 5 seeds at each β from 0.02 to 0.2): (1/4)^0.25 = 0.71 lies in that range.
+DRIFT_PATH_POWER = 0.25
+DRIFT_MAX_FACTOR = 2.0
 
 
 # The step scalings and `dynamic` come from the seeds "EasyR1 with Dynamic KL Scaling" and "Adaptive KL Divergence for
@@ -79,6 +86,20 @@ def stepwise_kl_update(beta: float, kl: float, *, target_kl: float) -> float:
     return beta
 
 
+def drift_path(step: int, *, target_drift: float, max_steps: int) -> float:
+    """The drift the controller asks for at optimizer step `step` of `max_steps`: target · (t/T)^0.25, which reaches
+    `target_drift` at the run's last step."""
+    return target_drift * (min(step, max_steps) / max_steps) ** DRIFT_PATH_POWER
+
+
+def drift_update(beta: float, drift: float, *, path: float) -> float:
+    """The drift controller: β ← β · clip(drift / path, 1/2, 2). Proportional in log β to the measured drift's ratio to
+    the path (gain 1: drift falls by a factor of β's rise to the power 0.3–1.5 on SmolLM2, so a full correction takes
+    one to three measurements); repeated at each measurement while the error lasts, the rule integrates it."""
+    factor = min(max(drift / path, 1.0 / DRIFT_MAX_FACTOR), DRIFT_MAX_FACTOR)
+    return beta * factor
+
+
 class BetaController:
     """Owns β_base and computes β_t for each optimizer step.
 
@@ -90,14 +111,18 @@ class BetaController:
         dynamic_beta_decay, reward_threshold, saturation_threshold, beta_min, beta_schedule_steps: see
             `AdaptiveKLGRPOConfig`.
         kl_scaling (`str`), kl_scaling_rate (`float`): the step scaling α(t), and γ of `"exp"`.
-        kl_controller (`str`): `"fixed"`, `"adaptive"` or `"stepwise"`.
+        kl_controller (`str`): `"fixed"`, `"adaptive"`, `"stepwise"` or `"drift"`.
         target_kl (`float`), kl_horizon (`int`): target-KL controller parameters.
-        beta_max (`float` or `None`): the ceiling of a target-KL controller's β_base; `None`: `beta`, where it starts.
+        target_drift (`float` or `None`), max_steps (`int`): the drift controller's target at the run's last step, and
+            that step (`drift_path`).
+        beta_max (`float` or `None`): the ceiling of a controller's β_base; `None`: `beta`, where it starts.
 
     `update(step, ...)` is called once per finished optimizer step with that step's global statistics; non-finite
     statistics leave the state untouched (and are counted), so β can never become NaN or inf. A target-KL controller
     keeps β_base in [`beta_min`, ceiling] and holds it (counted) after a step where every group's rewards agreed: such
-    a step had no advantage, so its KL was the only gradient, and is no measure of how hard the reward pulls.
+    a step had no advantage, so its KL was the only gradient, and is no measure of how hard the reward pulls. The
+    drift controller keeps β_base in the same bounds and moves it only at steps whose drift was measured, each of
+    which it keeps in `drifts` (`[step, drift, the path's drift there]`).
     """
 
     def __init__(
@@ -116,6 +141,8 @@ class BetaController:
         kl_controller: str = "fixed",
         target_kl: float = 0.05,
         kl_horizon: int = 10000,
+        target_drift: float | None = None,
+        max_steps: int = 0,
         beta_max: float | None = None,
     ):
         if kl_controller not in KL_CONTROLLERS:
@@ -136,11 +163,19 @@ class BetaController:
         self.kl_controller = kl_controller
         self.target_kl = target_kl
         self.kl_horizon = kl_horizon
+        self.target_drift = target_drift
+        self.max_steps = max_steps
+        if kl_controller == "drift" and not (is_finite_number(target_drift) and target_drift > 0 and max_steps > 0):
+            raise ValueError(
+                f"kl_controller='drift' needs target_drift > 0 and max_steps > 0, got {target_drift!r} and "
+                f"{max_steps!r}."
+            )
         self.beta_max = self.initial_beta if beta_max is None else float(beta_max)
         # What `update` reads: the `dynamic` trigger's statistic and threshold, or a target-KL controller's mean KL
         saturation = dynamic_trigger == "saturation"
         self.trigger_threshold = saturation_threshold if saturation else reward_threshold
-        self.reads_kl = not dynamic and kl_controller != "fixed"
+        self.reads_kl = not dynamic and kl_controller in KL_TARGET_CONTROLLERS
+        self.reads_drift = kl_controller == "drift"
         # Whether β_base changes during training, so that a run resumed without the saved state would follow another β
         # trajectory: a fixed β_base is a function of the step alone
         self.has_training_state = dynamic or kl_controller != "fixed"
@@ -163,6 +198,8 @@ class BetaController:
             kl_controller=args.kl_controller,
             target_kl=args.target_kl,
             kl_horizon=args.kl_horizon,
+            target_drift=args.target_drift,
+            max_steps=args.max_steps,
             beta_max=args.beta_max,
         )
 
@@ -194,14 +231,18 @@ class BetaController:
         zero_std_fraction: float | None = None,
         mean_kl: float | None = None,
         num_sequences: int | None = None,
+        drift: float | None = None,
     ) -> None:
         """Applies the statistics of finished optimizer step `step` (global over processes) to β_base: `dynamic` reads
         `mean_reward` or `zero_std_fraction` (`adaptive_kl.kl.groups.zero_std_group_fraction`), as `dynamic_trigger`
-        says; the target-KL controllers read `mean_kl` and `num_sequences`.
+        says; the target-KL controllers read `mean_kl` and `num_sequences`; the drift controller reads `drift`, the
+        policy's drift after the step, or None at a step that did not measure it (β_base is left as it is).
 
         Steps already applied (e.g. replayed after a resume) are ignored, so the update is idempotent.
         """
         if step <= self.last_step:
+            return
+        if self.reads_drift and drift is None:  # a step between measurements: nothing to apply, and not applied yet
             return
         self.last_step = step
         if self.beta_base == 0.0 and self.beta_min == 0.0:  # every rule keeps 0: nothing to measure, nothing skipped
@@ -219,6 +260,13 @@ class BetaController:
                 beta_min=self.beta_min,
             )
             self.num_decays += int(new_beta != self.beta_base)
+        elif self.reads_drift:
+            if not math.isfinite(drift):
+                self.num_skipped_updates += 1
+                return
+            path = drift_path(step, target_drift=self.target_drift, max_steps=self.max_steps)
+            self.drifts.append([step, drift, path])
+            new_beta = min(max(drift_update(self.beta_base, drift, path=path), self.beta_min), self.beta_max)
         elif self.reads_kl:
             if mean_kl is None or not math.isfinite(mean_kl) or not num_sequences:
                 self.num_skipped_updates += 1
@@ -250,23 +298,28 @@ class BetaController:
         """Back to the initial state: β_base = `beta`, no step applied."""
         self.beta_base = self.initial_beta
         self.last_step = self.num_decays = self.num_skipped_updates = self.num_held_updates = 0
+        self.drifts: list[list] = []
 
     def state_dict(self) -> dict[str, float | int]:
-        """The mutable state (JSON-serializable)."""
-        return {
+        """The mutable state (JSON-serializable); the drift controller's adds its measurements."""
+        state = {
             "beta_base": self.beta_base,
             "last_step": self.last_step,
             "num_decays": self.num_decays,
             "num_skipped_updates": self.num_skipped_updates,
             "num_held_updates": self.num_held_updates,
         }
+        if self.reads_drift:
+            state["drifts"] = [list(entry) for entry in self.drifts]
+        return state
 
     def load_state_dict(self, state: dict[str, float | int]) -> None:
         """Restores the state saved by `state_dict`; counters missing from an older state count as 0.
 
         Raises:
             ValueError: naming the entry, for a missing or non-finite or negative `beta_base`, a missing `last_step`,
-                or a counter that is not a whole number >= 0. The state is left unchanged.
+                a counter that is not a whole number >= 0, or `drifts` not a list of finite `[step, drift, path]`. The
+                state is left unchanged.
         """
         if not isinstance(state, dict):
             raise ValueError(f"Invalid saved KL controller state: expected a mapping, got {state!r}.")
@@ -279,10 +332,17 @@ class BetaController:
         for name, value in counters.items():
             if not (is_finite_number(value) and value >= 0 and float(value).is_integer()):  # JSON may give 3.0
                 raise ValueError(f"Invalid saved KL controller state: {name}={value!r} (a whole number >= 0).")
+        drifts = state.get("drifts", [])
+        if not (
+            isinstance(drifts, list)
+            and all(isinstance(e, list) and len(e) == 3 and all(is_finite_number(v) for v in e) for e in drifts)
+        ):
+            raise ValueError(f"Invalid saved KL controller state: drifts={drifts!r} (a list of [step, drift, path]).")
         self.beta_base = float(beta_base)
         self.last_step, self.num_decays, self.num_skipped_updates, self.num_held_updates = (
             int(v) for v in counters.values()
         )
+        self.drifts = [[int(e[0]), float(e[1]), float(e[2])] for e in drifts]
 
     def __repr__(self) -> str:
         return (

@@ -15,6 +15,7 @@ trainer.train()
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import math
 
@@ -22,14 +23,18 @@ import torch
 from transformers import TrainerCallback
 from transformers.utils import logging
 
+from ..kl.controller import drift_path
 from ..kl.validation import is_finite_number, is_int
-from .generation import generate
+from .generation import generate, prompt_texts
 from .hooks import metric_store
+from .reference import REFERENCE_ADAPTER
 
 
 logger = logging.get_logger(__name__)
 
 RETENTION_METRICS = ("loglik", "accuracy")
+# Held-out texts a forward of the drift's: a real model's (batch, length, vocabulary) logits stay small
+DRIFT_BATCH_SIZE = 8
 
 
 class KLHealthCallback(TrainerCallback):
@@ -322,8 +327,7 @@ class RetentionCallback(TrainerCallback):
             ]
 
     def _tokenize(self, index: int, prompt: str, completion: str) -> tuple[list[int], list[int]]:
-        prompt_ids = list(self.tokenizer(prompt)["input_ids"])
-        completion_ids = list(self.tokenizer(completion, add_special_tokens=False)["input_ids"])
+        prompt_ids, completion_ids = prompt_and_completion_ids(self.tokenizer, prompt, completion)
         if not prompt_ids or not completion_ids:
             empty = "prompt" if not prompt_ids else "completion"
             raise ValueError(f"dataset row {index}: the {empty} tokenizes to no tokens, so it cannot be scored.")
@@ -362,22 +366,6 @@ class RetentionCallback(TrainerCallback):
 
     # --------------------------------------------------------------------------------------------------- evaluation
 
-    def _shard(self) -> tuple[list[int], list[int]]:
-        """(this process's rows, padded to the largest shard with row 0; weights, 0 for the padding)."""
-        accelerator = self.trainer.accelerator
-        n, processes = len(self.data["prompt"]), accelerator.num_processes
-        rows = list(range(accelerator.process_index, n, processes))
-        size = -(-n // processes)
-        return rows + [0] * (size - len(rows)), [1] * len(rows) + [0] * (size - len(rows))
-
-    def _reduce(self, sums: list[float]) -> list[float]:
-        accelerator = self.trainer.accelerator
-        if accelerator.num_processes == 1:
-            return sums
-        dtype = torch.float64 if accelerator.device.type in ("cpu", "cuda") else torch.float32
-        total = accelerator.reduce(torch.tensor(sums, dtype=dtype, device=accelerator.device), "sum")
-        return total.tolist()
-
     def evaluate(self) -> dict[str, float]:
         """Runs the evaluation now on the current policy and returns `{metric name: value}` (records nothing)."""
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
@@ -390,28 +378,16 @@ class RetentionCallback(TrainerCallback):
             model.train(was_training)
 
     def _loglik(self, model) -> dict[str, float]:
-        rows, weights = self._shard()
-        pad_id = self.tokenizer.pad_token_id
-        pad_id = pad_id if pad_id is not None else (self.tokenizer.eos_token_id or 0)
-        device = next(model.parameters()).device
+        rows, weights = shard_rows(self.trainer.accelerator, len(self.data["prompt"]))
         total = tokens = sequences = kl = 0.0  # Σ log-likelihood, completion tokens, sequences, Σ per-token KL
         record_start = self.kl_to_start and not self._start_logps
         for start in range(0, len(rows), self.batch_size):
             batch = [self._tokenized[i] for i in rows[start : start + self.batch_size]]
             batch_weights = weights[start : start + self.batch_size]
-            width = max(len(p) + len(c) for p, c in batch)
-            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, (p, c) in enumerate(batch):  # right padding: positions of real tokens start at 0
-                input_ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-                attention_mask[i, : len(p) + len(c)] = 1
-            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+            batch_logps = completion_log_probs(model, batch, self.tokenizer)
             row_sums, row_kls = [], []
-            for i, (row, (p, c)) in enumerate(zip(rows[start : start + self.batch_size], batch, strict=True)):
-                # logits at position t predict token t + 1: completion tokens p..p+c-1 are predicted at p-1..p+c-2
-                logps = logits[i, len(p) - 1 : len(p) + len(c) - 1].float().log_softmax(-1)  # (c, vocab)
-                row_sums.append(logps.gather(-1, input_ids[i, len(p) : len(p) + len(c), None]).sum())
+            for row, (_, c), logps in zip(rows[start : start + self.batch_size], batch, batch_logps, strict=True):
+                row_sums.append(logps.gather(-1, torch.tensor(c, device=logps.device)[:, None]).sum())
                 if record_start:
                     self._start_logps[row] = logps.cpu()
                 if self.kl_to_start:
@@ -425,7 +401,7 @@ class RetentionCallback(TrainerCallback):
                 kl += w * k
                 tokens += w * len(c)
                 sequences += w
-        total, tokens, sequences, kl = self._reduce([total, tokens, sequences, kl])
+        total, tokens, sequences, kl = sum_over_processes(self.trainer.accelerator, [total, tokens, sequences, kl])
         # The same sum, per token and per sequence.
         scores = {f"{self.prefix}/loglik": total / tokens, f"{self.prefix}/seq_loglik": total / sequences}
         if self.kl_to_start:
@@ -433,7 +409,7 @@ class RetentionCallback(TrainerCallback):
         return scores
 
     def _accuracy(self, model) -> dict[str, float]:
-        rows, weights = self._shard()
+        rows, weights = shard_rows(self.trainer.accelerator, len(self.data["prompt"]))
         prompts = [self.data["prompt"][i] for i in rows]
         # Padding rows are generated too (every process makes the same generate calls), then dropped.
         completions = generate(model, self.tokenizer, prompts, self.max_new_tokens, batch_size=self.batch_size)
@@ -447,5 +423,174 @@ class RetentionCallback(TrainerCallback):
                 raise ValueError(f"score_fn returned {len(scores)} scores for {len(real)} completions.")
             valid = [float(s) for s in scores if s is not None and not math.isnan(float(s))]
             total, count = sum(valid), float(len(valid))
-        total, count = self._reduce([total, count])
+        total, count = sum_over_processes(self.trainer.accelerator, [total, count])
         return {f"{self.prefix}/accuracy": total / count if count else float("nan")}
+
+
+# --- held-out texts, scored on every process -------------------------------------------------------------------------
+
+
+def prompt_and_completion_ids(
+    tokenizer, prompt: str, completion: str, add_special_tokens: bool = True
+) -> tuple[list[int], list[int]]:
+    """The token ids of a `prompt` text (with the tokenizer's special tokens, as `GRPOTrainer` tokenizes a plain-text
+    prompt for generation; without, for a rendered chat template: `generation.prompt_texts`) and of its `completion`
+    (no special tokens), tokenized apart so that the boundary between them is exact."""
+    prompt_ids = list(tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
+    return prompt_ids, list(tokenizer(completion, add_special_tokens=False)["input_ids"])
+
+
+def completion_log_probs(model, rows: list[tuple[list[int], list[int]]], tokenizer) -> list[torch.Tensor]:
+    """For each `(prompt ids, completion ids)` of `rows`, the float32 log-probabilities `(completion tokens,
+    vocabulary)` that `model` gives at its completion's positions, in one right-padded forward (positions of real
+    tokens start at 0, so padding cannot shift them)."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    width = max(len(p) + len(c) for p, c in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (p, c) in enumerate(rows):
+        input_ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        attention_mask[i, : len(p) + len(c)] = 1
+    device = next(model.parameters()).device
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False).logits
+    # logits at position t predict token t + 1: completion tokens p..p+c-1 are predicted at p-1..p+c-2
+    return [logits[i, len(p) - 1 : len(p) + len(c) - 1].float().log_softmax(-1) for i, (p, c) in enumerate(rows)]
+
+
+def shard_rows(accelerator, n: int) -> tuple[list[int], list[int]]:
+    """This process's rows of `n` (row `i` to process `i % num_processes`), padded to the largest shard with row 0,
+    and their weights (0 for the padding): every process then runs the same number of batches, so collective model
+    calls line up."""
+    processes = accelerator.num_processes
+    rows = list(range(accelerator.process_index, n, processes))
+    size = -(-n // processes)
+    return rows + [0] * (size - len(rows)), [1] * len(rows) + [0] * (size - len(rows))
+
+
+def sum_over_processes(accelerator, sums: list[float]) -> list[float]:
+    """`sums` summed over the processes (a collective), in float64 where the device has it."""
+    if accelerator.num_processes == 1:
+        return sums
+    dtype = torch.float64 if accelerator.device.type in ("cpu", "cuda") else torch.float32
+    return accelerator.reduce(torch.tensor(sums, dtype=dtype, device=accelerator.device), "sum").tolist()
+
+
+@contextlib.contextmanager
+def start_policy(policy, ref_model):
+    """The starting policy, to call inside: TRL's full-model `ref_model`; for a PEFT `policy` (`ref_model` is None),
+    `policy` with its `"ref"` adapter (a model that arrived with a trained adapter) or with its adapters switched off
+    (a new one), as TRL scores its reference: no second model in memory."""
+    if ref_model is not None:
+        yield ref_model
+    elif REFERENCE_ADAPTER in policy.peft_config:
+        active = policy.active_adapter
+        policy.set_adapter(REFERENCE_ADAPTER)
+        try:
+            yield policy
+        finally:
+            policy.set_adapter(active)  # PEFT marks only the active adapter trainable: "ref" frozen again
+    else:
+        with policy.disable_adapter():
+            yield policy
+
+
+class DriftCallback(TrainerCallback):
+    """The drift controller's measurement (`kl_controller="drift"`): after every `drift_every` optimizer steps and the
+    last, the exact KL of the policy's next-token distributions to the starting policy's on held-out texts, summed over
+    the vocabulary and averaged over their completion tokens (as `RetentionCallback(kl_to_start=True)` and the
+    frontier's drift), handed to the trainer's `BetaController` and logged as `adaptive_kl/drift` beside the drift the
+    controller asked for there, `adaptive_kl/drift_target` (`kl.controller.drift_path`).
+
+    The texts are the first `drift_samples` rows of `dataset` (the trainer's `eval_dataset`): its `prompt` (plain text
+    or a conversation, rendered as the trainer renders it for generation) and `completion` where it has that column,
+    else the starting policy's greedy answer of at most `max_completion_length` tokens (rows whose answer is empty
+    are left out). They are tokenized at the first train begin and kept in every checkpoint (`state_dict`), so that a
+    resumed run measures the same texts. The starting policy is TRL's reference (`start_policy`), which the configs
+    keep equal to it (no resets, no `sync_ref_model`). Every process scores its shard and the sums are reduced.
+    """
+
+    def __init__(self, trainer, dataset):
+        args = trainer.args
+        columns = getattr(dataset, "column_names", None)
+        if not isinstance(columns, list) or "prompt" not in columns:
+            got = "None" if dataset is None else f"a {type(dataset).__name__} with columns {columns}"
+            raise ValueError(
+                "kl_controller='drift' measures the drift on held-out texts: pass eval_dataset, a Dataset with a "
+                "'prompt' column (and a 'completion' column to score those texts; without it the starting policy's "
+                f"greedy answers to the prompts are scored), got {got}."
+            )
+        rows = dataset.select(range(min(args.drift_samples, len(dataset))))
+        self.trainer, self.every = trainer, args.drift_every
+        self.prompts = list(rows["prompt"])
+        self.completions = list(rows["completion"]) if "completion" in columns else None
+        self.rows: list[tuple[list[int], list[int]]] | None = None  # tokenized at the first train begin
+
+    def state_dict(self) -> list:
+        return [[list(p), list(c)] for p, c in self.rows] if self.rows is not None else None
+
+    def load_state_dict(self, rows: list) -> None:
+        if not (isinstance(rows, list) and rows and all(isinstance(r, list) and len(r) == 2 for r in rows)):
+            raise ValueError(f"Invalid saved drift texts: expected a list of [prompt ids, completion ids]: {rows}.")
+        self.rows = [(list(p), list(c)) for p, c in rows]
+
+    def _tokenized_rows(self) -> list[tuple[list[int], list[int]]]:
+        trainer = self.trainer
+        tokenizer = trainer.processing_class
+        texts, add_special_tokens = prompt_texts(tokenizer, self.prompts)
+        completions = self.completions
+        if completions is None:  # the starting policy's greedy answers
+            policy = trainer.accelerator.unwrap_model(trainer.model)
+            with start_policy(policy, trainer.ref_model) as start:
+                completions = generate(start, tokenizer, self.prompts, trainer.args.max_completion_length)
+        rows = []
+        for text, completion in zip(texts, completions, strict=True):
+            prompt_ids, completion_ids = prompt_and_completion_ids(tokenizer, text, completion, add_special_tokens)
+            if prompt_ids and completion_ids:
+                rows.append((prompt_ids, completion_ids))
+        if not rows:
+            raise ValueError(
+                f"kl_controller='drift': none of the {len(texts)} held-out texts (eval_dataset) has a prompt and a "
+                "completion with a token, so no drift can be measured."
+            )
+        return rows
+
+    def measure(self) -> float:
+        """The policy's drift now (a collective: every process calls it)."""
+        trainer = self.trainer
+        accelerator, tokenizer = trainer.accelerator, trainer.processing_class
+        policy = accelerator.unwrap_model(trainer.model)
+        indices, weights = shard_rows(accelerator, len(self.rows))
+        kl = tokens = 0.0
+        was_training = policy.training
+        policy.eval()
+        try:
+            with torch.no_grad(), accelerator.autocast():
+                for start in range(0, len(indices), DRIFT_BATCH_SIZE):
+                    batch = [self.rows[i] for i in indices[start : start + DRIFT_BATCH_SIZE]]
+                    logps = completion_log_probs(policy, batch, tokenizer)
+                    with start_policy(policy, trainer.ref_model) as reference:
+                        start_logps = completion_log_probs(reference, batch, tokenizer)
+                    for weight, p, q in zip(weights[start : start + DRIFT_BATCH_SIZE], logps, start_logps):
+                        kl += weight * (p.exp() * (p - q)).sum().double().item()  # Σ_t Σ_v p (log p − log q)
+                        tokens += weight * len(p)
+        finally:
+            policy.train(was_training)
+        kl, tokens = sum_over_processes(accelerator, [kl, tokens])
+        return kl / tokens
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.rows is None:  # a resumed run has the checkpoint's (`AdaptiveKLStateCallback`)
+            self.rows = self._tokenized_rows()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step % self.every and step < state.max_steps:
+            return
+        drift = self.measure()
+        controller = self.trainer.beta_controller
+        controller.update(step, drift=drift)
+        metrics = metric_store(self.trainer, "train")
+        metrics["adaptive_kl/drift"].append(drift)
+        metrics["adaptive_kl/drift_target"].append(
+            drift_path(step, target_drift=controller.target_drift, max_steps=controller.max_steps)
+        )

@@ -22,6 +22,7 @@ from ..kl.controller import (
     DYNAMIC_TRIGGERS,
     KL_CONTROLLERS,
     KL_SCALINGS,
+    KL_TARGET_CONTROLLERS,
     adaptive_reach,
 )
 from ..kl.estimators import EXPONENTIAL_ESTIMATORS
@@ -59,12 +60,16 @@ PARAMETER_READERS = {
     ),
     "beta_schedule_steps": (lambda c: "dynamic" in c.kl_methods, "kl_adaptation_method with 'dynamic'"),
     "target_kl": (
-        lambda c: c.kl_controller != "fixed",
-        "kl_controller='adaptive' or 'stepwise' (the sigmoid gate's centre is kl_target)",
+        lambda c: c.kl_controller in KL_TARGET_CONTROLLERS,
+        "kl_controller='adaptive' or 'stepwise' (the sigmoid gate's centre is kl_target; the drift controller's "
+        "target is target_drift)",
     ),
+    "target_drift": (lambda c: c.kl_controller == "drift", "kl_controller='drift' (the others' target is target_kl)"),
+    "drift_every": (lambda c: c.kl_controller == "drift", "kl_controller='drift'"),
+    "drift_samples": (lambda c: c.kl_controller == "drift", "kl_controller='drift'"),
     "kl_horizon": (lambda c: c.kl_controller == "adaptive", "kl_controller='adaptive'"),
     "beta_min": (_beta_adapts, "kl_adaptation_method with 'dynamic', or a kl_controller other than 'fixed'"),
-    "beta_max": (lambda c: c.kl_controller != "fixed", "kl_controller='adaptive' or 'stepwise'"),
+    "beta_max": (lambda c: c.kl_controller != "fixed", "kl_controller='adaptive', 'stepwise' or 'drift'"),
     "kl_monitor_steps": (
         lambda c: _beta_adapts(c) and c.beta_min == 0 and c.skip_zero_beta_reference,
         "a β that can reach 0 and stay there (dynamic or a target-KL controller, beta_min=0) with "
@@ -191,9 +196,33 @@ class AdaptiveKLFields:
     kl_controller: str = field(
         default="fixed",
         metadata={
-            "help": "Target-KL controller of beta: 'fixed' (none), 'adaptive' (proportional, Ziegler et al. 2019) or "
-            "'stepwise' (x1.5 above 1.5*target_kl, x0.75 below 0.5*target_kl). A controller keeps beta in "
-            "[beta_min, beta_max] and holds it after a step where every group's rewards agreed (no advantage)."
+            "help": "Controller of beta: 'fixed' (none); on the training KL, 'adaptive' (proportional, Ziegler et al. "
+            "2019) or 'stepwise' (x1.5 above 1.5*target_kl, x0.75 below 0.5*target_kl), each holding beta after a "
+            "step where every group's rewards agreed (no advantage); or 'drift', on the drift from the starting "
+            "policy measured on held-out texts (eval_dataset), steered to target_drift at the run's last step. "
+            "Each keeps beta in [beta_min, beta_max]."
+        },
+    )
+    target_drift: float | None = field(
+        default=None,
+        metadata={
+            "help": "kl_controller='drift' (required there): the drift you accept at the end of the run, in nats a "
+            "token: the exact KL of the policy's next-token distributions to the starting policy's, averaged over "
+            "the completion tokens of held-out texts (what `adaptive-kl frontier` reads as drift). Must be > 0."
+        },
+    )
+    drift_every: int = field(
+        default=5,
+        metadata={
+            "help": "kl_controller='drift': measure the drift and update beta after every this many optimizer steps "
+            "(and after the last). Must be >= 1."
+        },
+    )
+    drift_samples: int = field(
+        default=32,
+        metadata={
+            "help": "kl_controller='drift': how many held-out texts (the first rows of eval_dataset) the drift is "
+            "measured on: two forward passes of them per measurement. Must be >= 1."
         },
     )
     target_kl: float = field(
@@ -308,6 +337,7 @@ class AdaptiveKLFields:
             f"beta must be > 0 when any KL adaptation is set ({chosen}): TRL loads no reference model at beta=0.",
         )
         check_reference_resets(self)
+        check_drift_controller(self)
         self._check_with_host()
         self.warn_unread_parameters()
 
@@ -472,6 +502,49 @@ def check_kl_coefficient(config) -> None:
         not ("dynamic" in parse_kl_adaptation_method(config.kl_adaptation_method) and config.kl_controller != "fixed"),
         f"kl_adaptation_method='dynamic' and kl_controller={config.kl_controller!r} both steer beta; use one of "
         "them (kl_controller='fixed' with 'dynamic').",
+    )
+
+
+def check_drift_controller(config) -> None:
+    """Checks of the drift controller's fields, and of it against the run's length and the reference: the drift is
+    measured against TRL's reference, which must stay the starting policy."""
+    require(
+        is_int(config.drift_every) and config.drift_every >= 1,
+        f"drift_every must be an integer >= 1, got {config.drift_every!r}.",
+    )
+    require(
+        is_int(config.drift_samples) and config.drift_samples >= 1,
+        f"drift_samples must be an integer >= 1, got {config.drift_samples!r}.",
+    )
+    require(
+        config.target_drift is None or (is_finite_number(config.target_drift) and config.target_drift > 0),
+        f"target_drift must be None or a finite number > 0 (nats a token), got {config.target_drift!r}.",
+    )
+    if config.kl_controller != "drift":
+        return
+    require(
+        config.target_drift is not None,
+        "kl_controller='drift' needs target_drift: the drift you accept at the end of the run, in nats a token "
+        "(read it off `adaptive-kl frontier`'s line, docs/frontier.md).",
+    )
+    require(
+        is_int(config.max_steps) and config.max_steps > 0,
+        f"kl_controller='drift' needs max_steps > 0, got {config.max_steps!r}: it steers the drift at the run's last "
+        "step, which a run whose length is set by epochs does not know in advance.",
+    )
+    moved = [
+        name
+        for name, on in (
+            ("ref_reset_steps", config.ref_reset_steps > 0),
+            ("ref_reset_kl", config.ref_reset_kl > 0),
+            ("sync_ref_model", config.sync_ref_model),
+        )
+        if on
+    ]
+    require(
+        not moved,
+        f"kl_controller='drift' measures the drift against the reference, which {', '.join(moved)} moves away from "
+        "the starting policy: use one of them.",
     )
 
 

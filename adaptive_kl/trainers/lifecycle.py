@@ -36,6 +36,7 @@ from ..kl.controller import BetaController
 from ..kl.groups import zero_std_group_fraction
 from ..kl.metrics import STAT_NAMES, kl_metrics, statistics_of_sequences
 from ..kl.placement import sequence_kl_penalty, total_rewards
+from .callbacks import DriftCallback
 from .hooks import (
     HostScoring,
     check_host_attributes,
@@ -150,11 +151,15 @@ class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
     resets: ReferenceResets | None = None
     reference_reset_state: dict | None = None
     on_saved: Callable[[str], None] | None = None
+    drift: DriftCallback | None = None  # the drift controller's held-out texts, kept as token ids
+    drift_texts: list | None = None
 
     def state(self) -> dict:
         attributes = {"controller_state": self.controller.state_dict()}
         if self.resets is not None and self.resets.enabled:
             attributes["reference_reset_state"] = self.resets.state_dict()
+        if self.drift is not None and self.drift.rows is not None:
+            attributes["drift_texts"] = self.drift.state_dict()
         return {"args": {}, "attributes": attributes}
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -169,6 +174,16 @@ class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
         reset_state = saved_attribute(saved, "reference_reset_state") or self.reference_reset_state
         if reset_state is not None and self.resets is not None:
             self.resets.load_state_dict(reset_state)
+        drift_texts = saved_attribute(saved, "drift_texts") or self.drift_texts
+        if self.drift is not None and drift_texts is not None:
+            self.drift.load_state_dict(drift_texts)
+        elif self.drift is not None and controller_state is not None:
+            raise ValueError(
+                "The checkpoint has no drift texts (stateful_callbacks['AdaptiveKLStateCallback']['attributes']"
+                "['drift_texts']), which kl_controller='drift' measures on: it was not saved by a drift-controlled "
+                "run. Resume it with its own kl_controller, or set resume_without_kl_state=True to start beta and "
+                "the texts afresh."
+            )
 
     def on_save(self, args, state, control, **kwargs):
         # Under a hyperparameter search Transformers saves in a run directory per trial, not here: say so rather than
@@ -264,7 +279,13 @@ class AdaptiveKLRun:
         self.kl_monitor = KLMonitor(reads_steps=self.reads_step_kl)
         self.scored_batches: dict[str, ScoredBatch] = {}
         self.warned: set[str] = set()  # the run's warnings given, each at most once per `train()` call
-        self.add_callback(AdaptiveKLStateCallback(controller, resets=resets, on_saved=self._save_reference))
+        # The drift controller's measurement, after the state callback, which gives it a resumed run's texts first
+        drift = DriftCallback(self, self.eval_dataset) if controller.reads_drift else None
+        self.add_callback(
+            AdaptiveKLStateCallback(controller, resets=resets, on_saved=self._save_reference, drift=drift)
+        )
+        if drift is not None:
+            self.add_callback(drift)
 
     # --- a generation batch ----------------------------------------------------------------------------------------
 
@@ -450,7 +471,7 @@ class AdaptiveKLRun:
             controller, resets = self.beta_controller, self.reference_resets
             if controller.has_training_state:
                 metrics["adaptive_kl/skipped_updates"] = [float(controller.num_skipped_updates)]
-            if controller.kl_controller != "fixed":
+            if controller.reads_kl:
                 metrics["adaptive_kl/held_updates"] = [float(controller.num_held_updates)]
             if resets.enabled:
                 metrics["adaptive_kl/ref_resets"] = [float(resets.num_resets)]

@@ -243,9 +243,13 @@ def warn_if_reference_is_base(model) -> None:
 
 def reference_unread_at_zero_beta(args) -> bool:
     """Whether nothing but the KL term reads the reference while β is 0 for good: no KL monitoring
-    (`kl_monitor_steps=0`), no reference resets, no `sync_ref_model`."""
+    (`kl_monitor_steps=0`), no reference resets, no `sync_ref_model`, no drift controller (it measures against it)."""
     return (
-        args.kl_monitor_steps == 0 and args.ref_reset_steps == 0 and args.ref_reset_kl == 0 and not args.sync_ref_model
+        args.kl_monitor_steps == 0
+        and args.ref_reset_steps == 0
+        and args.ref_reset_kl == 0
+        and not args.sync_ref_model
+        and args.kl_controller != "drift"
     )
 
 
