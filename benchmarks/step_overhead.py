@@ -66,7 +66,7 @@ def variants(methods: list[str], scalings: list[str]) -> dict[str, dict | None]:
     return table
 
 
-def build_trainer(fields: dict | None, model_dir: str, opts, steps: int):
+def build_trainer(fields: dict | None, model_dir: str, opts, steps: int, eval_dataset=None):
     common = dict(
         output_dir=tempfile.mkdtemp(),
         beta=opts.beta,
@@ -96,6 +96,7 @@ def build_trainer(fields: dict | None, model_dir: str, opts, steps: int):
         reward_funcs=[brevity_reward],
         args=args,
         train_dataset=Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(32) for b in range(8)]}),
+        eval_dataset=eval_dataset,
         processing_class=AutoTokenizer.from_pretrained(model_dir),
         peft_config=_lora_config() if opts.lora else None,
     )

@@ -24,6 +24,7 @@ import os
 import sys
 
 import torch
+from datasets import Dataset
 from tiny import TRAIN_KWARGS, prompt_dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig
@@ -73,6 +74,9 @@ CONFIGS = {
         reward="tied-half",
         **({"entropy_coef": 1e-12} if "entropy_coef" in GRPOConfig.__dataclass_fields__ else {}),
     ),  # fmt: skip
+    # The drift controller: the drift of 5 held-out texts (`DRIFT_TEXTS`; one process scores 3, the other 2 and a
+    # zero-weight copy), summed over the processes, after steps 2 and 4.
+    "drift": dict(kl_controller="drift", target_drift=0.05, drift_every=2, drift_samples=5, beta_max=1.0),
     # RLOO: `dynamic` on the global mean reward, its penalty in the reward (gathered across processes).
     "rloo-dynamic": dict(
         trainer="rloo", kl_adaptation_method="dynamic", dynamic_beta_decay=0.5, reward_threshold=0.245
@@ -87,6 +91,10 @@ CONFIGS = {
         kl_monitor_steps=0,
     ),  # fmt: skip
 }
+# The drift controller's held-out texts: prompts of the training set's form, with completions of its completions' form.
+DRIFT_TEXTS = Dataset.from_dict(
+    {"prompt": [f"{i}+{i % 3}=" for i in range(5)], "completion": ["77", "1", "333", "5", "2"]}
+)
 # What a config's `reward` names (default: shorter is better, which varies within every group).
 TIED_PROMPTS = "tied-half"
 
@@ -214,6 +222,7 @@ def train(name: str, fields: dict, model_dir: str, out_dir: str, per_device_batc
         reward_funcs=[recorder.reward],
         args=args,
         train_dataset=prompt_dataset(64),
+        eval_dataset=DRIFT_TEXTS if fields.get("kl_controller") == "drift" else None,
         processing_class=AutoTokenizer.from_pretrained(model_dir),
         **({} if rloo else {"rollout_func": deterministic_rollout}),
     )

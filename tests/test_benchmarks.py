@@ -29,6 +29,8 @@ RUNS = {
     "zero-beta": ("zero_beta_cost.py", "--lora", "--steps", "5", "--switch-step", "3", "--warmup", "1", "--rounds",
                   "1", "--batch", "4", "--num-generations", "4", "--completion-length", "4"),
     "term": ("kl_term.py", "--shape", "tiny", "--batch", "2", "--lengths", "4,16", "--min-run-time", "0.01"),
+    "drift": ("drift_cost.py", "--lora", "--steps", "3", "--warmup", "1", "--rounds", "1", "--batch", "4",
+              "--num-generations", "4", "--completion-length", "4", "--drift-samples", "3"),
     "soak": ("soak.py", "--steps", "3", "--warmup", "1", "--methods", "none,dynamic", "--max-growth", "inf"),
 }  # fmt: skip
 
@@ -217,6 +219,22 @@ def test_zero_beta_cost_reports_both_phases_and_the_memory(report):
     assert len(rows[skip]) == 1 and len(rows["stock, β = 0"]) == 1  # the memory table: one row each
     for cells in (rows[skip][0], rows["stock, β = 0"][0]):
         _positive(cells[1]), _positive(cells[2])
+
+
+def test_drift_cost_reports_each_variant_against_beta_held(report):
+    """The drift controller at its defaults and measuring every step, and the A/A row, each a ratio to ours with β
+    held."""
+    rows = _rows(report("drift"))
+    assert set(rows) == {
+        "ours, β held (kl_controller='fixed')",
+        "ours, β held, again",
+        "drift, every 5 steps, 3 texts",
+        "drift, every step, 3 texts",
+    }
+    assert _positive(rows["ours, β held (kl_controller='fixed')"][0][2]) == 1.0
+    for (cells,) in rows.values():
+        _positive(cells[2]), _positive(cells[6])
+        assert _positive(cells[8]) == 4.0
 
 
 def test_kl_term_micro_benchmark_reports_every_term(report):

@@ -232,6 +232,22 @@ CASES = {
     )[1],
     "grpo-embedder-without-metrics": lambda c, m: c.grpo("--diversity_embedder", "minilm"),
     "grpo-resets-with-sync-ref-model": lambda c, m: c.grpo("--ref_reset_steps", "50", "--sync_ref_model", "true"),
+    "grpo-drift-without-target": lambda c, m: c.grpo("--kl_controller", "drift", "--max_steps", "10"),
+    "grpo-drift-without-test-split": lambda c, m: c.grpo(
+        "--kl_controller", "drift", "--target_drift", "0.1", "--max_steps", "10"
+    ),
+    "api-drift-without-held-out-texts": lambda c, m: raised(
+        lambda: make_trainer(
+            AdaptiveKLGRPOTrainer,
+            AdaptiveKLGRPOConfig,
+            c.model,
+            output_dir=str(c.tmp),
+            beta=0.04,
+            kl_controller="drift",
+            target_drift=0.1,
+            max_steps=10,
+        )  # fmt: skip
+    ),
     "api-negative-learning-rate": lambda c, m: raised(
         lambda: AdaptiveKLGRPOConfig(str(c.tmp), learning_rate=-1, use_cpu=True, bf16=False)
     ),

@@ -180,7 +180,8 @@ def build_trainer(script_args, training_args, model_args, dataset_args, script: 
     data = load_datasets(script_args, dataset_args)
     source = script_args.dataset_name or "the datasets mixture"
     train = split_of(data, script_args.dataset_train_split, "dataset_train_split", source)
-    evaluate = training_args.eval_strategy != "no"
+    # TRL's script takes the test split for evaluation; the drift controller measures on it (its held-out prompts)
+    evaluate = training_args.eval_strategy != "no" or getattr(training_args, "kl_controller", None) == "drift"
     eval_dataset = split_of(data, script_args.dataset_test_split, "dataset_test_split", source) if evaluate else None
     if getattr(train, "num_rows", None) == 0:
         raise UsageError(f"the {script_args.dataset_train_split!r} split of {source} has no rows")

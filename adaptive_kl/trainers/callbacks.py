@@ -114,13 +114,19 @@ class KLHealthCallback(TrainerCallback):
                 {},
             )
         if controller != "fixed":
+            target = (
+                f"Lower target_drift (now {args.target_drift:g}): the drift controller holds the drift from the "
+                "start on held-out texts, not the training KL"
+                if controller == "drift"
+                else f"Lower target_kl (now {args.target_kl:g}) into the band"
+            )
             if args.beta_max == math.inf:  # no ceiling to raise
-                return f"Lower target_kl (now {args.target_kl:g}) into the band.", {}
+                return f"{target}.", {}
             ceiling = beta if args.beta_max is None else args.beta_max
             settings = {"beta_max": 2 * ceiling}
             return (
-                f"Lower target_kl (now {args.target_kl:g}) into the band; if beta sits at its ceiling "
-                f"(beta_max={ceiling:g}), raise it (beta_max={settings['beta_max']:g}).",
+                f"{target}; if beta sits at its ceiling (beta_max={ceiling:g}), raise it "
+                f"(beta_max={settings['beta_max']:g}).",
                 settings,
             )
         middle = float(f"{(self.low + self.high) / 2:.3g}")  # the band's middle, as a reader would write it
@@ -132,7 +138,9 @@ class KLHealthCallback(TrainerCallback):
         return (
             f"Raise beta (now {beta:g}) and {constant}: in the package's frontier studies no adaptive method or "
             "target-KL controller was detected earning more reward than a constant beta at the same drift, and "
-            "`adaptive-kl frontier` measures the drift each constant beta gives on your model. Only where the KL "
+            "`adaptive-kl frontier` measures the drift each constant beta gives on your model. To land the drift you "
+            "accept in one run instead of a sweep, kl_controller='drift' with target_drift=<that drift> and held-out "
+            "texts as eval_dataset sets beta for you (docs/frontier.md). Only where the KL "
             "itself must stay in the band, a target-KL controller can steer it ("
             + ", ".join(f"{name}={value!r}" for name, value in settings.items())
             + "; none was shown to hold its target within +-50% in those studies).",

@@ -87,9 +87,22 @@ class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig):
         beta_schedule_steps (`int`, *optional*, defaults to `1000`):
             `dynamic`: from this optimizer step on, β = `beta_min`.
         kl_controller (`str`, *optional*, defaults to `"fixed"`):
-            `"fixed"`, `"adaptive"` (Ziegler et al., 2019) or `"stepwise"` target-KL controller of β. A controller
-            keeps β in [`beta_min`, `beta_max`] and holds it after an optimizer step where every group's rewards
-            agreed (no advantage: the KL was the step's only gradient); `adaptive_kl/held_updates` counts those steps.
+            `"fixed"`; `"adaptive"` (Ziegler et al., 2019) or `"stepwise"`, target-KL controllers of β on the training
+            KL, which hold β after an optimizer step where every group's rewards agreed (no advantage: the KL was the
+            step's only gradient; `adaptive_kl/held_updates` counts those steps); or `"drift"`, which steers the drift
+            from the starting policy on held-out texts (`eval_dataset`) to `target_drift` at the run's last step
+            (docs/design.md §5). Each keeps β in [`beta_min`, `beta_max`].
+        target_drift (`float` or `None`, *optional*, defaults to `None`):
+            `kl_controller="drift"` (required there): the drift you accept at the end of the run, nats a token: the
+            exact KL of the policy's next-token distributions to the starting policy's, averaged over the completion
+            tokens of the held-out texts, what `adaptive-kl frontier` reads as drift. > 0.
+        drift_every (`int`, *optional*, defaults to `5`):
+            `kl_controller="drift"`: measure the drift, and update β, after every this many optimizer steps and after
+            the last (logged as `adaptive_kl/drift` beside the path's `adaptive_kl/drift_target`).
+        drift_samples (`int`, *optional*, defaults to `32`):
+            `kl_controller="drift"`: how many held-out texts, the first rows of `eval_dataset`, the drift is measured
+            on: their `prompt` and `completion`, or without that column the starting policy's greedy answers to the
+            prompts. Kept in every checkpoint.
         target_kl (`float`, *optional*, defaults to `0.05`):
             `kl_controller="adaptive"` or `"stepwise"` only: the target mean per-token KL (PPO's name). Not the sigmoid
             gate's centre, which is `kl_target`.
@@ -98,9 +111,9 @@ class AdaptiveKLGRPOConfig(AdaptiveKLFields, GRPOConfig):
             most 1 ± 0.2·n/H, so N steps by at most (1 ± 0.2·n/H)^N (1.6% in 100 steps of 8 sequences at 10,000). A
             horizon that cannot move β by 10% over `max_steps` warns.
         beta_min (`float`, *optional*, defaults to `0.0`):
-            Lower bound of β under `dynamic` and the target-KL controllers.
+            Lower bound of β under `dynamic` and the controllers.
         beta_max (`float` or `None`, *optional*, defaults to `None`):
-            Ceiling of β under the target-KL controllers, the rules that raise it. `None`: `beta`, where β starts: a
+            Ceiling of β under the controllers, the rules that raise it. `None`: `beta`, where β starts: a
             controller may lower β towards a larger KL and raise it back, never past the β you chose. In [`beta`, ∞]:
             `float("inf")` is no ceiling (Ziegler et al.'s controller, as verl and OpenRLHF run it). In the package's
             frontier study the unbounded `"stepwise"` controller raised β past 2 and lost the format reward on 4 of 5

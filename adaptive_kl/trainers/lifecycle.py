@@ -177,12 +177,12 @@ class AdaptiveKLStateCallback(TrainerCallback, ExportableState):
         drift_texts = saved_attribute(saved, "drift_texts") or self.drift_texts
         if self.drift is not None and drift_texts is not None:
             self.drift.load_state_dict(drift_texts)
-        elif self.drift is not None and controller_state is not None:
+        elif self.drift is not None and controller_state is not None and not args.resume_without_kl_state:
             raise ValueError(
                 "The checkpoint has no drift texts (stateful_callbacks['AdaptiveKLStateCallback']['attributes']"
                 "['drift_texts']), which kl_controller='drift' measures on: it was not saved by a drift-controlled "
-                "run. Resume it with its own kl_controller, or set resume_without_kl_state=True to start beta and "
-                "the texts afresh."
+                "run. Resume it with its own kl_controller, or set resume_without_kl_state=True to measure the "
+                "eval_dataset's texts from here on."
             )
 
     def on_save(self, args, state, control, **kwargs):

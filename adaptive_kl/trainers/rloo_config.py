@@ -54,8 +54,9 @@ class AdaptiveKLRLOOConfig(AdaptiveKLFields, RLOOConfig):
             (exp(−r) + r − 1), with r = log π_old − log π_ref at the sampled token.
         kl_adaptation_method, kl_log_ratio_clip, kl_clip_threshold, kl_target, kl_scaling, kl_scaling_rate,
         dynamic_beta_decay, dynamic_trigger, reward_threshold, saturation_threshold, beta_schedule_steps,
-        kl_controller, target_kl, kl_horizon, beta_min, beta_max, ref_reset_steps, ref_reset_kl, ref_reset_optimizer,
-        skip_zero_beta_reference, kl_monitor_steps, resume_without_kl_state:
+        kl_controller, target_drift, drift_every, drift_samples, target_kl, kl_horizon, beta_min, beta_max,
+        ref_reset_steps, ref_reset_kl, ref_reset_optimizer, skip_zero_beta_reference, kl_monitor_steps,
+        resume_without_kl_state:
             As in [`AdaptiveKLGRPOConfig`].
     """
 

@@ -19,6 +19,8 @@ from adaptive_kl.kl.controller import (
     BetaController,
     adaptive_kl_update,
     adaptive_reach,
+    drift_path,
+    drift_update,
     dynamic_decay,
     step_scale,
     stepwise_kl_update,
@@ -48,7 +50,7 @@ statistic = st.one_of(
 
 def test_names_are_those_of_the_design():
     assert set(KL_SCALINGS) == {"none", "linear", "sqrt", "log", "exp"} == set(SCALINGS)
-    assert set(KL_CONTROLLERS) == {"fixed", "adaptive", "stepwise"}
+    assert set(KL_CONTROLLERS) == {"fixed", "adaptive", "stepwise", "drift"}
     assert DYNAMIC_TRIGGERS == ("reward", "saturation")
 
 
@@ -458,6 +460,7 @@ def test_load_state_dict_takes_whole_floats_and_refuses_a_state_without_last_ste
         (dict(dynamic=True), True),
         (dict(kl_controller="adaptive"), True),
         (dict(kl_controller="stepwise"), True),
+        (dict(kl_controller="drift", target_drift=0.1, max_steps=10), True),
     ],
 )
 def test_which_controllers_carry_training_state(kwargs, stateful):
@@ -482,6 +485,9 @@ def test_load_state_dict_defaults_missing_counters():
         ("kl_controller", dict(kl_controller="pid")),
         ("kl_scaling", dict(kl_scaling="cosine")),
         ("dynamic_trigger", dict(dynamic=True, dynamic_trigger="entropy")),
+        ("target_drift", dict(kl_controller="drift", max_steps=10)),
+        ("target_drift", dict(kl_controller="drift", target_drift=0.0, max_steps=10)),
+        ("max_steps", dict(kl_controller="drift", target_drift=0.1)),
     ],
 )
 def test_constructor_rejects_unknown_names(field, kwargs):
@@ -504,6 +510,8 @@ def _args(**overrides):
         kl_controller="fixed",
         target_kl=0.07,
         kl_horizon=5000,
+        target_drift=None,
+        max_steps=100,
         beta_max=None,
     )
     base.update(overrides)
@@ -662,3 +670,63 @@ def test_exp_scaling_and_saturation_compose_with_the_schedule(scaling, trigger):
     for step, expected_base in enumerate([0.5, 0.25, 0.125, 0.02, 0.02], start=1):
         assert ctrl.beta(step) == pytest.approx(expected_base * (alpha(step) if step > 1 else 1.0), rel=1e-14)
         ctrl.update(step, mean_reward=1.0, zero_std_fraction=1.0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The drift controller (docs/design.md, "The drift controller")
+
+
+@given(step=st.integers(1, 500), steps=st.integers(1, 500), target=positive)
+@SETTINGS
+def test_drift_path_rises_as_the_fourth_root_of_the_run_to_the_target(step, steps, target):
+    expected = target * math.exp(0.25 * math.log(min(step, steps) / steps))
+    assert drift_path(step, target_drift=target, max_steps=steps) == pytest.approx(expected, rel=1e-12)
+    assert drift_path(steps, target_drift=target, max_steps=steps) == target
+
+
+@given(beta=positive, drift=st.floats(0, 1e3), path=positive)
+@SETTINGS
+def test_drift_update_multiplies_beta_by_the_ratio_to_the_path_within_a_factor_of_two(beta, drift, path):
+    factor = 2.0 if drift > 2 * path else 0.5 if drift < path / 2 else drift / path
+    assert drift_update(beta, drift, path=path) == pytest.approx(beta * factor, rel=1e-12)
+
+
+def test_drift_controller_moves_beta_only_at_measured_steps_and_keeps_its_bounds():
+    ctrl = BetaController(0.1, kl_controller="drift", target_drift=0.2, max_steps=16, beta_min=0.04, beta_max=0.3)
+    assert not ctrl.reads_kl and ctrl.reads_drift
+    ctrl.update(1, mean_kl=5.0, num_sequences=8)  # the training KL is not what it reads
+    assert (ctrl.beta_base, ctrl.last_step, ctrl.drifts) == (0.1, 0, [])
+    ctrl.update(4, drift=0.1 * 2**0.5)  # the path at 4/16 is 0.2 · 0.25^0.25 = 0.1414: on it
+    assert ctrl.beta_base == pytest.approx(0.1, rel=1e-12)
+    ctrl.update(8, drift=1.0)  # far above the path: ×2, then the ceiling
+    assert ctrl.beta_base == 0.2
+    ctrl.update(9, drift=10.0)
+    assert ctrl.beta_base == 0.3
+    for step in (10, 11, 12):
+        ctrl.update(step, drift=0.0)  # ×1/2 each time, then the floor
+    assert ctrl.beta_base == 0.04
+    ctrl.update(13, drift=math.nan)  # counted, not applied
+    assert (ctrl.beta_base, ctrl.num_skipped_updates, ctrl.last_step) == (0.04, 1, 13)
+    assert [entry[0] for entry in ctrl.drifts] == [4, 8, 9, 10, 11, 12]
+    assert ctrl.drifts[1] == [8, 1.0, drift_path(8, target_drift=0.2, max_steps=16)]
+
+
+def test_drift_controller_state_round_trips_its_measurements_and_refuses_bad_ones():
+    def run(ctrl, steps):
+        for step in steps:
+            ctrl.update(step, drift=0.01 * step if step % 3 == 0 else None)
+
+    kwargs = dict(kl_controller="drift", target_drift=0.1, max_steps=12, beta_max=1.0)
+    uninterrupted, first_half = BetaController(0.2, **kwargs), BetaController(0.2, **kwargs)
+    run(uninterrupted, range(1, 13))
+    run(first_half, range(1, 7))
+    resumed = BetaController(0.2, **kwargs)
+    resumed.load_state_dict(json.loads(json.dumps(first_half.state_dict())))
+    run(resumed, range(7, 13))
+    assert resumed.state_dict() == uninterrupted.state_dict()
+    assert [step for step, _, _ in resumed.drifts] == [3, 6, 9, 12]
+    for bad in ([[3, math.nan, 0.1]], [[3, 0.1]], "[]"):
+        with pytest.raises(ValueError, match="drifts"):
+            resumed.load_state_dict({**first_half.state_dict(), "drifts": bad})
+    assert resumed.state_dict() == uninterrupted.state_dict()  # left unchanged
+    assert "drifts" not in BetaController(0.2, kl_controller="stepwise").state_dict()

@@ -207,6 +207,39 @@ def test_resume_with_dynamic_beta_and_lora_is_bitwise(smollm2_dir, tmp_path):
     assert resumed == full
 
 
+def shorter_is_better(completions, **kwargs) -> list[float]:
+    """A reward that differs within a group (the task's is 0 for every completion of 12 tokens): the policy moves."""
+    return [-float(len(str(completion))) for completion in completions]
+
+
+def test_drift_controller_with_lora_resumes_bitwise(smollm2_dir, tmp_path):
+    """The drift controller on conversations: the held-out texts are the start's greedy answers to the prompts, after
+    the chat template (the adapter switched off is the start); killed after step 2 and resumed, steps 3–4 measure the
+    same texts and log the uninterrupted run's drift and β."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    fields = dict(
+        beta=0.04, beta_max=0.4, kl_controller="drift", target_drift=1e-4, drift_every=2, max_steps=4,
+        save_strategy="steps", save_steps=2,
+    )  # fmt: skip
+
+    def run(directory, resume=None):
+        args = AdaptiveKLGRPOConfig(**{**RUN, **fields, "output_dir": str(directory)})
+        trainer = AdaptiveKLGRPOTrainer(
+            model=smollm2_dir, reward_funcs=[shorter_is_better], args=args, train_dataset=dataset(16),
+            eval_dataset=dataset(2), processing_class=tokenizer, peft_config=LoraConfig(**LORA),
+        )  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        texts = trainer.callback_handler.callbacks[-1].state_dict()
+        return texts, {key: logged(trainer, key) for key in ("adaptive_kl/drift", "adaptive_kl/current_beta")}
+
+    texts, full = run(tmp_path / "full")
+    assert tokenizer.decode(texts[0][0]).startswith("<|im_start|>") and all(completion for _, completion in texts)
+    drifts, betas = full["adaptive_kl/drift"], full["adaptive_kl/current_beta"]
+    assert len(drifts) == 2 and drifts[0] > 1e-4 * 0.5**0.25 * 2  # after step 2, more than twice the path's drift
+    assert betas == [0.04, 0.04, 0.08, 0.08]  # so β doubled for steps 3 and 4
+    assert run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-2")) == (texts, full)
+
+
 def test_recipe_trains_two_steps(smollm2_dir, tmp_path):
     """`adaptive-kl grpo --config demos/smollm2_recipe.yaml`: the named model, LoRA, conversational data."""
     run_python(

@@ -65,6 +65,7 @@ def test_one_warning_per_episode_and_rearm(warnings_seen):
         dict(beta=0.04, kl_controller="adaptive", beta_max=0.1),
         dict(beta=0.04, kl_controller="stepwise", beta_max=float("inf")),
         dict(beta=0.04, kl_scaling="sqrt"),
+        dict(beta=0.04, kl_controller="drift", target_drift=0.3, max_steps=10, beta_max=0.1),
     ],
 )
 def test_the_above_band_advice_names_only_settings_the_config_accepts(kwargs, warnings_seen):
@@ -88,9 +89,17 @@ def test_the_above_band_advice_names_only_settings_the_config_accepts(kwargs, wa
     assert text in warning
     if "dynamic" in args.kl_methods or args.beta == 0:
         assert "kl_controller" not in settings and 'kl_controller="' not in warning
+    if args.kl_controller == "drift":  # its target is the drift: lower that, not target_kl
+        assert text.startswith("Lower target_drift (now 0.3)") and "target_kl" not in text
     if args.beta > 0 and args.kl_controller == "fixed" and "dynamic" not in args.kl_methods:
         # the studies' answer first: a constant β, found with the frontier command; a controller only after it
         assert "`adaptive-kl frontier`" in text and text.index("adaptive-kl frontier") < text.index("kl_controller=")
+        # the drift controller next, which finds that β in one run
+        assert (
+            text.index("adaptive-kl frontier")
+            < text.index("kl_controller='drift'")
+            < text.index("kl_controller='stepwise'")
+        )
         if args.kl_scaling == "none":
             assert text.startswith("Raise beta (now 0.04) and keep it constant")
         else:  # a schedule lowers β: the advice drops it, not "keep it constant"

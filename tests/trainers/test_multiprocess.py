@@ -1,10 +1,10 @@
 """The trainer under `accelerate launch --num_processes 2` (gloo on a CPU) against one process with the same batch.
 
 `multiprocess_worker.py` trains each configuration of its `CONFIGS` in each run — GRPO with `dynamic` and
-`kl_scaling="sqrt"` (and `clip`, gradient accumulation 2), the `adaptive` and `stepwise` controllers, KL in the reward,
-reference resets and the zero-std KL mask; RLOO with `dynamic` and with the zero-β skip — and records, on each process,
-the rewards it computed, the KL sums of its micro-batches (recomputed in float64 from the estimator's formula), β of
-every step and the controller state. The checks:
+`kl_scaling="sqrt"` (and `clip`, gradient accumulation 2), the `adaptive`, `stepwise` and `drift` controllers, KL in
+the reward, reference resets and the zero-std KL mask; RLOO with `dynamic` and with the zero-β skip — and records, on
+each process, the rewards it computed, the KL sums of its micro-batches (recomputed in float64 from the estimator's
+formula), β of every step and the controller state. The checks:
 
 (a) β and the controller state are identical on both processes at every step, and follow the update rules applied to
     the statistics of the whole step (all processes), not to one process's;
@@ -74,7 +74,7 @@ def runs(tiny_model_dir, tmp_path_factory):
 # The quantities the 2-process run is compared on, each its logged key (`params`: every parameter after the run).
 COMPARED = ("loss", "adaptive_kl/raw_kl", "adaptive_kl/adapted_kl", "kl", "grad_norm", "reward", "policy_loss",
             "frac_reward_zero_std", "adaptive_kl/reward_penalty", "adaptive_kl/kl_masked_fraction",
-            "adaptive_kl/current_beta", "params")  # fmt: skip
+            "adaptive_kl/current_beta", "adaptive_kl/drift", "params")  # fmt: skip
 # TRL's per-micro-batch means, which a split into more micro-batches changes: the floor of what they are computed like.
 NOISE_OF = {"kl": "adaptive_kl/raw_kl", "policy_loss": "loss"}
 
@@ -124,9 +124,12 @@ def _global_mean_kl(ranks, step):
     return sum(record["kl"][step][1] for record in ranks) / tokens
 
 
-def _expected_betas(fields: dict, mean_reward, mean_kl, num_sequences: int, agreed=lambda t: False) -> dict:
-    """β_t of steps 1..STEPS from the rules, written out here, fed by `mean_reward(step)` / `mean_kl(step)`, and for
-    the controllers `agreed(step)`: whether every group's rewards agreed (then they hold β)."""
+def _expected_betas(
+    fields: dict, mean_reward, mean_kl, num_sequences: int, agreed=lambda t: False, drift=lambda t: None
+) -> dict:
+    """β_t of steps 1..STEPS from the rules, written out here, fed by `mean_reward(step)` / `mean_kl(step)`, for the
+    target-KL controllers `agreed(step)`: whether every group's rewards agreed (then they hold β), and for the drift
+    controller `drift(step)`, the drift measured after the step (None: not measured)."""
     beta, betas = 0.1, {}
     for t in range(1, worker.STEPS + 1):
         scale = 1 / math.sqrt(t) if fields.get("kl_scaling") == "sqrt" and t > 1 else 1.0
@@ -137,6 +140,10 @@ def _expected_betas(fields: dict, mean_reward, mean_kl, num_sequences: int, agre
         if "dynamic" in fields.get("kl_adaptation_method", ""):
             if mean_reward(str(t)) >= fields["reward_threshold"]:
                 beta *= fields["dynamic_beta_decay"]
+        elif fields.get("kl_controller") == "drift":
+            if drift(str(t)) is not None:
+                path = fields["target_drift"] * (t / worker.STEPS) ** 0.25
+                beta *= min(max(drift(str(t)) / path, 0.5), 2.0)
         elif fields.get("kl_controller", "fixed") != "fixed" and agreed(str(t)):
             pass
         elif fields.get("kl_controller") == "adaptive":
@@ -173,11 +180,14 @@ def test_beta_follows_the_rules_on_global_statistics(runs, name):
         lambda t: _global_mean_kl(ranks, t),
         sequences,
         lambda t: logs[t]["frac_reward_zero_std"] == 1.0,  # TRL's, over every process's groups
+        lambda t: logs[t].get("adaptive_kl/drift"),
     )
+    if fields.get("kl_controller") == "drift":
+        assert [t for t in STEPS if "adaptive_kl/drift" in logs[t]] == ["2", "4"]
     assert ranks[0]["beta"] == pytest.approx(expected, rel=1e-6)
-    # The stepwise thresholds do not separate the two processes' KL in these 4 steps, and a β switched off by the
-    # schedule reads no statistic.
-    if name not in ("stepwise", "rloo-zero-beta"):
+    # The stepwise thresholds do not separate the two processes' KL in these 4 steps, a β switched off by the
+    # schedule reads no statistic, and the drift's sum over the processes is checked against one process in (c).
+    if name not in ("stepwise", "rloo-zero-beta", "drift"):
         local = _expected_betas(
             fields,
             lambda t: _global_mean_reward(ranks[:1], t),

@@ -122,7 +122,8 @@ HOST_INTERNALS = (
                  "TRL's β: 0 while the host's loss runs inside ours or scores a batch without the reference; tells if "
                  "the KL is on; at `args.beta=0` the host builds no reference (`host_built_without_reference`)"),
     HostInternal("ref_model", BOTH_HOSTS, ("grpo", "rloo"), "attribute",
-                 "the full-model reference (None for PEFT): reset (`host_models`), dropped once β is 0 for good"),
+                 "the full-model reference (None for PEFT): reset (`host_models`), dropped once β is 0 for good; "
+                 "the start the drift controller measures against (`callbacks.start_policy`)"),
     HostInternal("_models", "accelerate.Accelerator", ("grpo", "rloo"), "accelerator attribute",
                  "the models `prepare_model` keeps, the reference among them: it is removed there too when released"),
     HostInternal("loss_type", "trl.GRPOTrainer", ("grpo",), "attribute",
