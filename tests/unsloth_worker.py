@@ -104,13 +104,14 @@ class HiddenStatesQwen2(Qwen2ForCausalLM):
         return CausalLMOutputWithPast(logits=hidden[:, keep])
 
 
-def make(trainer_cls, config_cls, model_cls=AutoModelForCausalLM, dtype=torch.float32, **kwargs):
+def make(trainer_cls, config_cls, model_cls=AutoModelForCausalLM, dtype=torch.float32, eval_dataset=None, **kwargs):
     args = config_cls(**{**UNSLOTH_KWARGS, "output_dir": f"{MODEL_DIR}/out-{trainer_cls.__name__}", **kwargs})
     return trainer_cls(
         model=unsloth_model(model_cls, dtype),
         reward_funcs=[length_reward],
         args=args,
         train_dataset=prompt_dataset(),
+        eval_dataset=eval_dataset,
         processing_class=AutoTokenizer.from_pretrained(MODEL_DIR),
     )
 
@@ -276,18 +277,18 @@ def check_parity(model_cls=AutoModelForCausalLM, loss_types=LOSS_TYPES, bias_cas
             assert_close(our_eval, stock_eval, eval_policy, f"{what} eval loss", rtol)
 
 
-def check_train(model_cls=AutoModelForCausalLM, methods=("dynamic+clip", "none"), steps=3):
+def check_train(model_cls=AutoModelForCausalLM, methods=("dynamic+clip", "none", "drift"), steps=3):
     """Training through Unsloth's compiled loss: β follows the rule, our KL metrics are logged, nothing is NaN."""
-    settings = {"dynamic+clip": {"reward_threshold": 0.0}, "none": {"kl_controller": "adaptive"}}
+    settings = {
+        "dynamic+clip": {"kl_adaptation_method": "dynamic+clip", "reward_threshold": 0.0},
+        "none": {"kl_controller": "adaptive"},
+        # The drift after every step, from a target far below it: β doubles at each measurement
+        "drift": {"kl_controller": "drift", "target_drift": 1e-6, "drift_every": 1, "beta_max": 1.0},
+    }
     for method, extra in [(method, settings[method]) for method in methods]:
+        held_out = prompt_dataset(4) if method == "drift" else None
         trainer = make(
-            AdaptiveKLGRPOTrainer,
-            AdaptiveKLGRPOConfig,
-            model_cls,
-            beta=0.04,
-            max_steps=steps,
-            kl_adaptation_method=method,
-            **extra,
+            AdaptiveKLGRPOTrainer, AdaptiveKLGRPOConfig, model_cls, held_out, beta=0.04, max_steps=steps, **extra
         )
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         trainer.train()
@@ -301,6 +302,8 @@ def check_train(model_cls=AutoModelForCausalLM, methods=("dynamic+clip", "none")
         betas = [log["adaptive_kl/current_beta"] for log in logs]
         if method == "dynamic+clip":  # every step's reward ≥ threshold 0: β × 0.9 per step
             assert max(abs(b - 0.04 * 0.9**i) for i, b in enumerate(betas)) < 1e-12, betas
+        elif method == "drift":  # measured against the reference after every step, far above the path
+            assert all(log["adaptive_kl/drift"] > 0 for log in logs) and betas == [0.04, 0.08, 0.16], (logs, betas)
         else:  # step 1's KL is 0: the controller lowers β, unless every group agreed (then it holds it)
             held = logs[0]["frac_reward_zero_std"] == 1.0
             assert betas[0] == 0.04 and (betas[1] == betas[0]) == held, (betas, held)

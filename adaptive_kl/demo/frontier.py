@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -608,6 +609,7 @@ def frontier_sections(runs: list[VariantRun], frontier: Frontier, plot: str | No
     return (
         sections
         + controller_section(runs, frontier)
+        + drift_section(runs, frontier)
         + secondary_section(stated, frontier)
         + learned_section(runs, frontier)
     )
@@ -690,6 +692,75 @@ def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
         "runs made before the hold existed); and its mean training KL over the target on those steps and on the "
         "others, over all its steps, and their difference on the same seed: where the held steps' is the higher, the "
         "hold kept the controller from the steps that drifted most.\n\n" + markdown_table(header, rows)
+    )
+
+
+# A drift controller's run lands on its target when its final drift is within this fraction of it (issue 107's goal).
+DRIFT_TOLERANCE = 0.2
+
+
+def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
+    """Markdown for the drift controllers among the methods ("" without one): each run's final drift (`frontier.x`)
+    against its `target_drift`, and per controller the drift over the target (mean ± 95% half-width), the runs within
+    ±`DRIFT_TOLERANCE` of it, and its seeds' spread of drift (standard deviation, and over the mean) beside that of the
+    constant β whose mean drift is nearest."""
+    targets = {
+        method: next((part.split("=", 1)[1] for part in method.split(", ") if part.startswith("target_drift=")), None)
+        for method in methods(runs, frontier)
+    }
+    controllers = [method for method, target in targets.items() if target is not None]
+    if not controllers:
+        return ""
+    groups = seed_groups(runs)
+    drifts = {name: [summarize(run)[frontier.x] for run in group] for name, group in groups.items()}
+    line = [beta for beta in frontier.line if len(drifts.get(beta, [])) > 1]
+
+    def spread(values: list[float]) -> str:
+        sd = statistics.stdev(values) if len(values) > 1 else math.nan
+        return f"{sd:.4f} ({sd / statistics.fmean(values):.2f})"
+
+    per_run, rows = [], []
+    for method in controllers:
+        target = float(targets[method])
+        group = sorted(groups[method], key=run_seed)
+        ratios = []
+        for run in group:
+            drift = summarize(run)[frontier.x]
+            betas = [h["adaptive_kl/current_beta"] for h in run.history if "adaptive_kl/current_beta" in h]
+            ratios.append(drift / target)
+            per_run.append([method, str(run_seed(run)), f"{target:g}", f"{drift:.4f}", f"{drift / target:.2f}",
+                            "yes" if abs(drift / target - 1) <= DRIFT_TOLERANCE else "no",
+                            f"{betas[-1]:.4g}" if betas else "—", f"{max(betas):.4g}" if betas else "—"])  # fmt: skip
+        mean = statistics.fmean(drifts[method])
+        nearest = min(line, key=lambda beta: abs(statistics.fmean(drifts[beta]) - mean), default=None)
+        ratio_mean, ratio_half, _ = mean_interval(ratios)
+        rows.append(
+            [
+                method,
+                str(len(group)),
+                interval_cell(drifts[method], ".4f"),
+                format_interval(ratio_mean, ratio_half, ".2f"),
+                f"{sum(abs(r - 1) <= DRIFT_TOLERANCE for r in ratios)} of {len(ratios)}",
+                spread(drifts[method]),
+                "—"
+                if nearest is None
+                else f"{nearest}: {interval_cell(drifts[nearest], '.4f')}, {spread(drifts[nearest])}",
+            ]
+        )
+    header = ("controller", "seeds", f"{metric_column(frontier.x)[0]}", "drift / target",
+              f"runs within ±{DRIFT_TOLERANCE:.0%}", "seeds' SD of drift (SD / mean)",
+              "constant β nearest in mean drift: its drift, SD (SD / mean)")  # fmt: skip
+    run_header = ("controller", "seed", "target", "final drift", "drift / target", f"within ±{DRIFT_TOLERANCE:.0%}",
+                  "final β", "largest β")  # fmt: skip
+    return (
+        "\n## Where the drift controllers landed\n\n"
+        f"Per controller: its final drift (`{frontier.x}`) and that over its `target_drift` (1: on target), mean ± "
+        f"the 95% half-width over its seeds; the runs whose drift is within ±{DRIFT_TOLERANCE:.0%} of the target; and "
+        "the seeds' spread of drift, beside the spread of the constant β whose mean drift is nearest (the spread a "
+        "constant β chosen for that drift leaves). Then every run.\n\n"
+        + markdown_table(header, rows)
+        + "\n"
+        + markdown_table(run_header, per_run)
     )
 
 
