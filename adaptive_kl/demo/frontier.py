@@ -716,7 +716,9 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
     line = [beta for beta in frontier.line if len(drifts.get(beta, [])) > 1]
 
     def spread(values: list[float]) -> str:
-        sd = statistics.stdev(values) if len(values) > 1 else math.nan
+        if len(values) < 2:
+            return "—"
+        sd = statistics.stdev(values)
         return f"{sd:.4f} ({sd / statistics.fmean(values):.2f})"
 
     per_run, rows = [], []

@@ -194,7 +194,8 @@ def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch)
     """`--dataset` and `--reward-funcs`, a user's reward module beside the data: each run trains on the user's
     functions, holds out the train split's last rows (no test split), scores their greedy answers with the same
     functions and weights (`val_reward`, recomputed here from what the policy wrote) and measures the drift on the
-    starting policy's own answers to them; the summary reads the held-out reward at matched drift."""
+    starting policy's own answers to them; the summary reads the held-out reward at matched drift. The method is the
+    drift controller, which measures on the same answers: its drift is the frontier's, to the bit."""
     from adaptive_kl.demo.embedded import embedded_datasets
     from adaptive_kl.tasks.answers import has_answer_format
 
@@ -209,9 +210,11 @@ def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch)
     argv = ["frontier", "--dataset", "mine.jsonl", "--reward-funcs", "format_reward", "sweep_rewards:brief"]
     argv += ["--steps", "2", "--eval-every", "2", "--n-validation", "4", "--betas", "0,0.1", "--seeds", "0"]
     argv += ["--set", "reward_weights=[1.0, 2.0]"]  # weighted as the trainer weights them
-    assert main([*argv, "--variant", METHOD, "--out", out, "--no-progress"]) == 0
+    method = "beta=0.1 kl_controller=drift target_drift=0.05 beta_max=1 drift_every=1"
+    assert main([*argv, "--variant", method, "--out", out, "--no-progress"]) == 0
     held_out = train["prompt"][36:]
-    for variant in ("beta_0", "beta_0.1", METHOD_DIRECTORY):
+    method_directory = "beta_0.1__kl_controller_drift__target_drift_0.05__beta_max_1__drift_every_1"
+    for variant in ("beta_0", "beta_0.1", method_directory):
         (run,) = load_runs(os.path.join(out, "runs", variant, "seed-0"))
         assert all("rewards/format_reward/mean" in h and "rewards/brief/mean" in h for h in run.history)
         assert [e["step"] for e in run.evaluations] == [0, 2] and [e["step"] for e in run.retention] == [0, 2]
@@ -223,9 +226,12 @@ def test_a_sweep_on_your_own_dataset_and_reward_functions(tmp_path, monkeypatch)
             assert evaluation["val_reward"] == pytest.approx(sum(expected) / 4, abs=1e-12)
         assert run.retention[0]["retention/kl_to_start"] == pytest.approx(0.0, abs=1e-6)  # the start against itself
         assert "--dataset mine.jsonl --reward-funcs format_reward sweep_rewards:brief" in run.provenance["command"]
+    drifts = [h["adaptive_kl/drift"] for h in run.history if "adaptive_kl/drift" in h]  # the method's run
+    assert drifts[-1] == run.retention[-1]["retention/kl_to_start"] and len(drifts) == 2
     summary = open(os.path.join(out, "summary.md")).read()
     secondary = summary[summary.index("## Secondary endpoints at matched drift") :]
-    assert f"| {METHOD.replace(' ', ', ')} | held-out reward (final) | 1 |" in secondary
+    assert f"| {method.replace(' ', ', ')} | held-out reward (final) | 1 |" in secondary
+    assert f"| {method.replace(' ', ', ')} | 0 | 0.05 | {drifts[-1]:.4f} |" in summary  # where it landed
     assert "the step-0 evaluation's held-out reward" in summary
 
 
