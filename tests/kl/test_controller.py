@@ -684,11 +684,13 @@ def test_drift_path_rises_as_the_fourth_root_of_the_run_to_the_target(step, step
     assert drift_path(steps, target_drift=target, max_steps=steps) == target
 
 
-@given(beta=positive, drift=st.floats(0, 1e3), path=positive)
+@given(beta=positive, drift=st.floats(0, 1e3), path=positive, may_lower=st.booleans())
 @SETTINGS
-def test_drift_update_multiplies_beta_by_the_ratio_to_the_path_within_a_factor_of_two(beta, drift, path):
+def test_drift_update_multiplies_beta_by_the_ratio_to_the_path_within_a_factor_of_two(beta, drift, path, may_lower):
     factor = 2.0 if drift > 2 * path else 0.5 if drift < path / 2 else drift / path
-    assert drift_update(beta, drift, path=path) == pytest.approx(beta * factor, rel=1e-12)
+    if not may_lower:  # the first quarter of the run: raised or held, never lowered
+        factor = max(factor, 1.0)
+    assert drift_update(beta, drift, path=path, may_lower=may_lower) == pytest.approx(beta * factor, rel=1e-12)
 
 
 def test_drift_controller_moves_beta_only_at_measured_steps_and_keeps_its_bounds():
@@ -696,6 +698,8 @@ def test_drift_controller_moves_beta_only_at_measured_steps_and_keeps_its_bounds
     assert not ctrl.reads_kl and ctrl.reads_drift
     ctrl.update(1, mean_kl=5.0, num_sequences=8)  # the training KL is not what it reads
     assert (ctrl.beta_base, ctrl.last_step, ctrl.drifts) == (0.1, 0, [])
+    ctrl.update(3, drift=0.0)  # far below the path, but in the first quarter (steps before 4 of 16): held
+    assert ctrl.beta_base == 0.1
     ctrl.update(4, drift=0.1 * 2**0.5)  # the path at 4/16 is 0.2 · 0.25^0.25 = 0.1414: on it
     assert ctrl.beta_base == pytest.approx(0.1, rel=1e-12)
     ctrl.update(8, drift=1.0)  # far above the path: ×2, then the ceiling
@@ -707,8 +711,8 @@ def test_drift_controller_moves_beta_only_at_measured_steps_and_keeps_its_bounds
     assert ctrl.beta_base == 0.04
     ctrl.update(13, drift=math.nan)  # counted, not applied
     assert (ctrl.beta_base, ctrl.num_skipped_updates, ctrl.last_step) == (0.04, 1, 13)
-    assert [entry[0] for entry in ctrl.drifts] == [4, 8, 9, 10, 11, 12]
-    assert ctrl.drifts[1] == [8, 1.0, drift_path(8, target_drift=0.2, max_steps=16)]
+    assert [entry[0] for entry in ctrl.drifts] == [3, 4, 8, 9, 10, 11, 12]
+    assert ctrl.drifts[2] == [8, 1.0, drift_path(8, target_drift=0.2, max_steps=16)]
 
 
 def test_drift_controller_state_round_trips_its_measurements_and_refuses_bad_ones():

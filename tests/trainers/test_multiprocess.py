@@ -143,7 +143,7 @@ def _expected_betas(
         elif fields.get("kl_controller") == "drift":
             if drift(str(t)) is not None:
                 path = fields["target_drift"] * (t / worker.STEPS) ** 0.25
-                beta *= min(max(drift(str(t)) / path, 0.5), 2.0)
+                beta *= min(max(drift(str(t)) / path, 0.5 if t >= worker.STEPS / 4 else 1.0), 2.0)
         elif fields.get("kl_controller", "fixed") != "fixed" and agreed(str(t)):
             pass
         elif fields.get("kl_controller") == "adaptive":
