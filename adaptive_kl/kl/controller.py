@@ -31,8 +31,8 @@ STEPWISE_UP, STEPWISE_DOWN = 1.5, 0.75
 DRIFT_PATH_POWER = 0.25
 DRIFT_MAX_FACTOR = 2.0
 # Nor does it lower β in the first quarter of the run, where a drift below the path is the lag before the reward is
-# learned: in a pilot (SmolLM2, seed 0) lowering β there to 0.025 and 0.0125 let the burst of steps 15–25 overshoot
-# both targets (drift 0.61 against 0.13, 0.79 against 0.6, at step 25).
+# learned: in a pilot (SmolLM2, seed 0; docs/studies/real/drift_sum/pilot) lowering β there to 0.029 and 0.0125 let
+# the burst of steps 15–25 overshoot both targets (drift 0.61 against 0.13, 0.79 against 0.6, at step 25).
 DRIFT_NO_LOWERING_FRACTION = 0.25
 
 
