@@ -75,7 +75,7 @@ PARAMETER_READERS = {
         "a β that can reach 0 and stay there (dynamic or a target-KL controller, beta_min=0) with "
         "skip_zero_beta_reference=True",
     ),
-    "resume_without_kl_state": (_beta_adapts, "a β that adapts (dynamic or a target-KL controller)"),
+    "resume_without_kl_state": (_beta_adapts, "a β that adapts (dynamic or a controller)"),
     "kl_log_ratio_clip": (
         # The GRPO config's bias correction exponentiates the importance log-ratio; RLOO's config has no such field.
         lambda c: c.kl_estimator in EXPONENTIAL_ESTIMATORS or getattr(c, "use_bias_correction_kl", False),

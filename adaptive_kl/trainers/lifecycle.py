@@ -388,11 +388,14 @@ class AdaptiveKLRun:
     def _load_callback_state(self):
         super()._load_callback_state()
         # With `restore_callback_states_from_checkpoint=True` Transformers re-instantiates callbacks from their
-        # saved args; give the new instance our controller and resets (its `on_train_begin` then loads their state).
-        for callback in self.callback_handler.callbacks:
+        # saved args; give the new instance our controller, resets and drift texts' holder (its `on_train_begin` then
+        # loads their state).
+        callbacks = self.callback_handler.callbacks
+        drift = next((callback for callback in callbacks if isinstance(callback, DriftCallback)), None)
+        for callback in callbacks:
             if isinstance(callback, AdaptiveKLStateCallback) and callback.controller is None:
                 callback.controller, callback.resets = self.beta_controller, self.reference_resets
-                callback.on_saved = self._save_reference
+                callback.on_saved, callback.drift = self._save_reference, drift
 
     # --- each micro-batch --------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from tiny import NOISE_FACTOR, make_trainer, perturb
 
 from adaptive_kl import AdaptiveKLGRPOConfig, AdaptiveKLGRPOTrainer
 from adaptive_kl.trainers import callbacks as callbacks_module
-from adaptive_kl.trainers.callbacks import KLHealthCallback, RetentionCallback
+from adaptive_kl.trainers.callbacks import KLHealthCallback, RetentionCallback, shard_rows
 from adaptive_kl.trainers.generation import generate
 
 
@@ -352,14 +352,9 @@ def test_record_start_keeps_the_start_through_train_begin(trainer):
                 p.copy_(original[name])
 
 
-def test_loglik_shards_rows_evenly_across_processes(trainer):
-    callback = RetentionCallback(trainer, Dataset.from_dict(SFT), batch_size=2)
-    shards = []
-    for index in range(2):
-        accelerator = SimpleNamespace(num_processes=2, process_index=index)
-        callback.trainer = SimpleNamespace(accelerator=accelerator)
-        shards.append(callback._shard())
-    callback.trainer = trainer
+def test_loglik_shards_rows_evenly_across_processes():
+    """The held-out rows of the retention and drift measurements, 5 over 2 processes."""
+    shards = [shard_rows(SimpleNamespace(num_processes=2, process_index=index), 5) for index in range(2)]
     assert shards == [([0, 2, 4], [1, 1, 1]), ([1, 3, 0], [1, 1, 0])]  # same length: same number of batches
 
 

@@ -28,6 +28,9 @@ NEW_FIELD_DEFAULTS = {
     "kl_scaling_rate": 0.99,
     "kl_estimator": "k3",
     "kl_controller": "fixed",
+    "target_drift": None,
+    "drift_every": 5,
+    "drift_samples": 32,
     "target_kl": 0.05,
     "kl_horizon": 10000,
     "kl_placement": "loss",
@@ -202,6 +205,7 @@ def test_trainer_refuses_a_plain_grpo_config(tiny_model_dir):
 
 
 # A parameter set while nothing reads it: (its field, a value other than the default, the settings that read it).
+DRIFT_READER = {"kl_controller": "drift", "target_drift": 0.1, "max_steps": 10}  # (it needs both)
 UNREAD_PARAMETERS = [
     ("kl_clip_threshold", 0.5, {"kl_adaptation_method": "clip"}),
     ("kl_target", 0.3, {"kl_adaptation_method": "sigmoid"}),
@@ -212,6 +216,9 @@ UNREAD_PARAMETERS = [
     ("saturation_threshold", 0.25, {"kl_adaptation_method": "dynamic", "dynamic_trigger": "saturation"}),
     ("beta_schedule_steps", 50, {"kl_adaptation_method": "dynamic"}),
     ("target_kl", 0.2, {"kl_controller": "stepwise"}),
+    ("target_drift", 0.2, DRIFT_READER),
+    ("drift_every", 2, DRIFT_READER),
+    ("drift_samples", 8, DRIFT_READER),
     ("kl_horizon", 500, {"kl_controller": "adaptive"}),
     ("beta_min", 0.01, {"kl_controller": "stepwise"}),
     ("beta_max", 0.5, {"kl_controller": "stepwise"}),
@@ -267,7 +274,7 @@ def test_a_parameter_nothing_reads_warns_naming_what_would_read_it(name, value, 
         assert unread_warnings(beta=0.0, **{name: value}) == [
             f"{name}={value!r} has no effect: it is read only with beta > 0 and {reader}."
         ]
-    assert unread_warnings(beta=0.1, **readers, **{name: value}) == []
+    assert unread_warnings(beta=0.1, **{**readers, name: value}) == []
     assert unread_warnings(beta=0.1, **readers) == []
 
 

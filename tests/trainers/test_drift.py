@@ -77,10 +77,14 @@ def test_drift_is_the_frontier_drift_and_beta_follows_the_rule(tiny_model_dir, t
     assert run.beta_controller.drifts == [[t, drifts[t], targets[t]] for t in drifts]
 
 
-def test_resumed_run_measures_the_checkpoints_texts_and_follows_the_uninterrupted_run(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("restore_callbacks", [False, True])
+def test_resumed_run_measures_the_checkpoints_texts_and_follows_the_uninterrupted_run(
+    tiny_model_dir, tmp_path, restore_callbacks
+):
     """Without completions the texts are the starting policy's greedy answers; a checkpoint keeps them as token ids
     with the measurements, and a run resumed from it (given other prompts) measures them, with the uninterrupted
-    run's drifts and β to the bit."""
+    run's drifts and β to the bit, also where Transformers re-instantiates the state callback
+    (`restore_callback_states_from_checkpoint`)."""
     common = dict(save_strategy="steps", save_steps=3, eval_dataset=prompt_dataset(6))
     full = drift_trainer(tiny_model_dir, str(tmp_path / "full"), **common)
     full.train()
@@ -92,9 +96,15 @@ def test_resumed_run_measures_the_checkpoints_texts_and_follows_the_uninterrupte
     assert saved["controller_state"]["drifts"] == full.beta_controller.drifts[:1]  # step 2's
 
     other_prompts = Dataset.from_dict({"prompt": ["9-9=", "8-1="]})
-    resumed = drift_trainer(tiny_model_dir, str(tmp_path / "resumed"), **{**common, "eval_dataset": other_prompts})
+    resumed = drift_trainer(
+        tiny_model_dir,
+        str(tmp_path / "resumed"),
+        **{**common, "eval_dataset": other_prompts},
+        restore_callback_states_from_checkpoint=restore_callbacks,
+    )
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
-    assert resumed.callback_handler.callbacks[-1].state_dict() == texts
+    (drift,) = [c for c in resumed.callback_handler.callbacks if type(c).__name__ == "DriftCallback"]
+    assert drift.state_dict() == texts
     assert resumed.beta_controller.state_dict() == full.beta_controller.state_dict()
     for key in ("adaptive_kl/drift", "adaptive_kl/current_beta"):
         assert logged(resumed, key) == logged(full, key)
