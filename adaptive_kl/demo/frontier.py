@@ -629,17 +629,18 @@ def held_and_acting_kl(run: VariantRun) -> tuple[float, float]:
     return tuple(sum(values) / len(values) if values else math.nan for values in (held, acting))
 
 
+def value_in_name(method: str, field: str) -> str | None:
+    """The value a method's name gives `field` ("…, target_kl=0.147, …" → "0.147"), or None where it sets none."""
+    return next((part.split("=", 1)[1] for part in method.split(", ") if part.startswith(f"{field}=")), None)
+
+
 def controller_section(runs: list[VariantRun], frontier: Frontier) -> str:
     """Markdown for the target-KL controllers among the methods ("" without one): per method the last quarter's mean
     training KL (`adaptive_kl/raw_kl`) over its `target_kl` by seed and its mean ± 95% half-width, the largest β it
     logged, its last quarter's reward, that reward over its seed's line at its drift (with the start's point when the
     frontier states it) at its least over the seeds, the steps it held β (every group agreed), and the KL over the
     target on those steps and on the others (`held_and_acting_kl`)."""
-    # Each method's `target_kl`, as its name gives it ("…, target_kl=0.147, …" → "0.147"): the controllers have one.
-    targets = {
-        method: next((part.split("=", 1)[1] for part in method.split(", ") if part.startswith("target_kl=")), None)
-        for method in methods(runs, frontier)
-    }
+    targets = {method: value_in_name(method, "target_kl") for method in methods(runs, frontier)}
     controllers = [method for method, target in targets.items() if target is not None]
     if not controllers:
         return ""
@@ -704,10 +705,7 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
     against its `target_drift`, and per controller the drift over the target (mean ± 95% half-width), the runs within
     ±`DRIFT_TOLERANCE` of it, and its seeds' spread of drift (standard deviation, and over the mean) beside that of the
     constant β whose mean drift is nearest."""
-    targets = {
-        method: next((part.split("=", 1)[1] for part in method.split(", ") if part.startswith("target_drift=")), None)
-        for method in methods(runs, frontier)
-    }
+    targets = {method: value_in_name(method, "target_drift") for method in methods(runs, frontier)}
     controllers = [method for method, target in targets.items() if target is not None]
     if not controllers:
         return ""
