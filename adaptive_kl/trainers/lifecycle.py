@@ -280,7 +280,16 @@ class AdaptiveKLRun:
         self.scored_batches: dict[str, ScoredBatch] = {}
         self.warned: set[str] = set()  # the run's warnings given, each at most once per `train()` call
         # The drift controller's measurement, after the state callback, which gives it a resumed run's texts first
-        drift = DriftCallback(self, self.eval_dataset) if controller.reads_drift else None
+        drift = None
+        if controller.reads_drift:
+            models = host_models(self)
+            if models.sharding_engine == "fsdp" or models.zero_stage == 3:
+                raise ValueError(
+                    "kl_controller='drift' is not supported with FSDP or DeepSpeed ZeRO-3: it scores held-out texts "
+                    "with the unwrapped policy and reference, whose sharded parameters it would have to gather. Use "
+                    "DDP or ZeRO-1/2, or another kl_controller."
+                )
+            drift = DriftCallback(self, self.eval_dataset)
         self.add_callback(
             AdaptiveKLStateCallback(controller, resets=resets, on_saved=self._save_reference, drift=drift)
         )

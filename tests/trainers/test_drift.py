@@ -169,3 +169,19 @@ def test_target_drift_without_the_drift_controller_warns(tmp_path):
 def test_the_trainer_needs_held_out_prompts(tiny_model_dir, tmp_path, eval_dataset, got):
     with pytest.raises(ValueError, match=f"measures the drift on held-out texts: pass eval_dataset.*{got}"):
         drift_trainer(tiny_model_dir, str(tmp_path), eval_dataset=eval_dataset)
+
+
+@pytest.mark.parametrize(("engine", "stage"), [("fsdp", None), ("deepspeed", 3)])
+def test_sharded_parameters_are_refused(tiny_model_dir, tmp_path, monkeypatch, engine, stage):
+    """Under FSDP or ZeRO-3 the held-out texts cannot be scored with the unwrapped models: refused at construction
+    (the engine stood in for: neither runs on this machine)."""
+    import dataclasses
+
+    from adaptive_kl.trainers import lifecycle
+
+    real = lifecycle.host_models
+    monkeypatch.setattr(
+        lifecycle, "host_models", lambda t: dataclasses.replace(real(t), sharding_engine=engine, zero_stage=stage)
+    )
+    with pytest.raises(ValueError, match="kl_controller='drift' is not supported with FSDP or DeepSpeed ZeRO-3"):
+        drift_trainer(tiny_model_dir, str(tmp_path))
