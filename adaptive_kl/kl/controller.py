@@ -25,11 +25,21 @@ ADAPTIVE_ERROR_CLIP = 0.2
 # "Tutorial 15: KL Divergence and Policy Regularization"; no published source).
 STEPWISE_HIGH, STEPWISE_LOW = 1.5, 0.5
 STEPWISE_UP, STEPWISE_DOWN = 1.5, 0.75
-# Drift controller (docs/design.md, "The drift controller"): the path's power, and the most one measurement moves β.
-# On SmolLM2 LoRA (docs/studies/real/frontier_sum) a constant β had drifted, by a quarter of the run, 0.57–1.0 of its
-# final drift (mean over 5 seeds at each β from 0.02 to 0.2): (1/4)^0.25 = 0.71 lies in that range.
+# Drift controller (docs/design.md §5, "The drift controller"). The path's power: on SmolLM2 LoRA
+# (docs/studies/real/frontier_sum) a constant β had drifted, by a quarter of the run, 0.57–1.0 of its final drift (mean
+# over 5 seeds at each β from 0.02 to 0.2): (1/4)^0.25 = 0.71 lies in that range.
 DRIFT_PATH_POWER = 0.25
-DRIFT_MAX_FACTOR = 2.0
+# β sets how fast the drift moves, not where it is, and the drift answers it some 5–15 steps late: a rule that only
+# integrated the error (β ← β · clip(drift / path, ½, 2) at each measurement, the first rule) swung the drift around
+# the path with a period of 40–50 steps on SmolLM2 (docs/studies/real/drift_sum/first_rule). So the error is that of
+# the drift extrapolated `DRIFT_HORIZON` steps along its last slope against the path there (damping), and log β is a
+# proportional term plus a slower integral of that error (a PI rule on log β; Åström & Murray, "Feedback Systems",
+# 2008, ch. 10–11, for PI control of a lagging plant and for integrator windup).
+DRIFT_HORIZON = 10
+DRIFT_PROPORTIONAL_GAIN = 1.0
+DRIFT_INTEGRAL_GAIN = 0.5
+DRIFT_MAX_RATIO = 4.0  # the error's ratio is clipped to [1/4, 4]: one measurement moves the proportional term ≤ 4×
+DRIFT_INTEGRAL_RANGE = 1000.0  # the integral's β stays within [beta / 1000, beta_max]: no windup below or above
 # Nor does it lower β in the first quarter of the run, where a drift below the path is the lag before the reward is
 # learned: in a pilot (SmolLM2, seed 0; docs/studies/real/drift_sum/pilot) lowering β there to 0.029 and 0.0125 let
 # the burst of steps 15–25 overshoot both targets (drift 0.61 against 0.13, 0.79 against 0.6, at step 25).
@@ -96,13 +106,31 @@ def drift_path(step: int, *, target_drift: float, max_steps: int) -> float:
     return target_drift * (min(step, max_steps) / max_steps) ** DRIFT_PATH_POWER
 
 
-def drift_update(beta: float, drift: float, *, path: float, may_lower: bool = True) -> float:
-    """The drift controller: β ← β · clip(drift / path, 1/2, 2), or with `may_lower=False` (the first quarter of the
-    run) β · clip(drift / path, 1, 2). Proportional in log β to the measured drift's ratio to the path (gain 1: drift
-    falls by a factor of β's rise to the power 0.3–1.5 on SmolLM2, so a full correction takes one to three
-    measurements); repeated at each measurement while the error lasts, the rule integrates it."""
-    factor = min(max(drift / path, 1.0 / DRIFT_MAX_FACTOR if may_lower else 1.0), DRIFT_MAX_FACTOR)
-    return beta * factor
+def drift_beta(
+    drifts: list[list], *, beta: float, beta_min: float, beta_max: float, target_drift: float, max_steps: int
+) -> float:
+    """β_base after the measurements `drifts` (`[step, drift, …]` in order; the drift is 0 at step 0), starting from
+    `beta`. At measurement k (step t_k, drift D_k):
+
+        D̂_k = D_k + (D_k − D_{k−1}) · H / (t_k − t_{k−1})           the drift H steps ahead along the last slope
+        e_k = log clip(D̂_k / path(t_k + H), 1/4, 4)                  ≥ 0 in the first quarter: β is not lowered there
+        I_k = clip(I_{k−1} + K_i · e_k, log(1/1000), log(β_max/β))       I_0 = 0
+        β_k = clip(β · exp(I_k + K_p · e_k), β_min, β_max)
+
+    with H = `DRIFT_HORIZON`, K_p = `DRIFT_PROPORTIONAL_GAIN`, K_i = `DRIFT_INTEGRAL_GAIN`. A function of the
+    measurements alone, so a resumed run that has them has its β. `beta` > 0 (the config refuses 0 with a
+    controller)."""
+    integral, floor, ceiling = 0.0, -math.log(DRIFT_INTEGRAL_RANGE), math.log(beta_max / beta)
+    error, previous_step, previous_drift = 0.0, 0, 0.0
+    for step, drift, *_ in drifts:
+        ahead = drift + (drift - previous_drift) * DRIFT_HORIZON / (step - previous_step)
+        path = drift_path(step + DRIFT_HORIZON, target_drift=target_drift, max_steps=max_steps)
+        error = math.log(min(max(ahead / path, 1.0 / DRIFT_MAX_RATIO), DRIFT_MAX_RATIO))
+        if step < DRIFT_NO_LOWERING_FRACTION * max_steps:
+            error = max(error, 0.0)
+        integral = min(max(integral + DRIFT_INTEGRAL_GAIN * error, floor), ceiling)
+        previous_step, previous_drift = step, drift
+    return min(max(beta * math.exp(integral + DRIFT_PROPORTIONAL_GAIN * error), beta_min), beta_max)
 
 
 class BetaController:
@@ -271,9 +299,14 @@ class BetaController:
                 return
             path = drift_path(step, target_drift=self.target_drift, max_steps=self.max_steps)
             self.drifts.append([step, drift, path])
-            may_lower = step >= DRIFT_NO_LOWERING_FRACTION * self.max_steps
-            new_beta = drift_update(self.beta_base, drift, path=path, may_lower=may_lower)
-            new_beta = min(max(new_beta, self.beta_min), self.beta_max)
+            new_beta = drift_beta(
+                self.drifts,
+                beta=self.initial_beta,
+                beta_min=self.beta_min,
+                beta_max=self.beta_max,
+                target_drift=self.target_drift,
+                max_steps=self.max_steps,
+            )
         elif self.reads_kl:
             if mean_kl is None or not math.isfinite(mean_kl) or not num_sequences:
                 self.num_skipped_updates += 1

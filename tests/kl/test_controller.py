@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny import reference_drift_beta
 
 from adaptive_kl.kl.controller import (
     DYNAMIC_TRIGGERS,
@@ -19,8 +20,8 @@ from adaptive_kl.kl.controller import (
     BetaController,
     adaptive_kl_update,
     adaptive_reach,
+    drift_beta,
     drift_path,
-    drift_update,
     dynamic_decay,
     step_scale,
     stepwise_kl_update,
@@ -684,13 +685,41 @@ def test_drift_path_rises_as_the_fourth_root_of_the_run_to_the_target(step, step
     assert drift_path(steps, target_drift=target, max_steps=steps) == target
 
 
-@given(beta=positive, drift=st.floats(0, 1e3), path=positive, may_lower=st.booleans())
+def test_drift_beta_by_hand():
+    """One measurement past the first quarter, by hand: step 30 of 100, drift 0.1, target 0.2, β = 0.1. Along the
+    slope from (0, 0) the drift at step 40 is 0.1 + 0.1 · 10/30 = 0.13333; the path there is 0.2 · 0.4^0.25 = 0.15906;
+    e = log(0.83829) = −0.17639; β = 0.1 · exp(0.5 e + e) = 0.1 · 0.76752."""
+    kwargs = dict(beta=0.1, beta_min=0.0, beta_max=1.0, target_drift=0.2, max_steps=100)
+    assert drift_beta([[30, 0.1, 0.0]], **kwargs) == pytest.approx(0.076752, abs=1e-6)
+    # Half of it at step 20 (the first quarter) is below the path: held, not lowered
+    assert drift_beta([[20, 0.05, 0.0]], **kwargs) == 0.1
+    # A drift falling fast towards the path lowers β though it is still above it: 0.3 at step 50 after 0.5 at step 40
+    # extrapolates to −0.1, clipped to a quarter of the path
+    falling = drift_beta([[40, 0.5, 0.0], [50, 0.3, 0.0]], **kwargs)
+    assert falling < 0.1
+    assert falling == pytest.approx(reference_drift_beta([(40, 0.5), (50, 0.3)], **kwargs), rel=1e-12)
+
+
+@given(
+    beta=st.floats(1e-3, 1.0),
+    ceiling=st.floats(1.0, 100.0),
+    beta_min=st.floats(0.0, 1e-3),
+    target=st.floats(1e-3, 5.0),
+    steps=st.integers(4, 400),
+    measured=st.lists(st.tuples(st.integers(1, 40), st.floats(0.0, 10.0)), min_size=1, max_size=30),
+)
 @SETTINGS
-def test_drift_update_multiplies_beta_by_the_ratio_to_the_path_within_a_factor_of_two(beta, drift, path, may_lower):
-    factor = 2.0 if drift > 2 * path else 0.5 if drift < path / 2 else drift / path
-    if not may_lower:  # the first quarter of the run: raised or held, never lowered
-        factor = max(factor, 1.0)
-    assert drift_update(beta, drift, path=path, may_lower=may_lower) == pytest.approx(beta * factor, rel=1e-12)
+def test_drift_beta_follows_its_formula_within_its_bounds(beta, ceiling, beta_min, target, steps, measured):
+    drifts, step = [], 0
+    for gap, drift in measured:
+        step += gap
+        drifts.append((step, drift))
+    beta_max = beta * ceiling
+    kwargs = dict(beta=beta, beta_min=beta_min, beta_max=beta_max, target_drift=target, max_steps=steps)
+    got = drift_beta([[t, d, 0.0] for t, d in drifts], **kwargs)
+    expected = reference_drift_beta(drifts, **kwargs)
+    assert got == pytest.approx(expected, rel=1e-9)
+    assert beta_min <= got <= beta_max
 
 
 def test_drift_controller_moves_beta_only_at_measured_steps_and_keeps_its_bounds():
@@ -700,19 +729,19 @@ def test_drift_controller_moves_beta_only_at_measured_steps_and_keeps_its_bounds
     assert (ctrl.beta_base, ctrl.last_step, ctrl.drifts) == (0.1, 0, [])
     ctrl.update(3, drift=0.0)  # far below the path, but in the first quarter (steps before 4 of 16): held
     assert ctrl.beta_base == 0.1
-    ctrl.update(4, drift=0.1 * 2**0.5)  # the path at 4/16 is 0.2 · 0.25^0.25 = 0.1414: on it
-    assert ctrl.beta_base == pytest.approx(0.1, rel=1e-12)
-    ctrl.update(8, drift=1.0)  # far above the path: ×2, then the ceiling
-    assert ctrl.beta_base == 0.2
-    ctrl.update(9, drift=10.0)
+    ctrl.update(8, drift=1.0)  # far above the path: ×4^1.5 = 8, then the ceiling
     assert ctrl.beta_base == 0.3
     for step in (10, 11, 12):
-        ctrl.update(step, drift=0.0)  # ×1/2 each time, then the floor
+        ctrl.update(step, drift=0.0)  # a quarter of the path, then the floor
     assert ctrl.beta_base == 0.04
     ctrl.update(13, drift=math.nan)  # counted, not applied
     assert (ctrl.beta_base, ctrl.num_skipped_updates, ctrl.last_step) == (0.04, 1, 13)
-    assert [entry[0] for entry in ctrl.drifts] == [3, 4, 8, 9, 10, 11, 12]
-    assert ctrl.drifts[2] == [8, 1.0, drift_path(8, target_drift=0.2, max_steps=16)]
+    assert [entry[0] for entry in ctrl.drifts] == [3, 8, 10, 11, 12]
+    assert ctrl.drifts[1] == [8, 1.0, drift_path(8, target_drift=0.2, max_steps=16)]
+    ctrl.update(14, drift=0.25)
+    measured = [(t, d) for t, d, _ in ctrl.drifts]
+    expected = reference_drift_beta(measured, beta=0.1, beta_min=0.04, beta_max=0.3, target_drift=0.2, max_steps=16)
+    assert ctrl.beta_base == pytest.approx(expected, rel=1e-12) and 0.04 < expected < 0.3
 
 
 def test_drift_controller_state_round_trips_its_measurements_and_refuses_bad_ones():

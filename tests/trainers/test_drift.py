@@ -11,7 +11,7 @@ import math
 import pytest
 from datasets import Dataset
 from peft import LoraConfig
-from tiny import TRAIN_KWARGS, make_trainer, prompt_dataset
+from tiny import TRAIN_KWARGS, make_trainer, prompt_dataset, reference_drift_beta
 
 from adaptive_kl import (
     AdaptiveKLGRPOConfig,
@@ -64,14 +64,21 @@ def test_drift_is_the_frontier_drift_and_beta_follows_the_rule(tiny_model_dir, t
     assert min(drifts.values()) > 0  # the policy moved
     assert (run.ref_model is None) is lora
 
-    beta, expected = DRIFT["beta"], {}
+    beta, expected, measured = DRIFT["beta"], {}, []
     for step in range(1, DRIFT["max_steps"] + 1):
         expected[step] = beta
         if step in drifts:
             path = DRIFT["target_drift"] * (step / DRIFT["max_steps"]) ** 0.25
             assert targets[step] == pytest.approx(path, rel=1e-12)
-            floor = 0.5 if step >= DRIFT["max_steps"] / 4 else 1.0  # not lowered in the first quarter
-            beta = min(beta * min(max(drifts[step] / path, floor), 2.0), DRIFT["beta_max"])
+            measured.append((step, drifts[step]))
+            beta = reference_drift_beta(
+                measured,
+                beta=DRIFT["beta"],
+                beta_min=0.0,
+                beta_max=DRIFT["beta_max"],
+                target_drift=DRIFT["target_drift"],
+                max_steps=DRIFT["max_steps"],
+            )
     assert logged(run, "adaptive_kl/current_beta") == pytest.approx(expected, rel=1e-12)
     assert len(set(expected.values())) > 1, "β never moved: the run does not exercise the controller"
     assert run.beta_controller.drifts == [[t, drifts[t], targets[t]] for t in drifts]
