@@ -210,15 +210,22 @@ def test_the_real_model_study_numbers_come_from_the_committed_runs():
         assert not missing, f"intervals {where} quotes about the real model but no real study summary has: {missing}"
 
 
+def load_module(path: str):
+    """The module of the repository's file `path` (a script or a test file, not a package module)."""
+    import importlib.util
+
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_methods_table_is_built_from_the_committed_summary():
     """The studies page's methods table is what `scripts/methods_table.py` builds from the methods study's committed
     summary: every cell, every arm with 3 or more seeds, in order; and the script refuses a summary arm it cannot
     name rather than leave it out."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("methods_table", os.path.join(ROOT, "scripts", "methods_table.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_module("scripts/methods_table.py")
     summary = open(os.path.join(ROOT, script.SUMMARY)).read()
     page = open(os.path.join(ROOT, script.PAGE)).read()
     built = script.methods_table(summary)
@@ -231,15 +238,22 @@ def test_the_methods_table_is_built_from_the_committed_summary():
         script.methods_table(unnamed)
 
 
+def test_the_drift_rules_surrogate_shares_are_the_scripts():
+    """design.md §5's shares of simulated runs within ±20% (the drift controller's rule against its first rule) are
+    what `scripts/drift_surrogate.py` computes (deterministic seeds), and the rule it scores is the package's."""
+    script = load_module("scripts/drift_surrogate.py")
+    shares = [script.within(rule) for rule in (script.package_rule, script.first_rule)]
+    ours, first = (sum(share) / len(share) for share in shares)
+    assert ours > first
+    design = " ".join(open(os.path.join(ROOT, "docs", "design.md")).read().split())
+    assert f"{ours:.0%} of simulated runs ended within ±20% against the first rule's {first:.0%}" in design
+
+
 def test_the_frontier_tables_are_built_from_the_committed_summary():
     """The studies page's two frontier tables (constant β's points, the methods against the frontier) are what
     `scripts/frontier_table.py` builds from the frontier study's committed summary; a method it cannot name is
     refused rather than left out."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("frontier_table", os.path.join(ROOT, "scripts", "frontier_table.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_module("scripts/frontier_table.py")
     summary = open(os.path.join(ROOT, script.SUMMARY)).read()
     page = open(os.path.join(ROOT, script.PAGE)).read()
     for built in script.built_tables():
@@ -392,11 +406,7 @@ def readme_layers() -> list[set[str]]:
 
 def test_the_readmes_layer_list_is_the_layout_tests_table():
     """The README's "Layers, bottom up" line lists the floors that tests/test_layout.py's ALLOWED table implies."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("layout", os.path.join(ROOT, "tests", "test_layout.py"))
-    layout = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layout)
+    layout = load_module("tests/test_layout.py")
     assert readme_layers() == layer_floors(layout.ALLOWED)
     assert layer_floors({"a": set(), "b": {"a"}, "c": {"a"}, "d": {"b", "c"}}) == [{"a"}, {"b", "c"}, {"d"}]
 
@@ -408,11 +418,7 @@ REAL = os.path.join(ROOT, "docs", "studies", "real")
 
 def frontier_script():
     """scripts/frontier_table.py, which reads the summaries' tables (`read_tables`, `table_after`)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("frontier_table", os.path.join(ROOT, "scripts", "frontier_table.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_module("scripts/frontier_table.py")
     return script
 
 
