@@ -59,7 +59,7 @@ import types  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import trl  # noqa: E402
-from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, prompt_dataset  # noqa: E402
+from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, prompt_dataset, reference_drift_beta  # noqa: E402
 from tiny import assert_close_to_stock as assert_close  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, Qwen2ForCausalLM  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
@@ -283,7 +283,7 @@ def check_train(model_cls=AutoModelForCausalLM, methods=("dynamic+clip", "none",
     settings = {
         "dynamic+clip": {"kl_adaptation_method": "dynamic+clip", "reward_threshold": 0.0},
         "none": {"kl_controller": "adaptive"},
-        # The drift after every step, from a target far below it: β doubles at each measurement
+        # The drift after every step, from a target far below it: the error at its clip of 4 at each measurement
         "drift": {"kl_controller": "drift", "target_drift": 1e-6, "drift_every": 1, "beta_max": 1.0},
     }
     for method, extra in [(method, settings[method]) for method in methods]:
@@ -310,11 +310,11 @@ def check_train(model_cls=AutoModelForCausalLM, methods=("dynamic+clip", "none",
         if method == "dynamic+clip":  # every step's reward ≥ threshold 0: β × 0.9 per step
             assert max(abs(b - 0.04 * 0.9**i) for i, b in enumerate(betas)) < 1e-12, betas
         elif method == "drift":  # measured against the reference after every step: the rule replayed on it
-            expected = [0.04]
+            expected, measured = [0.04], []
             for step, log in enumerate(logs[:-1], 1):
-                floor = 0.5 if step >= steps / 4 else 1.0  # not lowered in the first quarter of the run
-                factor = min(max(log["adaptive_kl/drift"] / log["adaptive_kl/drift_target"], floor), 2.0)
-                expected.append(min(expected[-1] * factor, 1.0))
+                measured.append((step, log["adaptive_kl/drift"]))
+                rule = dict(beta=0.04, beta_min=0.0, beta_max=1.0, target_drift=1e-6, max_steps=steps)
+                expected.append(reference_drift_beta(measured, **rule))
             assert betas == pytest.approx(expected, rel=1e-12) and logs[-1]["adaptive_kl/drift"] > 0, (logs, betas)
         else:  # step 1's KL is 0: the controller lowers β, unless every group agreed (then it holds it)
             held = logs[0]["frac_reward_zero_std"] == 1.0

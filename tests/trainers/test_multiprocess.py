@@ -35,7 +35,7 @@ import multiprocess_worker as worker
 import pytest
 import torch
 from repo_paths import TESTS
-from tiny import NOISE_FACTOR, launch_two_processes, run_python
+from tiny import NOISE_FACTOR, launch_two_processes, reference_drift_beta, run_python
 from trl import GRPOConfig
 
 
@@ -129,8 +129,9 @@ def _expected_betas(
 ) -> dict:
     """β_t of steps 1..STEPS from the rules, written out here, fed by `mean_reward(step)` / `mean_kl(step)`, for the
     target-KL controllers `agreed(step)`: whether every group's rewards agreed (then they hold β), and for the drift
-    controller `drift(step)`, the drift measured after the step (None: not measured)."""
-    beta, betas = 0.1, {}
+    controller `drift(step)`, the drift measured after the step (None: not measured; its rule is `tiny.py`'s
+    `reference_drift_beta`)."""
+    beta, betas, drifts = 0.1, {}, []
     for t in range(1, worker.STEPS + 1):
         scale = 1 / math.sqrt(t) if fields.get("kl_scaling") == "sqrt" and t > 1 else 1.0
         scheduled_off = "dynamic" in fields.get("kl_adaptation_method", "") and t >= fields.get(
@@ -142,8 +143,11 @@ def _expected_betas(
                 beta *= fields["dynamic_beta_decay"]
         elif fields.get("kl_controller") == "drift":
             if drift(str(t)) is not None:
-                path = fields["target_drift"] * (t / worker.STEPS) ** 0.25
-                beta *= min(max(drift(str(t)) / path, 0.5 if t >= worker.STEPS / 4 else 1.0), 2.0)
+                drifts.append((t, drift(str(t))))
+                beta = reference_drift_beta(
+                    drifts, beta=0.1, beta_min=0.0, beta_max=fields["beta_max"],
+                    target_drift=fields["target_drift"], max_steps=worker.STEPS,
+                )  # fmt: skip
         elif fields.get("kl_controller", "fixed") != "fixed" and agreed(str(t)):
             pass
         elif fields.get("kl_controller") == "adaptive":
