@@ -358,8 +358,8 @@ class BetaController:
 
         Raises:
             ValueError: naming the entry, for a missing or non-finite or negative `beta_base`, a missing `last_step`,
-                a counter that is not a whole number >= 0, or `drifts` not a list of finite `[step, drift, path]`. The
-                state is left unchanged.
+                a counter that is not a whole number >= 0, or `drifts` not a list of finite `[step, drift, path]` with
+                increasing whole steps >= 1. The state is left unchanged.
         """
         if not isinstance(state, dict):
             raise ValueError(f"Invalid saved KL controller state: expected a mapping, got {state!r}.")
@@ -376,8 +376,14 @@ class BetaController:
         if not (
             isinstance(drifts, list)
             and all(isinstance(e, list) and len(e) == 3 and all(is_finite_number(v) for v in e) for e in drifts)
+            # `drift_beta` divides by the steps between measurements: whole steps >= 1, each after the one before
+            and all(float(e[0]).is_integer() for e in drifts)
+            and all(before < after for before, after in zip([0] + [e[0] for e in drifts], [e[0] for e in drifts]))
         ):
-            raise ValueError(f"Invalid saved KL controller state: drifts={drifts!r} (a list of [step, drift, path]).")
+            raise ValueError(
+                f"Invalid saved KL controller state: drifts={drifts!r} (a list of [step, drift, path], its steps "
+                "whole numbers >= 1 in increasing order)."
+            )
         self.beta_base = float(beta_base)
         self.last_step, self.num_decays, self.num_skipped_updates, self.num_held_updates = (
             int(v) for v in counters.values()

@@ -758,7 +758,9 @@ def test_drift_controller_state_round_trips_its_measurements_and_refuses_bad_one
     run(resumed, range(7, 13))
     assert resumed.state_dict() == uninterrupted.state_dict()
     assert [step for step, _, _ in resumed.drifts] == [3, 6, 9, 12]
-    for bad in ([[3, math.nan, 0.1]], [[3, 0.1]], "[]"):
+    # A repeated, decreasing, fractional or zero step would divide by zero or a fraction of a step in `drift_beta`
+    repeated, backwards = [[3, 0.03, 0.1], [3, 0.06, 0.1]], [[6, 0.06, 0.1], [3, 0.03, 0.1]]
+    for bad in ([[3, math.nan, 0.1]], [[3, 0.1]], "[]", repeated, backwards, [[2.5, 0.03, 0.1]], [[0, 0.0, 0.0]]):
         with pytest.raises(ValueError, match="drifts"):
             resumed.load_state_dict({**first_half.state_dict(), "drifts": bad})
     assert resumed.state_dict() == uninterrupted.state_dict()  # left unchanged
