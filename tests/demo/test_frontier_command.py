@@ -77,7 +77,11 @@ def sweep(tmp_path_factory):
     assert "6 runs, 1 finished; 5 to do" in output
     # The resumed run, which goes first, is not timed: the estimate comes from the next run's first steps from step 0
     assert "No estimate of the sweep's time yet" in output
-    estimates = re.findall(r"Estimate: ~\d+ s a run, 5 runs 1 at a time: ~\d+ s for the sweep \((.*?) ", output)
+    # In `_duration`'s units: a sweep estimated past 2 minutes (a loaded machine) is said in minutes
+    duration = r"~[\d.]+ (?:s|min|h)"
+    estimates = re.findall(
+        rf"Estimate: {duration} a run, 5 runs 1 at a time: {duration} for the sweep \((.*?) ", output
+    )
     assert estimates == ["from", "a"], output[-3000:]  # a run's first 3 steps, then a whole run from step 0
     return out, finished_at, as_killed
 
