@@ -25,6 +25,7 @@ needs_unsloth = pytest.mark.skipif(
     reason="unsloth is not installed (CI installs it in its TRL 1.15 environment: see .ci/run)",
 )
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu_check.sh")
+NO_BUDGET = "1e9"  # seconds: every selected check starts, however slow the machine
 LINE = re.compile(r"^\[gpu-check\] (\S+): (PASS|FAIL|SKIP)\b(.*)$")
 
 
@@ -199,7 +200,9 @@ def test_the_wheels_are_installed_only_when_asked(tmp_path):
 @needs_unsloth
 def test_the_gpu_check_runs_dry_on_the_cpu(tmp_path, gpu_check):
     """Every check, in float32 (where the old LoRA-gradient criterion failed on rounding), cost-trl included."""
-    result, report, lines = run_script(tmp_path, "--dry-run", "--skip=")
+    # No budget cut (the default 480 s is the GPU call's): on a loaded CPU the dry run passes it, and the checks after
+    # it would be SKIPs; the budget's cut is tested on its own below, with 1 s
+    result, report, lines = run_script(tmp_path, "--dry-run", "--skip=", "--budget", NO_BUDGET)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "- device: CPU" in report and "DRY RUN on a CPU: tiny model, float32" in report
     verdicts = {m.group(1): m.group(2) for m in lines}
@@ -225,7 +228,9 @@ def test_the_default_call_leaves_cost_trl_to_the_second(gpu_check):
 
 @needs_unsloth
 def test_parity_passes_dry_in_float64(tmp_path, gpu_check):
-    result, report, lines = run_script(tmp_path, "--dry-run", "--dtype", "float64", "--only", "parity")
+    result, report, lines = run_script(
+        tmp_path, "--dry-run", "--dtype", "float64", "--only", "parity", "--budget", NO_BUDGET
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     verdicts = {m.group(1): m.group(2) for m in lines}
     assert all(verdicts[f"parity-{loss_type}"] == "PASS" for loss_type in gpu_check.LOSS_TYPES), verdicts
