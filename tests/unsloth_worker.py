@@ -59,7 +59,14 @@ import types  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import trl  # noqa: E402
-from tiny import TRAIN_KWARGS, fabricated_inputs, length_reward, loss_and_grads, prompt_dataset, reference_drift_beta  # noqa: E402
+from tiny import (  # noqa: E402
+    TRAIN_KWARGS,
+    fabricated_inputs,
+    length_reward,
+    loss_and_grads,
+    prompt_dataset,
+    reference_drift_beta,
+)
 from tiny import assert_close_to_stock as assert_close  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, Qwen2ForCausalLM  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
@@ -311,9 +318,9 @@ def check_train(model_cls=AutoModelForCausalLM, methods=("dynamic+clip", "none",
             assert max(abs(b - 0.04 * 0.9**i) for i, b in enumerate(betas)) < 1e-12, betas
         elif method == "drift":  # measured against the reference after every step: the rule replayed on it
             expected, measured = [0.04], []
+            rule = dict(beta=0.04, beta_min=0.0, beta_max=1.0, target_drift=1e-6, max_steps=steps)
             for step, log in enumerate(logs[:-1], 1):
                 measured.append((step, log["adaptive_kl/drift"]))
-                rule = dict(beta=0.04, beta_min=0.0, beta_max=1.0, target_drift=1e-6, max_steps=steps)
                 expected.append(reference_drift_beta(measured, **rule))
             assert betas == pytest.approx(expected, rel=1e-12) and logs[-1]["adaptive_kl/drift"] > 0, (logs, betas)
         else:  # step 1's KL is 0: the controller lowers β, unless every group agreed (then it holds it)

@@ -8,6 +8,7 @@ module-level functions; `BetaController` composes them and carries the state tha
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from typing import Any
 
 from .validation import is_finite_number
@@ -377,8 +378,7 @@ class BetaController:
             isinstance(drifts, list)
             and all(isinstance(e, list) and len(e) == 3 and all(is_finite_number(v) for v in e) for e in drifts)
             # `drift_beta` divides by the steps between measurements: whole steps >= 1, each after the one before
-            and all(float(e[0]).is_integer() for e in drifts)
-            and all(before < after for before, after in zip([0] + [e[0] for e in drifts], [e[0] for e in drifts]))
+            and all(float(step).is_integer() and last < step for last, step in pairwise([0, *(e[0] for e in drifts)]))
         ):
             raise ValueError(
                 f"Invalid saved KL controller state: drifts={drifts!r} (a list of [step, drift, path], its steps "
