@@ -183,12 +183,24 @@ def readme_bullets() -> list[str]:
     return [b.split("\n\n")[0] for b in readme.split("\n- ")[1:]]
 
 
+def drift_study_prose() -> str:
+    """What docs/frontier.md says of the drift study: the one-run recipe's "What it showed" and the study's section,
+    without code spans (settings, not results)."""
+    page = open(os.path.join(ROOT, "docs", "frontier.md")).read()
+    start = page.index("**What it showed.**")
+    showed = page[start : page.index("\n## ", start)]
+    study = page[page.index("## The drift study") :]
+    study = study[: study.find("\n## ", 1)] if "\n## " in study[1:] else study
+    return re.sub(r"`[^`]*`", "", showed + study)
+
+
 def test_the_real_model_study_numbers_come_from_the_committed_runs():
     """Every decimal number quoted about the real-model studies (a table cell, an interval), in the real-model section
-    of `docs/studies/README.md` and in the README's bullets about the real model, is in one of the real studies'
-    summaries (which the runner rebuilds from the committed run files) or in a committed run's own summary, and an
-    interval `a ± h` is one of theirs, so that a mean is found with its own half-width (up to the sign: a shortening is
-    quoted without its −)."""
+    of `docs/studies/README.md`, in the README's bullets about the real model and in what docs/frontier.md says of the
+    drift study, is in one of the real studies' summaries (which the runner rebuilds from the committed run files) or
+    in a committed run's own summary (for the frontier page also in the table of the drift controller's first rule,
+    whose runs no summary reads), and an interval `a ± h` is one of theirs, so that a mean is found with its own
+    half-width (up to the sign: a shortening is quoted without its −)."""
     text = open(os.path.join(ROOT, "docs", "studies", "README.md")).read()
     section = text[text.index("## On a real model") :]
     section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
@@ -199,12 +211,18 @@ def test_the_real_model_study_numbers_come_from_the_committed_runs():
     for folder, _, names in os.walk(real):
         if "summary.md" in names:
             summaries += open(os.path.join(folder, "summary.md")).read()
-    unsigned = {(a.lstrip("+-−"), h) for a, h in INTERVAL.findall(summaries)}
-    for where, quoting in (("docs/studies/README.md", section), ("README.md", "\n".join(real_bullets))):
+    first_rule = open(os.path.join(real, "drift_sum", "first_rule", "README.md")).read()
+    places = (
+        ("docs/studies/README.md", section, summaries),
+        ("README.md", "\n".join(real_bullets), summaries),
+        ("docs/frontier.md", drift_study_prose(), summaries + first_rule),
+    )
+    for where, quoting, sources in places:
+        unsigned = {(a.lstrip("+-−"), h) for a, h in INTERVAL.findall(sources)}
         # Two or more decimals: results, not settings. A `−` quoted for `-` leaves the digits, which still match.
         quoted = set(re.findall(r"(?<![\w.])[+-]?\d+\.\d{2,}", quoting))
         assert quoted, f"{where} quotes no real-model result to check"
-        missing = sorted(n for n in quoted if n not in summaries)
+        missing = sorted(n for n in quoted if n not in sources)
         assert not missing, f"numbers {where} quotes about the real model but no real study summary has: {missing}"
         missing = sorted(f"{a} ± {h}" for a, h in INTERVAL.findall(quoting) if (a.lstrip("+-−"), h) not in unsigned)
         assert not missing, f"intervals {where} quotes about the real model but no real study summary has: {missing}"

@@ -47,6 +47,7 @@ from .seeds import (
     holm,
     mean_interval,
     run_seed,
+    sd_ratio_interval,
     seed_groups,
     t_test_p,
 )
@@ -704,7 +705,7 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
     """Markdown for the drift controllers among the methods ("" without one): each run's final drift (`frontier.x`)
     against its `target_drift`, and per controller the drift over the target (mean ± 95% half-width), the runs within
     ±`DRIFT_TOLERANCE` of it, and its seeds' spread of drift (standard deviation, and over the mean) beside that of the
-    constant β whose mean drift is nearest."""
+    constant β whose mean drift is nearest, with the ratio of the two and its 95% interval."""
     targets = {method: value_in_name(method, "target_drift") for method in methods(runs, frontier)}
     controllers = [method for method, target in targets.items() if target is not None]
     if not controllers:
@@ -734,6 +735,7 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
         mean = statistics.fmean(drifts[method])
         nearest = min(line, key=lambda beta: abs(statistics.fmean(drifts[beta]) - mean), default=None)
         ratio_mean, ratio_half, _ = mean_interval(ratios)
+        sd_ratio, sd_low, sd_high = sd_ratio_interval(drifts[method], drifts[nearest] if nearest else [])
         rows.append(
             [
                 method,
@@ -745,11 +747,12 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
                 "—"
                 if nearest is None
                 else f"{nearest}: {interval_cell(drifts[nearest], '.4f')}, {spread(drifts[nearest])}",
+                "—" if math.isnan(sd_ratio) else f"{sd_ratio:.2f} [{sd_low:.2f}, {sd_high:.2f}]",
             ]
         )
     header = ("controller", "seeds", f"{metric_column(frontier.x)[0]}", "drift / target",
               f"runs within ±{DRIFT_TOLERANCE:.0%}", "seeds' SD of drift (SD / mean)",
-              "constant β nearest in mean drift: its drift, SD (SD / mean)")  # fmt: skip
+              "constant β nearest in mean drift: its drift, SD (SD / mean)", "SD over that β's SD [95%]")  # fmt: skip
     run_header = ("controller", "seed", "target", "final drift", "drift / target", f"within ±{DRIFT_TOLERANCE:.0%}",
                   "final β", "largest β")  # fmt: skip
     return (
@@ -757,7 +760,9 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
         f"Per controller: its final drift (`{frontier.x}`) and that over its `target_drift` (1: on target), mean ± "
         f"the 95% half-width over its seeds; the runs whose drift is within ±{DRIFT_TOLERANCE:.0%} of the target; and "
         "the seeds' spread of drift, beside the spread of the constant β whose mean drift is nearest (the spread a "
-        "constant β chosen for that drift leaves). Then every run.\n\n"
+        "constant β chosen for that drift leaves), and the ratio of the two standard deviations with its 95% interval "
+        "(F with the two arms' seeds − 1 degrees of freedom, the seeds taken as independent samples; an interval "
+        "containing 1: no difference in spread detected). Then every run.\n\n"
         + markdown_table(header, rows)
         + "\n"
         + markdown_table(run_header, per_run)

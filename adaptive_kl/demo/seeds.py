@@ -5,8 +5,9 @@ and carry `seed` in their config. A variant's value of a summary metric is the m
 `mean ± half-width` with the half-width of the two-sided 95% t-interval over seeds (t_{0.975, n−1} · s / √n). Two
 variants are compared on the seeds they share: the mean of the per-seed differences, with its own t-interval, its
 two-sided t-test p-value (`t_test_p`), Holm's adjustment of several such p-values (`holm`) and the difference the same
-design would detect at 80% power (`detectable_difference`). Student's t is computed here (`t_cdf`, `t_quantile`):
-the package does not depend on scipy.
+design would detect at 80% power (`detectable_difference`). Two variants' spreads over seeds are compared by the
+ratio of their standard deviations with its F interval (`sd_ratio_interval`). Student's t and the incomplete beta
+function behind F are computed here (`t_cdf`, `t_quantile`, `regularized_beta`): the package does not depend on scipy.
 """
 
 from __future__ import annotations
@@ -144,6 +145,54 @@ def binomial_interval(successes: int, trials: int) -> tuple[float, float]:
     lower = 0.0 if successes == 0 else crossing(lambda p: 1 - at_most(successes - 1, p), 0.025, 0.0, 1.0)
     upper = 1.0 if successes == trials else crossing(lambda p: 1 - at_most(successes, p), 0.975, 0.0, 1.0)
     return lower, upper
+
+
+def regularized_beta(x: float, a: float, b: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, for a, b > 0 and x in [0, 1]: x^a (1 − x)^b / (a B(a, b))
+    over the continued fraction 1 + d_1/(1 + d_2/(1 + …)) of DLMF 8.17.22, with
+    d_{2m} = m (b − m) x / ((a + 2m − 1)(a + 2m)) and d_{2m+1} = −(a + m)(a + b + m) x / ((a + 2m)(a + 2m + 1)),
+    evaluated by the modified Lentz method; where x > (a + 1)/(a + b + 2), where the fraction converges slowly, as
+    1 − I_{1−x}(b, a)."""
+    if x <= 0 or x >= 1:
+        return 0.0 if x <= 0 else 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1 - regularized_beta(1 - x, b, a)
+    log_front = (
+        a * math.log(x) + b * math.log1p(-x) - math.log(a) - (math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b))
+    )
+    tiny = 1e-300  # stands in for a zero numerator or denominator, as Lentz's method prescribes
+    fraction, c, d = 1.0, 1.0, 0.0  # f_0 = C_0 = 1 (the fraction's leading 1), D_0 = 0
+    for j in range(1, 400):
+        m = j // 2
+        if j % 2:
+            term = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        else:
+            term = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        d = 1 + term * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = 1 + term / c
+        c = c if abs(c) > tiny else tiny
+        fraction *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    return math.exp(log_front) / fraction
+
+
+def sd_ratio_interval(values, others) -> tuple[float, float, float]:
+    """`(ratio, low, high)`: the ratio of the standard deviations of the finite `values` and `others` (two
+    independent samples) and its 95% interval from the F distribution with n − 1 and m − 1 degrees of freedom:
+    √(r² / F_{0.975}) to √(r² / F_{0.025}), r² the ratio of variances, F's quantiles by bisection on its CDF
+    I_{d₁f/(d₁f + d₂)}(d₁/2, d₂/2). NaN where either has fewer than 2 values or `others` has no spread."""
+    values, others = ([float(v) for v in vs if v is not None and math.isfinite(v)] for vs in (values, others))
+    if len(values) < 2 or len(others) < 2 or statistics.stdev(others) == 0:
+        return math.nan, math.nan, math.nan
+    d1, d2 = len(values) - 1, len(others) - 1
+    ratio = statistics.stdev(values) / statistics.stdev(others)
+
+    def f_quantile(probability: float) -> float:
+        return crossing(lambda f: regularized_beta(d1 * f / (d1 * f + d2), d1 / 2, d2 / 2), probability, 0.0, 1.0)
+
+    return ratio, ratio / math.sqrt(f_quantile(0.975)), ratio / math.sqrt(f_quantile(0.025))
 
 
 def format_p(p: float) -> str:

@@ -519,10 +519,15 @@ def test_a_target_kl_controller_is_read_against_its_target_its_ceiling_and_the_l
 
 def test_a_drift_controller_is_read_against_its_target_and_the_spread_of_the_nearest_constant_beta():
     """A drift controller at target 0.5 whose seeds end at drift 0.45, 0.5, 0.55 and 0.7 (ratios 0.9, 1.0, 1.1, 1.4:
-    3 of 4 within ±20%), its β last 0.05 and at most 0.4; the line's β = 0.05 drifts 0.4 on every seed (the nearest
-    constant β to its mean drift, 0.55), with no spread."""
+    3 of 4 within ±20%), its β last 0.05 and at most 0.4; the line's β = 0.05 (the nearest constant β to its mean
+    drift, 0.55) drifts 0.35, 0.4, 0.45 and 0.4: the ratio of the two SDs with its interval from F(3, 3)'s tabulated
+    97.5% point; a line with no spread gives no ratio."""
     controller = "beta=0.1, kl_controller=drift, beta_max=1, target_drift=0.5"
     runs = started_runs()
+    line_drifts = (0.35, 0.4, 0.45, 0.4)
+    for run in runs:
+        if run.name.startswith(f"{LINE[1]}, seed="):
+            run.retention[-1]["retention/kl_to_start"] = line_drifts[run.config["seed"]]
     for seed, drift in enumerate((0.45, 0.5, 0.55, 0.7)):
         run = started(controller, seed, drift, 0.3, 0.7)
         for step, entry in enumerate(run.history, 1):
@@ -534,17 +539,25 @@ def test_a_drift_controller_is_read_against_its_target_and_the_spread_of_the_nea
     ratios = [0.9, 1.0, 1.1, 1.4]
     t = 3.182446305284263  # t_{0.975,3}: the half-width is t · s / √4
     half = t * statistics.stdev(ratios) / 2
-    sd = statistics.stdev([0.45, 0.5, 0.55, 0.7])
+    sd, line_sd = statistics.stdev([0.45, 0.5, 0.55, 0.7]), statistics.stdev(line_drifts)
+    f_975 = 15.439  # F_{0.975}(3, 3), tabulated; F_{0.025}(3, 3) is its inverse
     assert cells[2:] == [
         f"0.5500 ± {t * sd / 2:.4f}",
         f"1.10 ± {half:.2f}",
         "3 of 4",
         f"{sd:.4f} ({sd / 0.55:.2f})",
-        f"{LINE[1]}: 0.4000 ± 0.0000, 0.0000 (0.00)",
+        f"{LINE[1]}: 0.4000 ± {t * line_sd / 2:.4f}, {line_sd:.4f} ({line_sd / 0.4:.2f})",
+        f"{sd / line_sd:.2f} [{sd / line_sd / f_975**0.5:.2f}, {sd / line_sd * f_975**0.5:.2f}]",
     ]
     run_rows = [line for line in section.splitlines() if line.startswith(f"| {controller} | ") and "| 4 |" not in line]
     assert [row.split(" | ")[1:] for row in run_rows] == [
         [str(seed), "0.5", f"{drift:.4f}", f"{drift / 0.5:.2f}", within, "0.05", "0.4 |"]
         for seed, drift, within in ((0, 0.45, "yes"), (1, 0.5, "yes"), (2, 0.55, "yes"), (3, 0.7, "no"))
     ]
+    for run in runs:
+        if run.name.startswith(f"{LINE[1]}, seed="):
+            run.retention[-1]["retention/kl_to_start"] = 0.4
+    section = frontier_sections(runs, Frontier(line=LINE)).split("## Where the drift controllers landed")[1]
+    row = next(line for line in section.splitlines() if line.startswith(f"| {controller} | 4 |"))
+    assert row.strip("|").split("|")[-1].strip() == "—"
     assert "## Where the drift controllers landed" not in frontier_sections(started_runs(), Frontier(line=LINE))

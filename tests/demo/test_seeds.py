@@ -36,6 +36,8 @@ from adaptive_kl.demo.seeds import (
     holm,
     mean_interval,
     paired_differences,
+    regularized_beta,
+    sd_ratio_interval,
     seed_groups,
     t_cdf,
     t_quantile,
@@ -413,3 +415,43 @@ def test_the_exact_binomial_interval_holds_its_coverage_at_its_ends():
     assert sum(math.comb(5, i) * low**i * (1 - low) ** (5 - i) for i in range(2, 6)) == pytest.approx(0.025, abs=1e-9)
     assert sum(math.comb(5, i) * high**i * (1 - high) ** (5 - i) for i in range(3)) == pytest.approx(0.025, abs=1e-9)
     assert all(math.isnan(v) for v in binomial_interval(0, 0))
+
+
+def test_the_incomplete_beta_function_is_computed_without_scipy():
+    """`regularized_beta` against its closed forms (I_x(1, 1) = x, I_x(a, 1) = x^a, I_x(1, b) = 1 − (1 − x)^b), against
+    Student's t (T² with ν degrees of freedom is F(1, ν): I_{t²/(t² + ν)}(½, ν/2) = 2·P(T ≤ t) − 1, by `t_cdf`'s
+    own series) and against scipy on a grid of shapes, small and large, on both sides of its switch."""
+    for x in (0.0, 1e-6, 0.2, 0.5, 0.93, 1.0):
+        assert regularized_beta(x, 1, 1) == pytest.approx(x, abs=1e-14)
+        assert regularized_beta(x, 3.5, 1) == pytest.approx(x**3.5, abs=1e-14)
+        assert regularized_beta(x, 1, 2.5) == pytest.approx(1 - (1 - x) ** 2.5, abs=1e-14)
+    for nu in (1, 2, 3, 4, 7, 30):
+        for t in (0.1, 0.9, 2.0, 4.3, 25.0):
+            assert regularized_beta(t * t / (t * t + nu), 0.5, nu / 2) == pytest.approx(
+                2 * t_cdf(t, nu) - 1, abs=1e-12
+            )
+    special = pytest.importorskip("scipy.special")
+    for a in (0.3, 0.5, 1.5, 2, 4.5, 40):
+        for b in (0.3, 0.5, 2, 3.5, 40):
+            for x in (0.01, 0.3, 0.5, 0.7, 0.99):
+                assert regularized_beta(x, a, b) == pytest.approx(special.betainc(a, b, x), abs=1e-12)
+
+
+def test_the_ratio_of_two_spreads_has_the_f_interval():
+    """Two samples of 5 (4 and 4 degrees of freedom): the ratio of their SDs, over and under by √F_{0.975}(4, 4) =
+    √9.6045 (tabulated; F(4, 4) is its own reciprocal's); samples of 3 and 6 against scipy's F quantiles; NaN where a
+    sample has under 2 values or the second no spread."""
+    values, others = [0.61, 0.53, 0.68, 0.6, 0.66], [0.5, 0.91, 0.43, 0.7, 0.82]
+    ratio, low, high = sd_ratio_interval(values, others)
+    assert ratio == pytest.approx(statistics.stdev(values) / statistics.stdev(others), rel=1e-12)
+    assert (low, high) == pytest.approx((ratio / 9.6045**0.5, ratio * 9.6045**0.5), rel=1e-4)
+    stats = pytest.importorskip("scipy.stats")
+    values, others = [1.0, 1.4, 0.7], [2.0, 2.5, 1.1, 1.9, 3.0, 2.2]
+    ratio, low, high = sd_ratio_interval(values, others)
+    assert (low, high) == pytest.approx(
+        (ratio / stats.f.ppf(0.975, 2, 5) ** 0.5, ratio / stats.f.ppf(0.025, 2, 5) ** 0.5), rel=1e-9
+    )
+    for short in ([1.0], [], [1.0, math.nan]):
+        assert all(math.isnan(v) for v in sd_ratio_interval(short, others))
+        assert all(math.isnan(v) for v in sd_ratio_interval(values, short))
+    assert all(math.isnan(v) for v in sd_ratio_interval(values, [0.4, 0.4, 0.4]))
