@@ -26,13 +26,15 @@ bench:  ## speed and memory vs stock GRPOTrainer on the CPU (tiny and 30M models
 
 # reference_cost.py on SmolLM2 holds its 8 trainers at once (full fine-tuning with a reference copy among them):
 # about 17 GiB of memory. Run it alone on a 24 GiB machine (beside a test suite it was OOM-killed, 2026-11-25).
-bench-smollm2:  ## step, reference and β = 0 costs on SmolLM2-135M-Instruct (LoRA; the reference ones add full fine-tuning); ~75 min
+bench-smollm2:  ## step, reference, β = 0 and drift-measurement costs on SmolLM2-135M-Instruct (LoRA; the reference ones add full fine-tuning); ~110 min
 	$(PYTHON) benchmarks/step_overhead.py --model smollm2 --lora --steps 6 --warmup 1 --rounds 2 --completion-length 48 \
 		--scalings none --output benchmarks/results/cpu-step-smollm2-lora.md
 	$(PYTHON) benchmarks/reference_cost.py --model smollm2 --steps 5 --warmup 1 --rounds 2 --completion-length 48 \
 		--output benchmarks/results/cpu-reference-cost-smollm2.md
 	$(PYTHON) benchmarks/zero_beta_cost.py --model smollm2 --lora --steps 22 --switch-step 12 --warmup 1 --rounds 1 \
 		--completion-length 48 --output benchmarks/results/cpu-zero-beta-smollm2-lora.md
+	$(PYTHON) benchmarks/drift_cost.py --model smollm2 --lora --steps 11 --warmup 1 --rounds 2 --completion-length 48 \
+		--output benchmarks/results/cpu-drift-cost-smollm2-lora.md
 
 soak:  ## 300 steps of every KL method on the tiny model: no NaN, resident memory growth < 5% after warm-up; ~5 min
 	$(PYTHON) benchmarks/soak.py --output benchmarks/results/cpu-soak.md
