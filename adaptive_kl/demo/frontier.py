@@ -705,7 +705,8 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
     """Markdown for the drift controllers among the methods ("" without one): each run's final drift (`frontier.x`)
     against its `target_drift`, and per controller the drift over the target (mean ± 95% half-width), the runs within
     ±`DRIFT_TOLERANCE` of it, and its seeds' spread of drift (standard deviation, and over the mean) beside that of the
-    constant β whose mean drift is nearest, with the ratio of the two and its 95% interval."""
+    constant β whose mean drift is nearest, with the ratio of the two and its 95% interval; then each run's drift at
+    every measurement and the β it trained with there."""
     targets = {method: value_in_name(method, "target_drift") for method in methods(runs, frontier)}
     controllers = [method for method, target in targets.items() if target is not None]
     if not controllers:
@@ -720,7 +721,7 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
         sd = statistics.stdev(values)
         return f"{sd:.4f} ({sd / statistics.fmean(values):.2f})"
 
-    per_run, rows = [], []
+    per_run, measured, rows = [], [], []
     for method in controllers:
         target = float(targets[method])
         group = sorted(groups[method], key=run_seed)
@@ -732,6 +733,13 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
             per_run.append([method, str(run_seed(run)), f"{target:g}", f"{drift:.4f}", f"{drift / target:.2f}",
                             "yes" if abs(drift / target - 1) <= DRIFT_TOLERANCE else "no",
                             f"{betas[-1]:.4g}" if betas else "—", f"{max(betas):.4g}" if betas else "—"])  # fmt: skip
+            steps = [h for h in run.history if "adaptive_kl/drift" in h]  # the steps it measured at
+            at = [h["step"] for h in steps]
+            evenly = len(at) > 2 and len({b - a for a, b in zip(at, at[1:])}) == 1
+            measured.append([method, str(run_seed(run)),
+                             f"{at[0]}–{at[-1]}, every {at[1] - at[0]}" if evenly else ", ".join(map(str, at)),
+                             " ".join(f"{h['adaptive_kl/drift']:.2f}" for h in steps),
+                             " ".join(f"{h['adaptive_kl/current_beta']:.2g}" for h in steps)])  # fmt: skip
         mean = statistics.fmean(drifts[method])
         nearest = min(line, key=lambda beta: abs(statistics.fmean(drifts[beta]) - mean), default=None)
         ratio_mean, ratio_half, _ = mean_interval(ratios)
@@ -766,6 +774,9 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
         + markdown_table(header, rows)
         + "\n"
         + markdown_table(run_header, per_run)
+        + "\nWhat each run measured (`adaptive_kl/drift`, on its held-out texts) and the β it trained with at those "
+        "steps (`adaptive_kl/current_beta`: set by the measurement before):\n\n"
+        + markdown_table(("controller", "seed", "steps", "drift", "β"), measured)
     )
 
 

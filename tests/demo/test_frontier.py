@@ -521,7 +521,7 @@ def test_a_drift_controller_is_read_against_its_target_and_the_spread_of_the_nea
     """A drift controller at target 0.5 whose seeds end at drift 0.45, 0.5, 0.55 and 0.7 (ratios 0.9, 1.0, 1.1, 1.4:
     3 of 4 within ±20%), its β last 0.05 and at most 0.4; the line's β = 0.05 (the nearest constant β to its mean
     drift, 0.55) drifts 0.35, 0.4, 0.45 and 0.4: the ratio of the two SDs with its interval from F(3, 3)'s tabulated
-    97.5% point; a line with no spread gives no ratio."""
+    97.5% point; a line with no spread gives no ratio. Each run's measurements (after steps 4 and 8) and β there."""
     controller = "beta=0.1, kl_controller=drift, beta_max=1, target_drift=0.5"
     runs = started_runs()
     line_drifts = (0.35, 0.4, 0.45, 0.4)
@@ -532,6 +532,8 @@ def test_a_drift_controller_is_read_against_its_target_and_the_spread_of_the_nea
         run = started(controller, seed, drift, 0.3, 0.7)
         for step, entry in enumerate(run.history, 1):
             entry["adaptive_kl/current_beta"] = 0.4 if step == 3 else 0.05
+            if step % 4 == 0:  # measured after steps 4 and 8
+                entry["adaptive_kl/drift"] = drift * step / 8
         runs.append(run)
     section = frontier_sections(runs, Frontier(line=LINE)).split("## Where the drift controllers landed")[1]
     row = next(line for line in section.splitlines() if line.startswith(f"| {controller} | 4 |"))
@@ -550,9 +552,14 @@ def test_a_drift_controller_is_read_against_its_target_and_the_spread_of_the_nea
         f"{sd / line_sd:.2f} [{sd / line_sd / f_975**0.5:.2f}, {sd / line_sd * f_975**0.5:.2f}]",
     ]
     run_rows = [line for line in section.splitlines() if line.startswith(f"| {controller} | ") and "| 4 |" not in line]
-    assert [row.split(" | ")[1:] for row in run_rows] == [
+    assert [row.split(" | ")[1:] for row in run_rows[:4]] == [
         [str(seed), "0.5", f"{drift:.4f}", f"{drift / 0.5:.2f}", within, "0.05", "0.4 |"]
         for seed, drift, within in ((0, 0.45, "yes"), (1, 0.5, "yes"), (2, 0.55, "yes"), (3, 0.7, "no"))
+    ]
+    # What each run measured, and the β it trained with at those steps.
+    assert [row.split(" | ")[1:] for row in run_rows[4:]] == [
+        [str(seed), "4, 8", f"{drift / 2:.2f} {drift:.2f}", "0.05 0.05 |"]
+        for seed, drift in enumerate((0.45, 0.5, 0.55, 0.7))
     ]
     for run in runs:
         if run.name.startswith(f"{LINE[1]}, seed="):
