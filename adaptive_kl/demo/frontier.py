@@ -736,10 +736,10 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
             steps = [h for h in run.history if "adaptive_kl/drift" in h]  # the steps it measured at
             at = [h["step"] for h in steps]
             evenly = len(at) > 2 and len({b - a for a, b in zip(at, at[1:])}) == 1
-            measured.append([method, str(run_seed(run)),
-                             f"{at[0]}–{at[-1]}, every {at[1] - at[0]}" if evenly else ", ".join(map(str, at)),
-                             " ".join(f"{h['adaptive_kl/drift']:.2f}" for h in steps),
-                             " ".join(f"{h['adaptive_kl/current_beta']:.2g}" for h in steps)])  # fmt: skip
+            drift_cells = " ".join(f"{h['adaptive_kl/drift']:.2f}" for h in steps)
+            beta_cells = " ".join(f"{h.get('adaptive_kl/current_beta', math.nan):.2g}" for h in steps)
+            steps_cell = f"{at[0]}–{at[-1]}, every {at[1] - at[0]}" if evenly else ", ".join(map(str, at))
+            measured.append([method, str(run_seed(run)), steps_cell, drift_cells, beta_cells])
         mean = statistics.fmean(drifts[method])
         nearest = min(line, key=lambda beta: abs(statistics.fmean(drifts[beta]) - mean), default=None)
         ratio_mean, ratio_half, _ = mean_interval(ratios)
