@@ -187,7 +187,7 @@ def drift_study_prose() -> str:
     """What docs/frontier.md says of the drift study: the one-run recipe's "What it showed" and the study's section,
     without code spans (settings, not results)."""
     page = open(os.path.join(ROOT, "docs", "frontier.md")).read()
-    start = page.index("**What it showed.**")
+    start = page.index("**What it showed")
     showed = page[start : page.index("\n## ", start)]
     study = page[page.index("## The drift study") :]
     study = study[: study.find("\n## ", 1)] if "\n## " in study[1:] else study

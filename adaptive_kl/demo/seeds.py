@@ -151,7 +151,7 @@ def regularized_beta(x: float, a: float, b: float) -> float:
     """I_x(a, b), the regularized incomplete beta function, for a, b > 0 and x in [0, 1]: x^a (1 − x)^b / (a B(a, b))
     over the continued fraction 1 + d_1/(1 + d_2/(1 + …)) of DLMF 8.17.22, with
     d_{2m} = m (b − m) x / ((a + 2m − 1)(a + 2m)) and d_{2m+1} = −(a + m)(a + b + m) x / ((a + 2m)(a + 2m + 1)),
-    evaluated by the modified Lentz method; where x > (a + 1)/(a + b + 2), where the fraction converges slowly, as
+    evaluated by the modified Lentz method; beyond x = (a + 1)/(a + b + 2), where the fraction converges slowly, as
     1 − I_{1−x}(b, a)."""
     if x <= 0 or x >= 1:
         return 0.0 if x <= 0 else 1.0
