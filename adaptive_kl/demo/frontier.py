@@ -733,11 +733,11 @@ def drift_section(runs: list[VariantRun], frontier: Frontier) -> str:
             per_run.append([method, str(run_seed(run)), f"{target:g}", f"{drift:.4f}", f"{drift / target:.2f}",
                             "yes" if abs(drift / target - 1) <= DRIFT_TOLERANCE else "no",
                             f"{betas[-1]:.4g}" if betas else "—", f"{max(betas):.4g}" if betas else "—"])  # fmt: skip
-            steps = [h for h in run.history if "adaptive_kl/drift" in h]  # the steps it measured at
-            at = [h["step"] for h in steps]
+            measurements = [h for h in run.history if "adaptive_kl/drift" in h]  # the log lines of its measurements
+            at = [h["step"] for h in measurements]
             evenly = len(at) > 2 and len({b - a for a, b in zip(at, at[1:])}) == 1
-            drift_cells = " ".join(f"{h['adaptive_kl/drift']:.2f}" for h in steps)
-            beta_cells = " ".join(f"{h.get('adaptive_kl/current_beta', math.nan):.2g}" for h in steps)
+            drift_cells = " ".join(f"{h['adaptive_kl/drift']:.2f}" for h in measurements)
+            beta_cells = " ".join(f"{h.get('adaptive_kl/current_beta', math.nan):.2g}" for h in measurements)
             steps_cell = f"{at[0]}–{at[-1]}, every {at[1] - at[0]}" if evenly else ", ".join(map(str, at))
             measured.append([method, str(run_seed(run)), steps_cell, drift_cells, beta_cells])
         mean = statistics.fmean(drifts[method])
