@@ -203,13 +203,11 @@ def assert_same_run_but_the_kl(skipped, full):
 def reference_drift_beta(drifts, *, beta, beta_min, beta_max, target_drift, max_steps):
     """The drift rule of docs/design.md §5 written multiplicatively, with its constants spelled out: the integral's β
     is multiplied by the clipped ratio to the power 1/2, the applied β is the integral's times the ratio."""
-    integral_beta, applied, last = beta, beta, (0, 0.0)
+    integral_beta, applied = beta, beta
     for step, drift in drifts:
-        ahead = drift + (drift - last[1]) / (step - last[0]) * 10  # 10 steps along the last slope
-        ratio = min(max(ahead / (target_drift * (min(step + 10, max_steps) / max_steps) ** 0.25), 0.25), 4.0)
+        ratio = min(max(drift / (target_drift * (min(step, max_steps) / max_steps) ** 0.25), 0.25), 4.0)
         if step < max_steps / 4:
             ratio = max(ratio, 1.0)
-        integral_beta = min(max(integral_beta * ratio**0.5, beta / 1000), beta_max)
+        integral_beta = min(max(integral_beta * ratio**0.5, beta_min, beta / 1000), beta_max)
         applied = min(max(integral_beta * ratio, beta_min), beta_max)
-        last = (step, drift)
     return applied

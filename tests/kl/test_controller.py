@@ -686,31 +686,36 @@ def test_drift_path_rises_as_the_fourth_root_of_the_run_to_the_target(step, step
 
 
 def test_drift_beta_by_hand():
-    """One measurement past the first quarter, by hand: step 30 of 100, drift 0.1, target 0.2, β = 0.1. Along the
-    slope from (0, 0) the drift at step 40 is 0.1 + 0.1 · 10/30 = 0.13333; the path there is 0.2 · 0.4^0.25 = 0.15906;
-    e = log(0.83829) = −0.17639; β = 0.1 · exp(0.5 e + e) = 0.1 · 0.76752."""
+    """One measurement past the first quarter, by hand: step 30 of 100, drift 0.1, target 0.2, β = 0.1. The path
+    there is 0.2 · 0.3^0.25 = 0.148017; e = log(0.675600) = −0.392154; β = 0.1 · exp(0.5 e + e) = 0.1 · 0.555309."""
     kwargs = dict(beta=0.1, beta_min=0.0, beta_max=1.0, target_drift=0.2, max_steps=100)
-    assert drift_beta([[30, 0.1, 0.0]], **kwargs) == pytest.approx(0.076752, abs=1e-6)
+    assert drift_beta([[30, 0.1, 0.0]], **kwargs) == pytest.approx(0.0555309, abs=1e-7)
     # Half of it at step 20 (the first quarter) is below the path: held, not lowered
     assert drift_beta([[20, 0.05, 0.0]], **kwargs) == 0.1
-    # A drift falling fast towards the path lowers β though it is still above it: 0.3 at step 50 after 0.5 at step 40
-    # extrapolates to −0.1, clipped to a quarter of the path
-    falling = drift_beta([[40, 0.5, 0.0], [50, 0.3, 0.0]], **kwargs)
-    assert falling < 0.1
-    assert falling == pytest.approx(reference_drift_beta([(40, 0.5), (50, 0.3)], **kwargs), rel=1e-12)
+
+
+def test_drift_beta_integral_stops_at_beta_min():
+    """Ten measurements at a quarter of the path hold β at `beta_min` = 0.05 and its integral at log(0.05/0.1), not
+    lower: a drift then at twice the path raises β at once, to 0.1 · exp(log ½ + ½ log 2 + log 2) = 0.1 · √2. With the
+    integral wound down to log(1/1000) (the second rule's floor) it would have stayed at 0.05."""
+    kwargs = dict(beta=0.1, beta_min=0.05, beta_max=1.0, target_drift=0.2, max_steps=100)
+    low = [[step, 0.25 * drift_path(step, target_drift=0.2, max_steps=100), 0.0] for step in range(30, 80, 5)]
+    assert drift_beta(low, **kwargs) == 0.05
+    above = [85, 2 * drift_path(85, target_drift=0.2, max_steps=100), 0.0]
+    assert drift_beta([*low, above], **kwargs) == pytest.approx(0.1 * math.sqrt(2), rel=1e-12)
 
 
 @given(
     beta=st.floats(1e-3, 1.0),
     ceiling=st.floats(1.0, 100.0),
-    beta_min=st.floats(0.0, 1e-3),
+    floor=st.floats(0.0, 1.0),
     target=st.floats(1e-3, 5.0),
     steps=st.integers(4, 400),
     measured=st.lists(st.tuples(st.integers(1, 40), st.floats(0.0, 10.0)), min_size=1, max_size=30),
 )
 @SETTINGS
-def test_drift_beta_follows_its_formula_within_its_bounds(beta, ceiling, beta_min, target, steps, measured):
-    drifts, step = [], 0
+def test_drift_beta_follows_its_formula_within_its_bounds(beta, ceiling, floor, target, steps, measured):
+    drifts, step, beta_min = [], 0, beta * floor
     for gap, drift in measured:
         step += gap
         drifts.append((step, drift))
