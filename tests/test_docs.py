@@ -271,6 +271,8 @@ def test_the_drift_rules_surrogate_shares_are_the_scripts():
         f"rule's {second[0]:.0%} and {second[1]:.0%} and the first rule's {first[0]:.0%} and {first[1]:.0%}"
     )
     assert quoted in design
+    lowest = by_rule["the package's rule"].min()
+    assert f"the package's lowest share over the {len(script.PLANTS)} plants and two targets: {lowest:.0%}" in design
 
 
 def test_the_frontier_tables_are_built_from_the_committed_summary():
