@@ -30,7 +30,7 @@ STEPWISE_UP, STEPWISE_DOWN = 1.5, 0.75
 # (docs/studies/real/frontier_sum) a constant β had drifted, by a quarter of the run, 0.57–1.0 of its final drift (mean
 # over 5 seeds at each β from 0.02 to 0.2): (1/4)^0.25 = 0.71 lies in that range.
 DRIFT_PATH_POWER = 0.25
-# Under a constant β the drift levels off within some 10–25 steps at a height β sets (on SmolLM2 LoRA,
+# Under a constant β the drift rises to a height β sets and levels off there (on SmolLM2 LoRA,
 # docs/studies/real/drift_sum: 0.131 at step 25 and 0.129 at step 100 under β = 0.2, seed mean; 0.43 and 0.54 under
 # 0.04), with a lag and a scatter from measurement to measurement. log β is a proportional term plus a slower integral
 # of the error of the drift against the path (a PI rule on log β; Åström & Murray, "Feedback Systems", 2008, ch. 10–11,
