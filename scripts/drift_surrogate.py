@@ -39,7 +39,12 @@ INTEGRATING.append(dict(k=0.6, c=0.25, drive=0.012))
 LEVELLING = [dict(tau=tau, c=c, jitter=j) for tau in (4, 6, 10) for c in (0.3, 0.5) for j in (0.012, 0.024)]
 PLANTS = [("integrating", p) for p in INTEGRATING] + [("levelling", p) for p in LEVELLING]
 # (rule, target) → (runs within ±20%, runs) on SmolLM2: docs/studies/real/drift_sum/first_rule and second_rule
-OBSERVED = {("first", 0.13): (0, 3), ("first", 0.6): (1, 2), ("second", 0.13): (2, 5), ("second", 0.6): (4, 5)}
+OBSERVED = {
+    ("first rule", 0.13): (0, 3),
+    ("first rule", 0.6): (1, 2),
+    ("second rule", 0.13): (2, 5),
+    ("second rule", 0.6): (4, 5),
+}
 
 
 def level(beta: float) -> float:
@@ -83,7 +88,7 @@ def first_rule(target: float):
 
 
 def second_rule(target: float):
-    """The package's rule on the drift extrapolated 10 steps along its last slope, the integral floored at β/1000."""
+    """The package's gains on the drift extrapolated 10 steps along its last slope, the integral floored at β/1000."""
 
     def rule(measured):
         integral, error, previous = 0.0, 0.0, (0, 0.0)
@@ -118,12 +123,12 @@ def shares(rule_for_target) -> np.ndarray:
     return np.array([[share(plant, target) for target in TARGETS] for plant in PLANTS])
 
 
-def plant_weights(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+def plant_weights(by_rule: dict[str, np.ndarray]) -> np.ndarray:
     """Each plant's likelihood of the earlier rules' runs on SmolLM2 (binomial, shares kept in [0.01, 0.99]), summing
     to 1."""
     likelihood = np.ones(len(PLANTS))
     for (rule, target), (hit, runs) in OBSERVED.items():
-        share = np.clip((first if rule == "first" else second)[:, TARGETS.index(target)], 0.01, 0.99)
+        share = np.clip(by_rule[rule][:, TARGETS.index(target)], 0.01, 0.99)
         likelihood *= math.comb(runs, hit) * share**hit * (1 - share) ** (runs - hit)
     return likelihood / likelihood.sum()
 
@@ -132,7 +137,7 @@ def table() -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The plants' weights and each rule's shares."""
     by_rule = {"first rule": shares(first_rule), "second rule": shares(second_rule)}
     by_rule["the package's rule"] = shares(package_rule)
-    return plant_weights(by_rule["first rule"], by_rule["second rule"]), by_rule
+    return plant_weights(by_rule), by_rule
 
 
 def main() -> None:
