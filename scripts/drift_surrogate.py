@@ -22,11 +22,24 @@ they did otherwise counts for little.
 prints each plant's weight, then for the first rule, the second and the package's (`drift_beta`) the weighted share of
 simulated runs within ±20% of each target, and the mean and the lowest share over the 21 plants × 2 targets unweighted.
 Deterministic: seeds 0–99 of each plant.
+
+A third family, **fitted** (`fitted_table`, printed after the others), was fitted after the three rules had run on
+SmolLM2, to what they did there: the drift's log level approaches, at rate `a` a step, the constant-β line's (the
+seed means of SmolLM2's final drift, interpolated in log β and log drift) plus a seed's offset (SD `spread`), under
+the β of `delay` steps before, and wanders with a noise of SD `noise` a step. Of a grid of 72 such plants it keeps
+those on which the three rules' measured paths have the autocorrelation of the real ones (within a quarter of the best
+plant's error), weighted by the likelihood of how many real runs landed within ±20%, all read from the committed runs
+(docs/studies/real/drift_sum). On them it scores the package's rule, proportional-integral rules with lower gains and
+a constant β at the line's β for the target: the share of runs a rule of this kind can land within ±20%.
 """
 
 from __future__ import annotations
 
+import csv
+import glob
+import itertools
 import math
+import os
 
 import numpy as np
 
@@ -140,6 +153,152 @@ def table() -> tuple[np.ndarray, dict[str, np.ndarray]]:
     return plant_weights(by_rule), by_rule
 
 
+# The constant-β line of the drift study (docs/studies/real/drift_sum/summary.md): β and its seeds' mean final drift
+LINE_BETA, LINE_DRIFT = (0.2, 0.1, 0.04, 0.02, 0.01), (0.1287, 0.361, 0.5406, 0.6707, 0.820)
+RUNS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "studies", "real", "drift_sum")
+RULE_RUNS = {"first rule": "first_rule/runs", "second rule": "second_rule/runs", "the package's rule": "runs"}
+FITTED = [
+    dict(a=a, delay=delay, noise=noise, spread=spread)
+    for a, delay, noise, spread in itertools.product(
+        (0.05, 0.08, 0.11), (3, 5, 7), (0.06, 0.1, 0.15, 0.2), (0.15, 0.3)
+    )
+]
+LAGS = range(1, 8)  # measurements apart: 5 to 35 steps
+
+
+def line_level(beta: float) -> float:
+    """log H(β): the line's log drift at β, linear in log β between its points and beyond its ends."""
+    x, xs, ys = -math.log(beta), [-math.log(b) for b in LINE_BETA], [math.log(d) for d in LINE_DRIFT]
+    i = min(max(int(np.searchsorted(xs, x)), 1), len(xs) - 1)
+    return ys[i - 1] + (x - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
+
+
+def fitted_path(seed: int, rule, plant: dict) -> tuple[list[list[float]], float]:
+    """The measurements and the final drift of one simulated run on a fitted plant, β set by `rule(measurements)`."""
+    rng = np.random.default_rng(seed)
+    offset, log_drift, measured = plant["spread"] * rng.normal(), math.log(0.005), []
+    levels = [line_level(BETA)]  # the line's level under the β of each step so far
+    for step in range(1, STEPS + 1):
+        level = levels[max(len(levels) - 1 - plant["delay"], 0)] + offset
+        if step <= 15:  # the burst of the first steps, as the format is learned
+            log_drift += 0.25 * (level - log_drift)
+        else:
+            log_drift += plant["a"] * (level - log_drift) + plant["noise"] * rng.normal()
+        if step % EVERY == 0:
+            measured.append([step, math.exp(log_drift)])
+        levels.append(line_level(rule(measured)) if step % EVERY == 0 else levels[-1])
+    return measured, math.exp(log_drift)
+
+
+def autocorrelation(paths: list[list[float]]) -> np.ndarray:
+    """Pooled autocorrelation of log drift from step 25 on, `LAGS` measurements apart, each path about its mean."""
+    centred = [np.log(path) - np.log(path).mean() for path in paths]
+    return np.array(
+        [
+            sum(float(x[lag:] @ x[:-lag]) for x in centred)
+            / sum(float(x @ x) * (len(x) - lag) / len(x) for x in centred)
+            for lag in LAGS
+        ]
+    )
+
+
+def measured_runs() -> dict[tuple[str, float], tuple[np.ndarray, int, int]]:
+    """Per (rule, target) on SmolLM2: the autocorrelation of the runs' measured drift, the runs whose final drift
+    (`retention/kl_to_start` at the last step, the frontier's x) landed within ±20%, and the runs."""
+    found = {}
+    for rule, folder in RULE_RUNS.items():
+        for target in TARGETS:
+            paths, hits = [], 0
+            pattern = os.path.join(RUNS, folder, f"*target_drift_{target:g}", "seed-*", "metrics.csv")
+            for path in sorted(glob.glob(pattern)):
+                rows = list(csv.DictReader(open(path)))
+                paths.append(
+                    [float(r["adaptive_kl/drift"]) for r in rows if r["adaptive_kl/drift"] and int(r["step"]) >= 25]
+                )
+                final = [float(r["retention/kl_to_start"]) for r in rows if r["retention/kl_to_start"]][-1]
+                hits += abs(final / target - 1) <= 0.2
+            if paths:
+                found[rule, target] = (autocorrelation(paths), hits, len(paths))
+    return found
+
+
+def rules_for(name: str):
+    return {"first rule": first_rule, "second rule": second_rule, "the package's rule": package_rule}[name]
+
+
+def fitted_plants(seeds: int = 80) -> list[tuple[dict, float]]:
+    """The fitted plants kept and their weights (summing to 1): the grid's plants whose autocorrelation error (squared,
+    summed over the lags and the rules' targets, each weighted by its runs) is within a quarter of the least, each
+    weighted by the binomial likelihood of the real runs within ±20%."""
+    measured, scored = measured_runs(), []
+    for plant in FITTED:
+        error, likelihood = 0.0, 1.0
+        for (rule, target), (real, hits, runs) in measured.items():
+            simulated = [fitted_path(seed, rules_for(rule)(target), plant) for seed in range(seeds)]
+            error += runs * float(
+                np.sum((autocorrelation([[d for s, d in m if s >= 25] for m, _ in simulated]) - real) ** 2)
+            )
+            share = min(max(np.mean([abs(final / target - 1) <= 0.2 for _, final in simulated]), 0.01), 0.99)
+            likelihood *= math.comb(runs, hits) * share**hits * (1 - share) ** (runs - hits)
+        scored.append((plant, error, likelihood))
+    least = min(error for _, error, _ in scored)
+    kept = [(plant, likelihood) for plant, error, likelihood in scored if error <= 1.25 * least]
+    total = sum(likelihood for _, likelihood in kept)
+    return [(plant, likelihood / total) for plant, likelihood in kept]
+
+
+def proportional_integral(proportional: float, integral_gain: float):
+    """The package's rule with other gains."""
+
+    def for_target(target: float):
+        def rule(measured):
+            integral, error = 0.0, 0.0
+            for step, drift in measured:
+                error = math.log(min(max(drift / drift_path(step, target_drift=target, max_steps=STEPS), 0.25), 4.0))
+                error = max(error, 0.0) if step < STEPS / 4 else error
+                integral = min(
+                    max(integral + integral_gain * error, math.log(BETA_MIN / BETA)), math.log(BETA_MAX / BETA)
+                )
+            return min(max(BETA * math.exp(integral + proportional * error), BETA_MIN), BETA_MAX)
+
+        return rule
+
+    return for_target
+
+
+def constant_line_beta(target: float):
+    """A constant β, the line's for the target (log-interpolated): what a user who read β off the line would run."""
+    xs, ys = [math.log(d) for d in LINE_DRIFT], [math.log(b) for b in LINE_BETA]
+    beta = math.exp(float(np.interp(math.log(target), xs, ys)))
+    return lambda measured: beta
+
+
+def fitted_table(seeds: int = 150) -> tuple[list[tuple[dict, float]], dict[str, np.ndarray]]:
+    """The fitted plants with their weights, and per rule the weighted share of runs within ±20% of each target."""
+    plants = fitted_plants()
+    rules = {"the package's rule": package_rule, "constant β, the line's": constant_line_beta}
+    for proportional, integral_gain in itertools.product((0.0, 0.25, 0.5), (0.1, 0.2, 0.3)):
+        rules[f"gains {proportional:g} and {integral_gain:g}"] = proportional_integral(proportional, integral_gain)
+    shares = {}
+    for name, for_target in rules.items():
+        shares[name] = np.array(
+            [
+                sum(
+                    weight
+                    * np.mean(
+                        [
+                            abs(fitted_path(seed, for_target(target), plant)[1] / target - 1) <= 0.2
+                            for seed in range(seeds)
+                        ]
+                    )
+                    for plant, weight in plants
+                )
+                for target in TARGETS
+            ]
+        )
+    return plants, shares
+
+
 def main() -> None:
     weights, by_rule = table()
     print("| plant | weight |\n|---|---|")
@@ -150,6 +309,13 @@ def main() -> None:
     for name, share in by_rule.items():
         low, high = weights @ share
         print(f"| {name} | {low:.0%} | {high:.0%} | {share.mean():.0%} | {share.min():.0%} |")
+    plants, shares = fitted_table()
+    print("\n| fitted plant | weight |\n|---|---|")
+    for plant, weight in plants:
+        print(f"| {plant} | {weight:.3f} |")
+    print("\n| rule | weighted share within ±20% of 0.13 | of 0.6 |\n|---|---|---|")
+    for name, (low, high) in shares.items():
+        print(f"| {name} | {low:.0%} | {high:.0%} |")
 
 
 if __name__ == "__main__":

@@ -275,6 +275,29 @@ def test_the_drift_rules_surrogate_shares_are_the_scripts():
     assert f"the package's lowest share over the {len(script.PLANTS)} plants and two targets: {lowest:.0%}" in design
 
 
+def test_the_drift_rules_fitted_shares_are_the_scripts():
+    """design.md §5's shares on the surrogates fitted to the three rules' runs on SmolLM2 are what
+    `scripts/drift_surrogate.py` computes from the committed runs (deterministic seeds): the package's rule, a constant
+    β read off the line, and the best of the lower gains at each target; more than one plant is kept."""
+    script = load_module("scripts/drift_surrogate.py")
+    plants, shares = script.fitted_table()
+    assert len(plants) > 1 and sum(weight for _, weight in plants) == pytest.approx(1.0)
+    ours, line = shares["the package's rule"], shares["constant β, the line's"]
+    best = [max(share[i] for name, share in shares.items() if name.startswith("gains")) for i in (0, 1)]
+    design = " ".join(open(os.path.join(ROOT, "docs", "design.md")).read().split())
+    quoted = (
+        f"the package's rule lands {ours[0]:.0%} and {ours[1]:.0%} of runs within ±20% of 0.13 and 0.6, a constant β "
+        f"read off the line for the target {line[0]:.0%} and {line[1]:.0%}, and no proportional-integral gains on a "
+        f"grid of lower ones (K_p 0–0.5, K_i 0.1–0.3) more than {best[0]:.0%} at 0.13 or {best[1]:.0%} at 0.6"
+    )
+    assert quoted in design
+    frontier = " ".join(open(os.path.join(ROOT, "docs", "frontier.md")).read().split())
+    assert (
+        f"the package's {ours[0]:.0%} and {ours[1]:.0%} at 0.13 and 0.6, a constant β read off the line {line[0]:.0%};"
+        in frontier
+    )
+
+
 def test_the_frontier_tables_are_built_from_the_committed_summary():
     """The studies page's two frontier tables (constant β's points, the methods against the frontier) are what
     `scripts/frontier_table.py` builds from the frontier study's committed summary; a method it cannot name is
