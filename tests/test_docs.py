@@ -282,6 +282,10 @@ def test_the_drift_rules_fitted_shares_are_the_scripts():
     script = load_module("scripts/drift_surrogate.py")
     plants, shares = script.fitted_table()
     assert len(plants) > 1 and sum(weight for _, weight in plants) == pytest.approx(1.0)
+    path = script.fitted_path(0, script.package_rule(0.13), plants[0][0])[0]
+    assert [script.proportional_integral(1.0, 0.5)(0.13)(path[:k]) for k in range(1, 21)] == [
+        script.package_rule(0.13)(path[:k]) for k in range(1, 21)
+    ], "the lower gains' rule is not the package's rule at the package's gains"
     ours, line = shares["the package's rule"], shares["constant β, the line's"]
     best = [max(share[i] for name, share in shares.items() if name.startswith("gains")) for i in (0, 1)]
     design = " ".join(open(os.path.join(ROOT, "docs", "design.md")).read().split())
