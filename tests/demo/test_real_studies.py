@@ -174,7 +174,7 @@ def test_a_run_of_another_setup_stops_the_runner_before_training(script, tmp_pat
 
 
 # The committed runs that recorded their command (the others were made before runs recorded one)
-COMPARED_RUNS = 87
+COMPARED_RUNS = 89
 
 
 def test_the_runner_reuses_every_committed_run_as_its_own(script):
