@@ -38,6 +38,7 @@ they rank the rules but do not say how many runs a rule could land.
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import itertools
 import math
@@ -128,23 +129,33 @@ def package_rule(target: float):
     return rule
 
 
+def landed(drifts, target) -> np.ndarray:
+    """Which final drifts landed within ±20% of `target` (issue 107's goal)."""
+    return np.abs(np.asarray(drifts) / target - 1) <= 0.2
+
+
+def binomial_likelihood(share, hits: int, runs: int):
+    """The probability of `hits` landings in `runs` runs if each lands with probability `share` (kept in [0.01, 0.99],
+    so that no one plant is ruled out by a share of 0 or 1)."""
+    share = np.clip(share, 0.01, 0.99)
+    return math.comb(runs, hits) * share**hits * (1 - share) ** (runs - hits)
+
+
 def shares(rule_for_target) -> np.ndarray:
     """Per plant (rows) and target (columns), the share of seeds that ended within ±20% of the target."""
 
     def share(plant, target):
         rule = rule_for_target(target)
-        return np.mean([abs(final_drift(seed, rule, *plant) / target - 1) <= 0.2 for seed in range(SEEDS)])
+        return landed([final_drift(seed, rule, *plant) for seed in range(SEEDS)], target).mean()
 
     return np.array([[share(plant, target) for target in TARGETS] for plant in PLANTS])
 
 
 def plant_weights(by_rule: dict[str, np.ndarray]) -> np.ndarray:
-    """Each plant's likelihood of the earlier rules' runs on SmolLM2 (binomial, shares kept in [0.01, 0.99]), summing
-    to 1."""
+    """Each plant's likelihood of the earlier rules' runs on SmolLM2 (binomial), summing to 1."""
     likelihood = np.ones(len(PLANTS))
     for (rule, target), (hit, runs) in OBSERVED.items():
-        share = np.clip(by_rule[rule][:, TARGETS.index(target)], 0.01, 0.99)
-        likelihood *= math.comb(runs, hit) * share**hit * (1 - share) ** (runs - hit)
+        likelihood *= binomial_likelihood(by_rule[rule][:, TARGETS.index(target)], hit, runs)
     return likelihood / likelihood.sum()
 
 
@@ -155,11 +166,10 @@ def table() -> tuple[np.ndarray, dict[str, np.ndarray]]:
     return plant_weights(by_rule), by_rule
 
 
-# The constant-β line of the drift study (docs/studies/real/drift_sum/summary.md): β and its seeds' mean final drift
-LINE_BETA, LINE_DRIFT = (0.2, 0.1, 0.04, 0.02, 0.01), (0.1287, 0.361, 0.5406, 0.6707, 0.820)
 RUNS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "studies", "real", "drift_sum")
 RULE_RUNS = {"first rule": "first_rule/runs", "second rule": "second_rule/runs", "the package's rule": "runs"}
-LINE_RUNS = {0.2: "beta", 0.1: "frontier_sum", 0.04: "beta", 0.02: "frontier_sum", 0.01: "frontier_sum"}  # its studies
+# The drift study's constant-β line: each β and the study whose runs it reuses (docs/studies/real/drift_sum)
+LINE_RUNS = {0.2: "beta", 0.1: "frontier_sum", 0.04: "beta", 0.02: "frontier_sum", 0.01: "frontier_sum"}
 FITTED = [
     dict(a=a, delay=delay, noise=noise, spread=spread)
     for a, delay, noise, spread in itertools.product(
@@ -169,9 +179,35 @@ FITTED = [
 LAGS = range(1, 8)  # measurements apart: 5 to 35 steps
 
 
+def final_kl_to_start(rows: list[dict]) -> float:
+    """A run's final drift from its `metrics.csv` rows: `retention/kl_to_start` at the last step, the frontier's x."""
+    return [float(row["retention/kl_to_start"]) for row in rows if row["retention/kl_to_start"]][-1]
+
+
+@functools.cache
+def line_finals() -> dict[float, list[float]]:
+    """Per β of the line, its seeds' final drift, read once from the committed runs."""
+    return {
+        beta: [
+            final_kl_to_start(list(csv.DictReader(open(path))))
+            for path in sorted(
+                glob.glob(os.path.join(RUNS, "..", study, "runs", f"beta_{beta:g}", "seed-*", "metrics.csv"))
+            )
+        ]
+        for beta, study in LINE_RUNS.items()
+    }
+
+
+@functools.cache
+def line_points() -> tuple[list[float], list[float]]:
+    """The line's points, −log β (increasing) and the log of its seeds' mean final drift."""
+    finals = line_finals()
+    return [-math.log(beta) for beta in finals], [math.log(np.mean(drifts)) for drifts in finals.values()]
+
+
 def line_level(beta: float) -> float:
-    """log H(β): the line's log drift at β, linear in log β between its points and beyond its ends."""
-    x, xs, ys = -math.log(beta), [-math.log(b) for b in LINE_BETA], [math.log(d) for d in LINE_DRIFT]
+    """log H(β): the line's log mean final drift at β, linear in log β between its points and beyond its ends."""
+    (xs, ys), x = line_points(), -math.log(beta)
     i = min(max(int(np.searchsorted(xs, x)), 1), len(xs) - 1)
     return ys[i - 1] + (x - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
 
@@ -211,17 +247,16 @@ def measured_runs() -> dict[tuple[str, float], tuple[np.ndarray, int, int]]:
     found = {}
     for rule, folder in RULE_RUNS.items():
         for target in TARGETS:
-            paths, hits = [], 0
+            paths, finals = [], []
             pattern = os.path.join(RUNS, folder, f"*target_drift_{target:g}", "seed-*", "metrics.csv")
             for path in sorted(glob.glob(pattern)):
                 rows = list(csv.DictReader(open(path)))
                 paths.append(
                     [float(r["adaptive_kl/drift"]) for r in rows if r["adaptive_kl/drift"] and int(r["step"]) >= 25]
                 )
-                final = [float(r["retention/kl_to_start"]) for r in rows if r["retention/kl_to_start"]][-1]
-                hits += abs(final / target - 1) <= 0.2
+                finals.append(final_kl_to_start(rows))
             if paths:
-                found[rule, target] = (autocorrelation(paths), hits, len(paths))
+                found[rule, target] = (autocorrelation(paths), int(landed(finals, target).sum()), len(paths))
     return found
 
 
@@ -229,16 +264,8 @@ def line_landings() -> tuple[int, int]:
     """The constant-β line's seeds whose final drift landed within ±20% of their β's mean final drift, and its seeds:
     how often a constant β, its drift known from a sweep, lands a run (the fitted plants' noise is checked against
     it)."""
-    hits = runs = 0
-    for beta, study in LINE_RUNS.items():
-        pattern = os.path.join(RUNS, "..", study, "runs", f"beta_{beta:g}", "seed-*", "metrics.csv")
-        finals = [
-            [float(r["retention/kl_to_start"]) for r in csv.DictReader(open(path)) if r["retention/kl_to_start"]][-1]
-            for path in sorted(glob.glob(pattern))
-        ]
-        hits += sum(abs(final / np.mean(finals) - 1) <= 0.2 for final in finals)
-        runs += len(finals)
-    return hits, runs
+    finals = line_finals().values()
+    return sum(int(landed(drifts, np.mean(drifts)).sum()) for drifts in finals), sum(map(len, finals))
 
 
 def fitted_plants(seeds: int = 80) -> list[tuple[dict, float]]:
@@ -254,8 +281,7 @@ def fitted_plants(seeds: int = 80) -> list[tuple[dict, float]]:
             error += runs * float(
                 np.sum((autocorrelation([[d for s, d in m if s >= 25] for m, _ in simulated]) - real) ** 2)
             )
-            share = min(max(np.mean([abs(final / target - 1) <= 0.2 for _, final in simulated]), 0.01), 0.99)
-            likelihood *= math.comb(runs, hits) * share**hits * (1 - share) ** (runs - hits)
+            likelihood *= binomial_likelihood(landed([final for _, final in simulated], target).mean(), hits, runs)
         scored.append((plant, error, likelihood))
     least = min(error for _, error, _ in scored)
     kept = [(plant, likelihood) for plant, error, likelihood in scored if error <= 1.25 * least]
@@ -284,8 +310,8 @@ def proportional_integral(proportional: float, integral_gain: float):
 
 def constant_line_beta(target: float):
     """A constant β, the line's for the target (log-interpolated): what a user who read β off the line would run."""
-    xs, ys = [math.log(d) for d in LINE_DRIFT], [math.log(b) for b in LINE_BETA]
-    beta = math.exp(float(np.interp(math.log(target), xs, ys)))
+    minus_log_betas, log_drifts = line_points()
+    beta = math.exp(-float(np.interp(math.log(target), log_drifts, minus_log_betas)))
     return lambda measured: beta
 
 
@@ -297,21 +323,10 @@ def fitted_table(seeds: int = 150) -> tuple[list[tuple[dict, float]], dict[str, 
         rules[f"gains {proportional:g} and {integral_gain:g}"] = proportional_integral(proportional, integral_gain)
     shares = {}
     for name, for_target in rules.items():
-        shares[name] = np.array(
-            [
-                sum(
-                    weight
-                    * np.mean(
-                        [
-                            abs(fitted_path(seed, for_target(target), plant)[1] / target - 1) <= 0.2
-                            for seed in range(seeds)
-                        ]
-                    )
-                    for plant, weight in plants
-                )
-                for target in TARGETS
-            ]
-        )
+        shares[name] = np.zeros(len(TARGETS))
+        for (i, target), (plant, weight) in itertools.product(enumerate(TARGETS), plants):
+            finals = [fitted_path(seed, for_target(target), plant)[1] for seed in range(seeds)]
+            shares[name][i] += weight * landed(finals, target).mean()
     return plants, shares
 
 
